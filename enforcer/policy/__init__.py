@@ -1,0 +1,28 @@
+"""The pure policy core: load, validate and compile ADL/AAIF documents; decide actions.
+
+No sockets, threads or clocks: callers pass `now` and read files themselves.
+"""
+
+from .compiler import compile_policy, policy_digest
+from .decide import decide
+from .errors import DocumentRejected, Finding
+from .loader import Parsed, parse_document
+from .model import (
+    CompileOptions,
+    Decision,
+    EnvVar,
+    FileAccess,
+    NetworkConnect,
+    Policy,
+    ProcessExec,
+    Reason,
+    ToolCall,
+)
+from .regions import RegionMap
+from .specs import SchemaSet, spec_root
+
+__all__ = [
+    "CompileOptions", "Decision", "DocumentRejected", "EnvVar", "FileAccess", "Finding", "NetworkConnect", "Parsed",
+    "Policy", "ProcessExec", "Reason", "RegionMap", "SchemaSet", "ToolCall", "compile_policy", "decide",
+    "parse_document", "policy_digest", "spec_root",
+]

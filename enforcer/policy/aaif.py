@@ -1,0 +1,71 @@
+"""AAIF (SC-006) documents: schema validation, inline credentials, conditions, compliance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .conditions import UnsupportedCondition, compile_condition
+from .credentials import find_inline_credentials
+from .errors import Finding, pointer
+from .specs import SchemaSet, iter_leaf_errors
+
+
+def schema_file_for(document: dict[str, Any]) -> str:
+    declared = document.get("x-sc-schema")
+    return declared if isinstance(declared, str) else "agent.schema.json"
+
+
+def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]:
+    """Schema errors (format annotations are not asserted) and inline credentials."""
+    validator = schemas.aaif_validator(schema_file_for(document))
+    findings = [
+        Finding("AAIF-1001", f"{error.validator}: {error.message}", pointer(*error.absolute_path))
+        for error in iter_leaf_errors(validator, document)
+    ]
+    findings.extend(find_inline_credentials(document))
+    return findings
+
+
+def iter_conditions(document: dict[str, Any]) -> Iterator[tuple[Any, tuple[str | int, ...]]]:
+    """Every condition in an agent document: subagents[].when, handoff[].condition,
+    events.triggers[].filter, compliance.human_in_the_loop.trigger."""
+    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
+    orchestration = agent.get("orchestration") if isinstance(agent.get("orchestration"), dict) else {}
+    for i, sub in enumerate(orchestration.get("subagents") or []):
+        if isinstance(sub, dict) and "when" in sub:
+            yield sub["when"], ("agent", "orchestration", "subagents", i, "when")
+    for i, hand in enumerate(orchestration.get("handoff") or []):
+        if isinstance(hand, dict) and "condition" in hand:
+            yield hand["condition"], ("agent", "orchestration", "handoff", i, "condition")
+    events = agent.get("events") if isinstance(agent.get("events"), dict) else {}
+    for i, trig in enumerate(events.get("triggers") or []):
+        if isinstance(trig, dict) and "filter" in trig:
+            yield trig["filter"], ("agent", "events", "triggers", i, "filter")
+    compliance = agent.get("compliance") if isinstance(agent.get("compliance"), dict) else {}
+    hitl = compliance.get("human_in_the_loop") if isinstance(compliance.get("human_in_the_loop"), dict) else {}
+    if "trigger" in hitl:
+        yield hitl["trigger"], ("agent", "compliance", "human_in_the_loop", "trigger")
+
+
+def condition_findings(document: dict[str, Any], safety_level: str) -> list[Finding]:
+    """What each condition that cannot be evaluated means at this safety level.
+
+    minimal: warning; standard: warning, the condition is disabled (a disabled approval trigger
+    gates every tool call, it never lets calls through); strict and regulated: the document is
+    rejected.
+    """
+    out: list[Finding] = []
+    for condition, path in iter_conditions(document):
+        if isinstance(condition, str):
+            out.append(Finding("ENF-2009", f"natural-language condition {condition!r} is a hint, not an "
+                               "expression; it is not portable", pointer(*path), "warning"))
+            continue
+        try:
+            compile_condition(condition)
+        except UnsupportedCondition as exc:
+            severity = "error" if safety_level in ("strict", "regulated") else "warning"
+            consequence = {"minimal": "warned only", "standard": "condition disabled"}.get(
+                safety_level, f"rejected at safety_level '{safety_level}'")
+            out.append(Finding("ENF-2002", f"{exc} ({consequence})", pointer(*path), severity))  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,64 @@
+"""Inline credentials: secrets written into a policy document instead of referenced by name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from .errors import Finding, pointer
+
+# Member names whose string value would be a secret itself (not the *name* of one).
+_SECRET_NAME = re.compile(
+    r"(^|_)(password|passwd|passphrase|secret|client_secret|token|access_token|refresh_token|api_key|apikey"
+    r"|access_key|secret_key|private_key|credential|credentials|bearer)$",
+    re.IGNORECASE,
+)
+# Members that hold the name of a secret or a header, never its value.
+_REFERENCE_MEMBERS = {"env_var", "header", "trace_context_header", "key", "path", "provider", "type", "version",
+                      "token_endpoint", "description", "nl", "name", "algorithm"}
+_SECRET_VALUES = [
+    ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+    ("AWS access key", re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
+    ("Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}")),
+    ("API secret key", re.compile(r"\bsk-(proj-|ant-)?[A-Za-z0-9_-]{20,}")),
+    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
+    ("JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("bearer credential", re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9+/=._-]{16,}")),
+]
+_SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|password|sig|signature)$", re.IGNORECASE)
+
+
+def find_inline_credentials(document: Any) -> Iterator[Finding]:
+    stack: list[tuple[Any, tuple[str | int, ...], str]] = [(document, (), "")]
+    while stack:
+        value, path, member = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, (*path, k), k) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i), member) for i, v in enumerate(value))
+        elif isinstance(value, str) and value:
+            reason = _credential_reason(member, value)
+            if reason:
+                yield Finding("ENF-2001", f"{reason}; reference secrets by name (auth.env_var or a vault "
+                              "reference), never inline", pointer(*path))
+
+
+def _credential_reason(member: str, value: str) -> str | None:
+    if member not in _REFERENCE_MEMBERS and _SECRET_NAME.search(member) and not value.startswith(("$", "${")):
+        return f"member '{member}' carries a secret value"
+    for label, pattern in _SECRET_VALUES:
+        if pattern.search(value):
+            return f"value looks like a {label}"
+    if "://" in value:
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            return None
+        if parts.password:
+            return "URL carries a password"
+        if any(_SECRET_QUERY.match(k) and v for k, v in parse_qsl(parts.query)):
+            return "URL query carries a credential"
+    return None

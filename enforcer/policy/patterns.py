@@ -1,0 +1,246 @@
+"""ADL §4.4 patterns: literal, `*` within one segment, `**` across path segments.
+
+Four flavours: host (segments split on '.', case-insensitive, IDNA-normalised), path (segments
+split on '/'), env and command (`*` matches any characters). Patterns are never regular
+expressions: each is parsed into segments once and matched by the small automata below.
+pathspec's gitwildmatch was considered and rejected: its `**` and trailing-slash rules differ
+from §4.4 (`/data/**` must match `/data/` itself), and it has no host flavour.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import idna
+
+Flavour = Literal["host", "path", "env", "command"]
+
+# Printable ASCII except '*' may appear literally (Appendix D literal-char); env and command
+# names are further restricted to what a kernel or shell would accept.
+_LITERAL_OK = re.compile(r"^[\x21-\x7e]*$")
+_HOST_LABEL_OK = re.compile(r"^[a-z0-9_*-]+$")
+_ENV_OK = re.compile(r"^[A-Za-z0-9_*.-]+$")
+
+
+class PatternError(ValueError):
+    """A pattern that violates §4.4; `reason` is human text."""
+
+
+def validate(pattern: object, flavour: Flavour) -> str | None:
+    """Return why `pattern` is invalid for `flavour`, or None when it is valid."""
+    if not isinstance(pattern, str):
+        return "pattern is not a string"
+    if pattern == "":
+        return "empty pattern"
+    if "***" in pattern:
+        return "'***' is not a wildcard"
+    if not _LITERAL_OK.match(pattern):
+        return "pattern contains whitespace, control or non-ASCII characters"
+    if flavour != "path" and "**" in pattern:
+        return f"'**' is only valid in filesystem path patterns, not in {flavour} patterns"
+    if flavour == "host":
+        return _validate_host(pattern)
+    if flavour == "path":
+        return _validate_path(pattern)
+    if flavour == "env" and not _ENV_OK.match(pattern):
+        return "variable patterns may contain only letters, digits, '_', '.', '-' and '*'"
+    if flavour == "command" and "\x00" in pattern:
+        return "NUL in command pattern"
+    return None
+
+
+def _validate_host(pattern: str) -> str | None:
+    body = pattern[:-1] if pattern.endswith(".") else pattern
+    if pattern == "*":
+        return None
+    if ":" in body or "/" in body:
+        return "host patterns name a host only (no scheme, port or path)"
+    labels = body.lower().split(".")
+    if any(label == "" for label in labels):
+        return "empty label in host pattern"
+    for label in labels:
+        if not _HOST_LABEL_OK.match(label):
+            return f"label {label!r} is not a valid host label"
+        if len(label) > 63:
+            return f"label {label!r} is longer than 63 characters"
+    return None
+
+
+def _validate_path(pattern: str) -> str | None:
+    if not pattern.startswith("/"):
+        return "path patterns must be absolute (start with '/')"
+    for segment in pattern.split("/"):
+        if "**" in segment and segment != "**":
+            return "'**' must be a whole path segment"
+        if segment in (".", ".."):
+            return "'.' and '..' segments are not allowed in path patterns"
+    return None
+
+
+def is_bare_wildcard(pattern: str) -> bool:
+    return pattern in ("*", "**", "/**")
+
+
+def normalize_host(host: str) -> str:
+    """Lower-case, strip one trailing dot, convert Unicode labels to A-labels (UTS 46)."""
+    host = host.strip()
+    if host.endswith("."):
+        host = host[:-1]
+    if not host:
+        raise PatternError("empty host name")
+    if host.isascii():
+        return host.lower()
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise PatternError(f"host {host!r} is not a valid IDNA name: {exc}") from exc
+
+
+def _segment_matcher(segment: str) -> re.Pattern[str] | str:
+    """A literal segment stays a string; one with '*' becomes an anchored automaton."""
+    if "*" not in segment:
+        return segment
+    # Callers pass a single segment (no '.' for hosts, no '/' for paths), so '.*' stays inside it.
+    parts = [re.escape(p) for p in segment.split("*")]
+    return re.compile(r"\A" + ".*".join(parts) + r"\Z", re.DOTALL)
+
+
+@dataclass
+class _Node:
+    literal: dict[str, _Node] = field(default_factory=dict)
+    wild: list[tuple[re.Pattern[str], _Node]] = field(default_factory=list)
+    globstar: _Node | None = None
+    terminal: list[int] = field(default_factory=list)
+
+
+class SegmentTrie:
+    """Patterns as a trie of segments; lookup cost grows with the name, not the pattern count.
+
+    Host names are stored reversed (TLD first) so patterns sharing a suffix share nodes.
+    """
+
+    def __init__(self, flavour: Literal["host", "path"]) -> None:
+        self.flavour = flavour
+        self.root = _Node()
+        self._wild_cache: dict[str, re.Pattern[str]] = {}
+
+    def _split(self, value: str) -> list[str]:
+        if self.flavour == "host":
+            return list(reversed(value.split(".")))
+        # '/data/' and '/data' are the same directory; empty segments carry no meaning.
+        return [s for s in value.split("/") if s]
+
+    def add(self, pattern: str, index: int) -> None:
+        node = self.root
+        if self.flavour == "host":
+            pattern = pattern.lower().rstrip(".") if pattern != "*" else pattern
+        for segment in self._split(pattern):
+            if self.flavour == "path" and segment == "**":
+                if node.globstar is None:
+                    node.globstar = _Node()
+                node = node.globstar
+            elif "*" in segment:
+                matcher = self._wild_cache.get(segment)
+                if matcher is None:
+                    matcher = self._wild_cache[segment] = _segment_matcher(segment)  # type: ignore[assignment]
+                for existing, child in node.wild:
+                    if existing is matcher:
+                        node = child
+                        break
+                else:
+                    child = _Node()
+                    node.wild.append((matcher, child))  # type: ignore[arg-type]
+                    node = child
+            else:
+                node = node.literal.setdefault(segment, _Node())
+        node.terminal.append(index)
+
+    def match(self, value: str) -> list[int]:
+        """Indexes of every pattern matching `value` (already normalised)."""
+        found: list[int] = []
+        self._walk(self.root, self._split(value), 0, found)
+        return found
+
+    def matches_any(self, value: str) -> bool:
+        return bool(self.match(value))
+
+    def _walk(self, node: _Node, segments: list[str], i: int, found: list[int]) -> None:
+        if node.globstar is not None:
+            # '**' consumes zero or more whole segments.
+            for j in range(i, len(segments) + 1):
+                self._walk(node.globstar, segments, j, found)
+        if i == len(segments):
+            found.extend(node.terminal)
+            return
+        segment = segments[i]
+        child = node.literal.get(segment)
+        if child is not None:
+            self._walk(child, segments, i + 1, found)
+        for matcher, wild_child in node.wild:
+            if matcher.match(segment):
+                self._walk(wild_child, segments, i + 1, found)
+
+
+class NameSet:
+    """Env-variable or command-name patterns: `*` matches any characters, case-sensitive."""
+
+    def __init__(self) -> None:
+        self.literal: dict[str, list[int]] = {}
+        self.wild: list[tuple[re.Pattern[str], int]] = []
+
+    def add(self, pattern: str, index: int) -> None:
+        if "*" in pattern:
+            self.wild.append((_segment_matcher(pattern), index))  # type: ignore[arg-type]
+        else:
+            self.literal.setdefault(pattern, []).append(index)
+
+    def match(self, value: str) -> list[int]:
+        found = list(self.literal.get(value, ()))
+        found.extend(i for m, i in self.wild if m.match(value))
+        return found
+
+
+@dataclass(frozen=True)
+class PatternList:
+    """A compiled list of patterns of one flavour, remembering each source index."""
+
+    flavour: Flavour
+    patterns: tuple[str, ...]
+    _index: SegmentTrie | NameSet
+    bare_wildcard: bool
+
+    @classmethod
+    def compile(cls, patterns: Iterable[str], flavour: Flavour) -> PatternList:
+        pats = tuple(patterns)
+        index: SegmentTrie | NameSet = SegmentTrie(flavour) if flavour in ("host", "path") else NameSet()  # type: ignore[arg-type]
+        bare = False
+        for i, p in enumerate(pats):
+            reason = validate(p, flavour)
+            if reason:
+                raise PatternError(f"{p!r}: {reason}")
+            if flavour == "host" and p == "*":
+                bare = True
+                continue
+            if flavour == "path" and p in ("/**",):
+                bare = True
+            index.add(p, i)
+        return cls(flavour, pats, index, bare)
+
+    def match(self, value: str) -> list[int]:
+        """Source indexes of all patterns that match `value`, in ascending order."""
+        if self.flavour == "host":
+            found = self._index.match(value)
+            if self.bare_wildcard:
+                found = found + [i for i, p in enumerate(self.patterns) if p == "*"]
+            return sorted(found)
+        return sorted(self._index.match(value))
+
+    def first(self, value: str) -> int | None:
+        found = self.match(value)
+        return found[0] if found else None
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)

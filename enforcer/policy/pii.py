@@ -1,0 +1,97 @@
+"""PII detection in tool-call arguments: emails, phone numbers, payment cards (Luhn), IBANs (mod 97),
+US social security numbers, UK national insurance numbers. Pure and bounded: only string leaves
+are scanned, each at most MAX_SCAN characters."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import pointer
+
+MAX_SCAN = 65536
+
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,24}")
+_PHONE = re.compile(r"(?<![\w+])\+?\d[\d\s().-]{7,18}\d(?!\w)")
+_CARD = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
+_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
+_SSN = re.compile(r"(?<!\d)(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?!\d)")
+_NINO = re.compile(r"\b(?![DFIQUV])[A-Z](?![DFIOQUV])[A-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
+
+
+@dataclass(frozen=True)
+class PiiFinding:
+    kind: str
+    pointer: str
+    start: int
+    end: int
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _iban_ok(text: str) -> bool:
+    compact = text.replace(" ", "")
+    rearranged = compact[4:] + compact[:4]
+    number = "".join(str(int(c, 36)) for c in rearranged)
+    return 15 <= len(compact) <= 34 and int(number) % 97 == 1
+
+
+def scan_text(text: str) -> Iterator[tuple[str, int, int]]:
+    text = text[:MAX_SCAN]
+    taken: list[tuple[int, int]] = []
+
+    def free(a: int, b: int) -> bool:
+        return all(b <= s or a >= e for s, e in taken)
+
+    for m in _EMAIL.finditer(text):
+        taken.append(m.span())
+        yield "email", *m.span()
+    for m in _IBAN.finditer(text):
+        if free(*m.span()) and _iban_ok(m.group()):
+            taken.append(m.span())
+            yield "iban", *m.span()
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group())
+        if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):
+            taken.append(m.span())
+            yield "payment_card", *m.span()
+    for m in _SSN.finditer(text):
+        if free(*m.span()):
+            taken.append(m.span())
+            yield "us_ssn", *m.span()
+    for m in _NINO.finditer(text):
+        if free(*m.span()):
+            taken.append(m.span())
+            yield "uk_nino", *m.span()
+    for m in _PHONE.finditer(text):
+        digits = re.sub(r"\D", "", m.group())
+        if free(*m.span()) and 9 <= len(digits) <= 15:
+            taken.append(m.span())
+            yield "phone", *m.span()
+
+
+def scan(value: Any) -> list[PiiFinding]:
+    """Every PII match in the string leaves of a JSON value, with the leaf's JSON Pointer."""
+    found: list[PiiFinding] = []
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, (*path, k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(item))
+        elif isinstance(item, str):
+            ptr = pointer(*path)
+            found.extend(PiiFinding(kind, ptr, a, b) for kind, a, b in scan_text(item))
+    found.sort(key=lambda f: (f.pointer, f.start))
+    return found

@@ -1,0 +1,176 @@
+"""The published ADL and AAIF JSON Schemas, loaded by file (never by `$id`: two files reuse one).
+
+The schemas are not vendored: they are read from the specification tree named by
+ADL_ENFORCER_SPEC_DIR, or the `shared/spec` tree beside the checkout, or
+/usr/share/adl-enforcer/spec. `spec_root()` is the only function here that looks at the
+environment; everything else is given a root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from .formats import is_uri, parse_timestamp
+
+ADL_SPEC_REPO = "agent-definition-language__specification"
+AAIF_REPO = "Observalytics-SL__aaif"
+SUPPORTED_ADL = {"0.1": "0.1.0", "0.2": "0.2.0", "0.3": "0.3.0"}
+# Profile identifiers this enforcer knows, mapped to their schema folder.
+PROFILES = {
+    "urn:adl:profile:governance:1.0": "governance/1.0",
+    "urn:adl:profile:healthcare:1.0": "healthcare/1.0",
+    "urn:adl:profile:financial:1.0": "financial/1.0",
+    "urn:adl:profile:portfolio:1.0": "portfolio/1.0",
+    "urn:adl:profile:registry:1.0": "registry/1.0",
+}
+_PROFILE_BASE_URI = "https://adl-spec.org/0.3/schema.json"
+
+
+class SpecMissing(RuntimeError):
+    pass
+
+
+def _check_format(validator: Any, fmt: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    # ADL makes timestamps (VAL-05) and URIs (VAL-06) semantic rules with their own codes;
+    # other format annotations stay annotations.
+    if not isinstance(instance, str):
+        return
+    if fmt == "date-time" and parse_timestamp(instance) is None:
+        yield ValidationError(f"{instance!r} is not an ISO 8601 timestamp with timezone")
+    elif fmt == "uri" and not is_uri(instance):
+        yield ValidationError(f"{instance!r} is not a valid RFC 3986 URI")
+
+
+ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format})
+
+
+def spec_root() -> Path:
+    candidates: list[Path] = []
+    env = os.environ.get("ADL_ENFORCER_SPEC_DIR")
+    if env:
+        candidates.append(Path(env))
+    here = Path(__file__).resolve()
+    candidates += [parent / "shared" / "spec" for parent in here.parents[2:5]]
+    candidates.append(Path("/usr/share/adl-enforcer/spec"))
+    for candidate in candidates:
+        if (candidate / ADL_SPEC_REPO / "core").is_dir():
+            return candidate
+    raise SpecMissing(
+        "ADL/AAIF specification schemas not found; set ADL_ENFORCER_SPEC_DIR to the directory holding "
+        f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/ (looked in: {', '.join(map(str, candidates))})"
+    )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def supported_schema_version(adl_spec: object) -> str | None:
+    """'0.2.7' -> '0.2.0' (same MAJOR.MINOR is supported); anything else -> None."""
+    if not isinstance(adl_spec, str):
+        return None
+    parts = adl_spec.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return SUPPORTED_ADL.get(f"{int(parts[0])}.{int(parts[1])}")
+
+
+@dataclass(frozen=True)
+class SchemaSet:
+    root: Path
+
+    def core_path(self, version: str) -> Path:
+        return self.root / ADL_SPEC_REPO / "core" / version / "schema.json"
+
+    def core(self, version: str) -> dict[str, Any]:
+        return _core_schema(self.root, version)
+
+    def adl_validator(self, version: str, profiles: tuple[str, ...]) -> Any:
+        return _adl_validator(self.root, version, profiles)
+
+    def aaif_validator(self, schema_file: str) -> Draft202012Validator:
+        return _aaif_validator(self.root, schema_file)
+
+    def enforcement_record_validator(self) -> Draft202012Validator:
+        schema = _read(self.root / ADL_SPEC_REPO / "core" / "0.3.0" / "schema-enforcement-record.json")
+        return Draft202012Validator(schema)
+
+    def profile_schema(self, identifier: str) -> dict[str, Any] | None:
+        folder = PROFILES.get(identifier)
+        if folder is None:
+            return None
+        return _read(self.root / ADL_SPEC_REPO / "profiles" / folder / "schema.json")
+
+
+@cache
+def _core_schema(root: Path, version: str) -> dict[str, Any]:
+    path = root / ADL_SPEC_REPO / "core" / version / "schema.json"
+    if not path.is_file():
+        raise SpecMissing(f"schema for ADL {version} not found at {path}")
+    return _read(path)
+
+
+@cache
+def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
+    core = _core_schema(root, version)
+    core_uri = core.get("$id", f"urn:adl-enforcer:core:{version}")
+    resources = [(core_uri, Resource.from_contents(core, default_specification=DRAFT202012))]
+    # Profile schemas compose the 0.3 core by URI; point that URI at this document's own core
+    # so a 0.1 or 0.2 document with profiles is checked against its own version.
+    if core_uri != _PROFILE_BASE_URI:
+        resources.append((_PROFILE_BASE_URI, Resource.from_contents(core, default_specification=DRAFT202012)))
+    composed: list[dict[str, Any]] = [{"$ref": core_uri}]
+    for identifier in profiles:
+        folder = PROFILES[identifier]
+        schema = _read(root / ADL_SPEC_REPO / "profiles" / folder / "schema.json")
+        uri = schema.get("$id", f"urn:adl-enforcer:profile:{folder}")
+        resources.append((uri, Resource.from_contents(schema, default_specification=DRAFT202012)))
+        composed.append({"$ref": uri})
+    registry: Registry = Registry().with_resources(resources)
+    # Unknown top-level members are found by `unknown_members`, not unevaluatedProperties: a
+    # failing subschema drops its annotations and would make every member look unknown.
+    return ADLSchemaValidator({"allOf": composed}, registry=registry)
+
+
+def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...], document: dict[str, Any]) -> list[str]:
+    """Top-level members defined neither by the core schema, a declared profile nor an extension rule."""
+    import re
+
+    core = schemas.core(version)
+    known = set(core.get("properties", {}))
+    allowed_patterns = [re.compile(p) for p in core.get("patternProperties", {})]
+    for identifier in profiles:
+        known |= set((schemas.profile_schema(identifier) or {}).get("properties", {}))
+    return [k for k in document if k not in known and not any(p.search(k) for p in allowed_patterns)]
+
+
+@cache
+def _aaif_validator(root: Path, schema_file: str) -> Draft202012Validator:
+    if "/" in schema_file or not schema_file.endswith(".schema.json"):
+        raise SpecMissing(f"unknown AAIF schema {schema_file!r}")
+    path = root / AAIF_REPO / "schema" / schema_file
+    if not path.is_file():
+        raise SpecMissing(f"AAIF schema {schema_file!r} not found at {path}")
+    # Format annotations are not assertions (Draft 2020-12 default): no format_checker.
+    return Draft202012Validator(_read(path))
+
+
+def iter_leaf_errors(validator: Any, instance: Any) -> Iterator[ValidationError]:
+    """Yield the most specific error of each failure (descending into oneOf/anyOf/allOf)."""
+    from jsonschema.exceptions import best_match
+
+    for error in validator.iter_errors(instance):
+        while error.context:
+            error = best_match(error.context)
+        yield error
