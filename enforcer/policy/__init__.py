@@ -22,7 +22,23 @@ from .regions import RegionMap
 from .specs import SchemaSet, spec_root
 
 __all__ = [
-    "CompileOptions", "Decision", "DocumentRejected", "EnvVar", "FileAccess", "Finding", "NetworkConnect", "Parsed",
-    "Policy", "ProcessExec", "Reason", "RegionMap", "SchemaSet", "ToolCall", "compile_policy", "decide",
-    "parse_document", "policy_digest", "spec_root",
+    "CompileOptions",
+    "Decision",
+    "DocumentRejected",
+    "EnvVar",
+    "FileAccess",
+    "Finding",
+    "NetworkConnect",
+    "Parsed",
+    "Policy",
+    "ProcessExec",
+    "Reason",
+    "RegionMap",
+    "SchemaSet",
+    "ToolCall",
+    "compile_policy",
+    "decide",
+    "parse_document",
+    "policy_digest",
+    "spec_root",
 ]

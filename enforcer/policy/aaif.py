@@ -58,14 +58,21 @@ def condition_findings(document: dict[str, Any], safety_level: str) -> list[Find
     out: list[Finding] = []
     for condition, path in iter_conditions(document):
         if isinstance(condition, str):
-            out.append(Finding("ENF-2009", f"natural-language condition {condition!r} is a hint, not an "
-                               "expression; it is not portable", pointer(*path), "warning"))
+            out.append(
+                Finding(
+                    "ENF-2009",
+                    f"natural-language condition {condition!r} is a hint, not an expression; it is not portable",
+                    pointer(*path),
+                    "warning",
+                )
+            )
             continue
         try:
             compile_condition(condition)
         except UnsupportedCondition as exc:
             severity = "error" if safety_level in ("strict", "regulated") else "warning"
             consequence = {"minimal": "warned only", "standard": "condition disabled"}.get(
-                safety_level, f"rejected at safety_level '{safety_level}'")
+                safety_level, f"rejected at safety_level '{safety_level}'"
+            )
             out.append(Finding("ENF-2002", f"{exc} ({consequence})", pointer(*path), severity))  # type: ignore[arg-type]
     return out

@@ -12,18 +12,36 @@ from collections.abc import Iterable
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 PUBLIC = "public"
-_METADATA = {ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "100.100.100.200",
-                                               "fd00:ec2::254", "192.0.0.192")}
+_METADATA = {
+    ipaddress.ip_address(a)
+    for a in ("169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254", "192.0.0.192")
+}
 _RANGES: list[tuple[str, ipaddress.IPv4Network | ipaddress.IPv6Network]] = [
-    (cls, ipaddress.ip_network(net)) for cls, net in (
-        ("unspecified", "0.0.0.0/8"), ("loopback", "127.0.0.0/8"), ("private", "10.0.0.0/8"),
-        ("private", "172.16.0.0/12"), ("private", "192.168.0.0/16"), ("cgnat", "100.64.0.0/10"),
-        ("link_local", "169.254.0.0/16"), ("reserved", "192.0.0.0/24"), ("documentation", "192.0.2.0/24"),
-        ("benchmark", "198.18.0.0/15"), ("documentation", "198.51.100.0/24"),
-        ("documentation", "203.0.113.0/24"), ("multicast", "224.0.0.0/4"), ("reserved", "240.0.0.0/4"),
-        ("unspecified", "::/128"), ("loopback", "::1/128"), ("ula", "fc00::/7"), ("link_local", "fe80::/10"),
-        ("site_local", "fec0::/10"), ("multicast", "ff00::/8"), ("documentation", "2001:db8::/32"),
-        ("discard", "100::/64"), ("reserved", "2001::/23"),
+    (cls, ipaddress.ip_network(net))
+    for cls, net in (
+        ("unspecified", "0.0.0.0/8"),
+        ("loopback", "127.0.0.0/8"),
+        ("private", "10.0.0.0/8"),
+        ("private", "172.16.0.0/12"),
+        ("private", "192.168.0.0/16"),
+        ("cgnat", "100.64.0.0/10"),
+        ("link_local", "169.254.0.0/16"),
+        ("reserved", "192.0.0.0/24"),
+        ("documentation", "192.0.2.0/24"),
+        ("benchmark", "198.18.0.0/15"),
+        ("documentation", "198.51.100.0/24"),
+        ("documentation", "203.0.113.0/24"),
+        ("multicast", "224.0.0.0/4"),
+        ("reserved", "240.0.0.0/4"),
+        ("unspecified", "::/128"),
+        ("loopback", "::1/128"),
+        ("ula", "fc00::/7"),
+        ("link_local", "fe80::/10"),
+        ("site_local", "fec0::/10"),
+        ("multicast", "ff00::/8"),
+        ("documentation", "2001:db8::/32"),
+        ("discard", "100::/64"),
+        ("reserved", "2001::/23"),
     )
 ]
 

@@ -37,8 +37,13 @@ TEMPLATE_VAR = re.compile(r"(?<!\\)\{\{\s*([^{}]*?)\s*\}\}")
 VAR_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 NEAR_EXPIRY = timedelta(days=30)
 
-_SCHEMA_CODES = {"required": "ADL-1003", "type": "ADL-1004", "enum": "ADL-1005", "const": "ADL-1005",
-                 "pattern": "ADL-1006"}
+_SCHEMA_CODES = {
+    "required": "ADL-1003",
+    "type": "ADL-1004",
+    "enum": "ADL-1005",
+    "const": "ADL-1005",
+    "pattern": "ADL-1006",
+}
 
 
 def _obj(value: Any) -> dict[str, Any]:
@@ -72,8 +77,13 @@ class _Check:
                     continue
                 if name in seen:
                     kind = member[:-1]
-                    self.add(code, f"{kind.capitalize()} name '{name}' already defined at index {seen[name]}",
-                             member, i, "name")
+                    self.add(
+                        code,
+                        f"{kind.capitalize()} name '{name}' already defined at index {seen[name]}",
+                        member,
+                        i,
+                        "name",
+                    )
                 else:
                     seen[name] = i
                 if member == "tools" and not TOOL_NAME.match(name):
@@ -83,8 +93,10 @@ class _Check:
     def timestamps_and_uris(self) -> None:
         lifecycle = _obj(self.doc.get("lifecycle"))
         attestation = _obj(_obj(self.doc.get("security")).get("attestation"))
-        for container, base, keys in ((lifecycle, ("lifecycle",), ("effective_date", "sunset_date")),
-                                      (attestation, ("security", "attestation"), ("issued_at", "expires_at"))):
+        for container, base, keys in (
+            (lifecycle, ("lifecycle",), ("effective_date", "sunset_date")),
+            (attestation, ("security", "attestation"), ("issued_at", "expires_at")),
+        ):
             for key in keys:
                 value = container.get(key)
                 if value is not None and parse_timestamp(value) is None:
@@ -124,8 +136,12 @@ class _Check:
             if isinstance(identifier, str) and identifier not in PROFILES and identifier.startswith("urn:adl:profile:"):
                 self.add("ADL-3002", f"Profile '{identifier}' is not a known standard profile", "profiles", i)
             elif isinstance(identifier, str) and identifier not in PROFILES:
-                self.add("ADL-3002", f"Profile '{identifier}' is unknown to this enforcer; its requirements "
-                         "cannot be checked", "profiles", i)
+                self.add(
+                    "ADL-3002",
+                    f"Profile '{identifier}' is unknown to this enforcer; its requirements cannot be checked",
+                    "profiles",
+                    i,
+                )
 
     # VAL-09, ADL-5002, ADL-5003
     def lifecycle(self) -> None:
@@ -134,18 +150,30 @@ class _Check:
             return
         status = lifecycle.get("status")
         if status is not None and status not in LIFECYCLE_STATUSES:
-            self.add("ADL-5001", f"lifecycle.status {status!r} is not one of draft, active, deprecated, retired",
-                     "lifecycle", "status")
+            self.add(
+                "ADL-5001",
+                f"lifecycle.status {status!r} is not one of draft, active, deprecated, retired",
+                "lifecycle",
+                "status",
+            )
         if "successor" in lifecycle and status in ("active", "draft"):
-            self.add("ADL-5002", f"Member 'successor' is not valid while lifecycle.status is '{status}'",
-                     "lifecycle", "successor")
+            self.add(
+                "ADL-5002",
+                f"Member 'successor' is not valid while lifecycle.status is '{status}'",
+                "lifecycle",
+                "successor",
+            )
         effective = parse_timestamp(lifecycle.get("effective_date"))
         sunset = parse_timestamp(lifecycle.get("sunset_date"))
         if sunset and effective and sunset <= effective:
             self.add("ADL-5003", "sunset_date is not after effective_date", "lifecycle", "sunset_date")
         elif sunset and sunset <= self.now and status in ("active", "draft"):
-            self.add("ADL-5003", f"sunset_date {lifecycle['sunset_date']} has passed but status is '{status}'",
-                     "lifecycle", "sunset_date")
+            self.add(
+                "ADL-5003",
+                f"sunset_date {lifecycle['sunset_date']} has passed but status is '{status}'",
+                "lifecycle",
+                "sunset_date",
+            )
 
     # VAL-14..20
     def enumerations(self) -> None:
@@ -165,15 +193,22 @@ class _Check:
         security = _obj(self.doc.get("security"))
         auth_type = _obj(security.get("authentication")).get("type")
         if auth_type is not None and auth_type not in AUTH_TYPES:
-            self.add("ADL-2011", f"Authentication type {auth_type!r} is not valid", "security", "authentication", "type")
+            self.add(
+                "ADL-2011", f"Authentication type {auth_type!r} is not valid", "security", "authentication", "type"
+            )
         att_type = _obj(security.get("attestation")).get("type")
         if att_type is not None and att_type not in ATTESTATION_TYPES:
             self.add("ADL-2012", f"Attestation type {att_type!r} is not valid", "security", "attestation", "type")
         runtime = _obj(self.doc.get("runtime"))
         action = _obj(runtime.get("error_handling")).get("on_tool_error")
         if action is not None and action not in ERROR_ACTIONS:
-            self.add("ADL-2013", f"on_tool_error {action!r} is not abort, continue or retry",
-                     "runtime", "error_handling", "on_tool_error")
+            self.add(
+                "ADL-2013",
+                f"on_tool_error {action!r} is not abort, continue or retry",
+                "runtime",
+                "error_handling",
+                "on_tool_error",
+            )
         fmt = _obj(runtime.get("output_handling")).get("format")
         if fmt is not None and fmt not in OUTPUT_FORMATS:
             self.add("ADL-2014", f"output format {fmt!r} is not valid", "runtime", "output_handling", "format")
@@ -194,7 +229,9 @@ class _Check:
                 self._pattern(pattern, flavour, code, "permissions", domain, member, i)
         for i, entry in enumerate(_arr(_obj(permissions.get("filesystem")).get("allowed_paths"))):
             if "path" in _obj(entry):
-                self._pattern(entry["path"], "path", "ADL-2017", "permissions", "filesystem", "allowed_paths", i, "path")
+                self._pattern(
+                    entry["path"], "path", "ADL-2017", "permissions", "filesystem", "allowed_paths", i, "path"
+                )
         if self.v03:
             delegation = _obj(permissions.get("delegation"))
             for member in ("match", "deny"):
@@ -202,7 +239,9 @@ class _Check:
                     self._pattern(pattern, "host", "ADL-6006", "permissions", "delegation", member, i)
             depth = delegation.get("max_depth")
             if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
-                self.add("ADL-6007", f"max_depth {depth!r} must be an integer >= 1", "permissions", "delegation", "max_depth")
+                self.add(
+                    "ADL-6007", f"max_depth {depth!r} must be an integer >= 1", "permissions", "delegation", "max_depth"
+                )
 
     def _pattern(self, pattern: Any, flavour: patterns.Flavour, code: str, *path: str | int) -> None:
         reason = patterns.validate(pattern, flavour)
@@ -215,8 +254,13 @@ class _Check:
         if signature.get("signed_content") == "digest":
             missing = [k for k in ("digest_algorithm", "digest_value") if k not in signature]
             if missing:
-                self.add("ADL-2019", f"digest-mode signature lacks {', '.join(missing)}",
-                         "security", "attestation", "signature")
+                self.add(
+                    "ADL-2019",
+                    f"digest-mode signature lacks {', '.join(missing)}",
+                    "security",
+                    "attestation",
+                    "signature",
+                )
 
     # VAL-25..28
     def data_classification(self) -> None:
@@ -230,9 +274,15 @@ class _Check:
                 level = self._classification(dc, (member, i, "data_classification"))
                 if level is not None and top_level is not None and level > top_level:
                     name = _obj(entry).get("name", i)
-                    self.add("ADL-2023", f"{member[:-1].capitalize()} '{name}' has sensitivity '{dc['sensitivity']}' "
-                             f"which exceeds top-level '{top['sensitivity']}'",
-                             member, i, "data_classification", "sensitivity")
+                    self.add(
+                        "ADL-2023",
+                        f"{member[:-1].capitalize()} '{name}' has sensitivity '{dc['sensitivity']}' "
+                        f"which exceeds top-level '{top['sensitivity']}'",
+                        member,
+                        i,
+                        "data_classification",
+                        "sensitivity",
+                    )
 
     def _classification(self, dc: Any, path: tuple[str | int, ...]) -> int | None:
         if not isinstance(dc, dict):
@@ -240,8 +290,12 @@ class _Check:
         sensitivity = dc.get("sensitivity")
         level = SENSITIVITY_ORDER.get(sensitivity) if isinstance(sensitivity, str) else None
         if "sensitivity" in dc and level is None:
-            self.add("ADL-2020", f"sensitivity {sensitivity!r} is not public, internal, confidential or restricted",
-                     *path, "sensitivity")
+            self.add(
+                "ADL-2020",
+                f"sensitivity {sensitivity!r} is not public, internal, confidential or restricted",
+                *path,
+                "sensitivity",
+            )
         extra = self._profile_categories()
         for i, category in enumerate(_arr(dc.get("categories"))):
             if category not in CATEGORIES and category not in extra:
@@ -270,8 +324,9 @@ class _Check:
             variables = _obj(prompt.get("variables"))
             for name in self._template_vars(prompt["template"], ("system_prompt", "template"), code):
                 if name not in variables:
-                    self.add(code, f"template variable '{name}' is not defined in variables",
-                             "system_prompt", "template")
+                    self.add(
+                        code, f"template variable '{name}' is not defined in variables", "system_prompt", "template"
+                    )
         for i, entry in enumerate(_arr(self.doc.get("prompts"))):
             template = _obj(entry).get("template")
             if isinstance(template, str):
@@ -296,19 +351,31 @@ class _Check:
         expires = parse_timestamp(attestation.get("expires_at"))
         if expires is not None:
             if expires <= self.now:
-                self.add("ADL-4003", f"attestation expired at {attestation['expires_at']}",
-                         "security", "attestation", "expires_at")
+                self.add(
+                    "ADL-4003",
+                    f"attestation expired at {attestation['expires_at']}",
+                    "security",
+                    "attestation",
+                    "expires_at",
+                )
             elif expires - self.now <= NEAR_EXPIRY:
-                self.add("ENF-2008", f"attestation expires at {attestation['expires_at']} (within 30 days)",
-                         "security", "attestation", "expires_at", severity="warning")
+                self.add(
+                    "ENF-2008",
+                    f"attestation expires at {attestation['expires_at']} (within 30 days)",
+                    "security",
+                    "attestation",
+                    "expires_at",
+                    severity="warning",
+                )
 
     # VAL-29..33, VAL-35a, VAL-36, VAL-37 (ADL 0.3)
     def runtime_limits(self) -> None:
         if not self.v03:
             return
         permissions = _obj(self.doc.get("permissions"))
-        self._budget(_obj(permissions.get("resource_limits")).get("budget"),
-                     ("permissions", "resource_limits", "budget"))
+        self._budget(
+            _obj(permissions.get("resource_limits")).get("budget"), ("permissions", "resource_limits", "budget")
+        )
         runtime = _obj(self.doc.get("runtime"))
         invocation = _obj(runtime.get("tool_invocation"))
         for key in ("max_iterations", "max_tool_calls_per_session"):
@@ -318,17 +385,30 @@ class _Check:
         loop = _obj(invocation.get("loop_detection"))
         window = loop.get("window")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
-            self.add("ADL-6005", f"loop_detection.window {window!r} must be an integer >= 2",
-                     "runtime", "tool_invocation", "loop_detection", "window")
+            self.add(
+                "ADL-6005",
+                f"loop_detection.window {window!r} must be an integer >= 2",
+                "runtime",
+                "tool_invocation",
+                "loop_detection",
+                "window",
+            )
         if "on_detected" in loop:
-            self._degradation_response(loop["on_detected"], ("runtime", "tool_invocation", "loop_detection", "on_detected"))
+            self._degradation_response(
+                loop["on_detected"], ("runtime", "tool_invocation", "loop_detection", "on_detected")
+            )
         degradation = runtime.get("degradation")
         for cause, response in _obj(degradation).items():
             if cause == "extensions":
                 continue
             if not re.match(r"^on_[a-z0-9_]+$", cause):
-                self.add("ADL-6008", f"degradation cause {cause!r} does not match ^on_[a-z0-9_]+$",
-                         "runtime", "degradation", cause)
+                self.add(
+                    "ADL-6008",
+                    f"degradation cause {cause!r} does not match ^on_[a-z0-9_]+$",
+                    "runtime",
+                    "degradation",
+                    cause,
+                )
             self._degradation_response(response, ("runtime", "degradation", cause))
         self._sub_agents(permissions.get("sub_agents"))
         self._urns(self.doc, ())
@@ -342,20 +422,31 @@ class _Check:
                     if key in ("per_session", "per_day", "per_call", "per_run") and (
                         isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
                     ):
-                        self.add("ADL-6001", f"budget {dimension}.{key} {value!r} must be a number > 0",
-                                 *path, dimension, key)
+                        self.add(
+                            "ADL-6001",
+                            f"budget {dimension}.{key} {value!r} must be a number > 0",
+                            *path,
+                            dimension,
+                            key,
+                        )
                 session, day = caps.get("per_session"), caps.get("per_day")
                 if isinstance(session, int | float) and isinstance(day, int | float) and session > day:
-                    self.add("ADL-6002", f"budget {dimension}.per_session {session} exceeds per_day {day}",
-                             *path, dimension, "per_session")
+                    self.add(
+                        "ADL-6002",
+                        f"budget {dimension}.per_session {session} exceeds per_day {day}",
+                        *path,
+                        dimension,
+                        "per_session",
+                    )
             elif isinstance(caps, int | float) and not isinstance(caps, bool) and caps <= 0:
                 self.add("ADL-6001", f"budget {dimension} {caps!r} must be > 0", *path, dimension)
 
     def _degradation_response(self, response: Any, path: tuple[str | int, ...]) -> None:
         action = _obj(response).get("action")
         if action is not None and action not in DEGRADATION_ACTIONS:
-            self.add("ADL-6003", f"degradation action {action!r} is not halt, pause, fallback or continue",
-                     *path, "action")
+            self.add(
+                "ADL-6003", f"degradation action {action!r} is not halt, pause, fallback or continue", *path, "action"
+            )
 
     def _sub_agents(self, sub_agents: Any) -> None:
         parent_tools = {t.get("name") for t in _arr(self.doc.get("tools")) if isinstance(t, dict)}
@@ -370,8 +461,15 @@ class _Check:
                 seen.add(name)
             for j, tool in enumerate(_arr(_obj(entry).get("tools"))):
                 if tool not in parent_tools:
-                    self.add("ADL-6009", f"sub-agent tool {tool!r} is not one of the parent's tools",
-                             "permissions", "sub_agents", i, "tools", j)
+                    self.add(
+                        "ADL-6009",
+                        f"sub-agent tool {tool!r} is not one of the parent's tools",
+                        "permissions",
+                        "sub_agents",
+                        i,
+                        "tools",
+                        j,
+                    )
 
     def _urns(self, value: Any, path: tuple[str | int, ...]) -> None:
         stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, path)]
@@ -397,29 +495,42 @@ def _schema_findings(validator: Any, document: dict[str, Any]) -> Iterator[Findi
             code = {"date-time": "ADL-2005", "uri": "ADL-2006"}.get(fmt, "ADL-1004")
             yield Finding(code, error.message, pointer(*path))
         elif error.validator in ("unevaluatedProperties", "additionalProperties"):
-            yield Finding("ADL-1004", f"{error.message} (not defined by ADL, a declared profile or an extension)",
-                          pointer(*path))
+            yield Finding(
+                "ADL-1004", f"{error.message} (not defined by ADL, a declared profile or an extension)", pointer(*path)
+            )
         else:
             yield Finding(_SCHEMA_CODES.get(str(error.validator), "ADL-1004"), error.message, pointer(*path))
 
 
 RULES: tuple[Callable[[_Check], None], ...] = (
-    _Check.unique_names, _Check.timestamps_and_uris, _Check.json_schemas, _Check.profiles, _Check.lifecycle,
-    _Check.enumerations, _Check.permission_patterns, _Check.digest_fields, _Check.data_classification,
-    _Check.templates, _Check.security, _Check.runtime_limits,
+    _Check.unique_names,
+    _Check.timestamps_and_uris,
+    _Check.json_schemas,
+    _Check.profiles,
+    _Check.lifecycle,
+    _Check.enumerations,
+    _Check.permission_patterns,
+    _Check.digest_fields,
+    _Check.data_classification,
+    _Check.templates,
+    _Check.security,
+    _Check.runtime_limits,
 )
 
 
-def validate_adl(
-    document: dict[str, Any], schemas: SchemaSet, now: datetime
-) -> tuple[list[Finding], SignatureResult]:
+def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) -> tuple[list[Finding], SignatureResult]:
     """All findings (errors and warnings) for an ADL document, plus its signature state."""
     findings: list[Finding] = []
     adl_spec = document.get("adl_spec")
     version = supported_schema_version(adl_spec)
     if version is None:
-        findings.append(Finding("ADL-2001", f"adl_spec {adl_spec!r} is not a supported version "
-                                "(supported: 0.1.x, 0.2.x, 0.3.x)", "/adl_spec"))
+        findings.append(
+            Finding(
+                "ADL-2001",
+                f"adl_spec {adl_spec!r} is not a supported version (supported: 0.1.x, 0.2.x, 0.3.x)",
+                "/adl_spec",
+            )
+        )
     schema_version = version or "0.3.0"
     profiles = tuple(p for p in _arr(document.get("profiles")) if isinstance(p, str) and p in PROFILES)
     for f in _schema_findings(schemas.adl_validator(schema_version, profiles), document):
@@ -429,8 +540,14 @@ def validate_adl(
             f = Finding("ADL-3001", f"{f.detail} (required by a declared profile)", f.pointer)
         findings.append(f)
     for member in unknown_members(schemas, schema_version, profiles, document):
-        findings.append(Finding("ADL-1004", f"Member '{member}' is not defined by ADL {schema_version}, a declared "
-                                "profile or the extension mechanism", pointer(member)))
+        findings.append(
+            Finding(
+                "ADL-1004",
+                f"Member '{member}' is not defined by ADL {schema_version}, a declared "
+                "profile or the extension mechanism",
+                pointer(member),
+            )
+        )
     check = _Check(document, schema_version, now)
     for rule in RULES:
         rule(check)

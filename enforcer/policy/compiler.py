@@ -65,21 +65,30 @@ def compile_policy(
         safety_level = str(compliance.get("safety_level", "standard"))
         findings.extend(condition_findings(aaif, safety_level))
         if isinstance(agent.get("name"), str) and agent.get("name") != adl.get("name"):
-            findings.append(Finding("ENF-2005", f"AAIF agent.name {agent.get('name')!r} differs from ADL name "
-                                    f"{adl.get('name')!r}; both documents must describe the same agent",
-                                    "/agent/name"))
+            findings.append(
+                Finding(
+                    "ENF-2005",
+                    f"AAIF agent.name {agent.get('name')!r} differs from ADL name "
+                    f"{adl.get('name')!r}; both documents must describe the same agent",
+                    "/agent/name",
+                )
+            )
     safety_level = str(compliance.get("safety_level", "standard"))
     classification = _obj(adl.get("data_classification"))
     sensitivity = str(classification.get("sensitivity", "restricted"))
-    if (options.require_signature and SENSITIVITY_ORDER.get(sensitivity, 3) >= 2
-            and signature.state != "verified"):
-        findings.append(Finding("ENF-2006", f"a '{sensitivity}' document must carry a verified attestation "
-                                "signature (the operator can waive this requirement)", "/security/attestation"))
+    if options.require_signature and SENSITIVITY_ORDER.get(sensitivity, 3) >= 2 and signature.state != "verified":
+        findings.append(
+            Finding(
+                "ENF-2006",
+                f"a '{sensitivity}' document must carry a verified attestation "
+                "signature (the operator can waive this requirement)",
+                "/security/attestation",
+            )
+        )
     if any(f.severity == "error" for f in findings):
         raise DocumentRejected(findings)
     builder = _Builder(adl, aaif, compliance, options, now)
-    policy = builder.build(sensitivity, signature.state, safety_level,
-                           policy_digest(adl, aaif, options))
+    policy = builder.build(sensitivity, signature.state, safety_level, policy_digest(adl, aaif, options))
     warnings = tuple(f for f in findings if f.severity == "warning") + tuple(builder.warnings)
     return _replace_warnings(policy, warnings)
 
@@ -91,8 +100,14 @@ def _replace_warnings(policy: Policy, warnings: tuple[Finding, ...]) -> Policy:
 
 
 class _Builder:
-    def __init__(self, adl: dict[str, Any], aaif: dict[str, Any] | None, compliance: dict[str, Any],
-                 options: CompileOptions, now: datetime) -> None:
+    def __init__(
+        self,
+        adl: dict[str, Any],
+        aaif: dict[str, Any] | None,
+        compliance: dict[str, Any],
+        options: CompileOptions,
+        now: datetime,
+    ) -> None:
         self.adl = adl
         self.aaif = aaif
         self.compliance = compliance
@@ -145,8 +160,9 @@ class _Builder:
         if status == "retired":
             return Lifecycle(status, "refuse", "lifecycle.status is 'retired': retired agents never run")
         if status == "deprecated" and sunset is not None and sunset <= self.now:
-            return Lifecycle(status, "refuse", f"deprecated and past its sunset_date "
-                             f"{lifecycle['sunset_date']}: treated as retired")
+            return Lifecycle(
+                status, "refuse", f"deprecated and past its sunset_date {lifecycle['sunset_date']}: treated as retired"
+            )
         if status == "draft" and self.options.production:
             return Lifecycle(status, "refuse", "lifecycle.status is 'draft' and the enforcer runs in production mode")
         notes = []
@@ -178,21 +194,31 @@ class _Builder:
             if name in aaif_tools:
                 j, atool = aaif_tools[name]
                 if isinstance(atool.get("parameters_schema"), dict):
-                    validators.append((pointer("agent", "tools", j, "parameters_schema"),
-                                       jsonschema_rs.validator_for(atool["parameters_schema"])))
+                    validators.append(
+                        (
+                            pointer("agent", "tools", j, "parameters_schema"),
+                            jsonschema_rs.validator_for(atool["parameters_schema"]),
+                        )
+                    )
                 env_var = _obj(atool.get("auth")).get("env_var")
                 auth_env = env_var if isinstance(env_var, str) else None
             rules[name] = ToolRule(
-                name=name, pointer=pointer("tools", i), description=str(tool.get("description", "")),
+                name=name,
+                pointer=pointer("tools", i),
+                description=str(tool.get("description", "")),
                 requires_confirmation=tool.get("requires_confirmation") is True,
                 read_only=tool.get("read_only") is True,
                 sensitivity=_obj(tool.get("data_classification")).get("sensitivity"),
-                validators=tuple(validators), auth_env_var=auth_env,
+                validators=tuple(validators),
+                auth_env_var=auth_env,
             )
         aaif_only = set(aaif_tools) - set(rules)
         for name in sorted(aaif_only):
-            self.warn("ENF-2004", f"tool '{name}' is declared in AAIF but not in ADL; calls to it are denied",
-                      pointer("agent", "tools", aaif_tools[name][0]))
+            self.warn(
+                "ENF-2004",
+                f"tool '{name}' is declared in AAIF but not in ADL; calls to it are denied",
+                pointer("agent", "tools", aaif_tools[name][0]),
+            )
         return rules, aaif_only
 
     def network(self) -> NetworkRules | None:
@@ -202,13 +228,20 @@ class _Builder:
         hosts = network.get("allowed_hosts") or []
         for i, h in enumerate(hosts):
             if h == "*":
-                self.warn("ENF-2003", "bare '*' in allowed_hosts allows every host name",
-                          pointer("permissions", "network", "allowed_hosts", i))
+                self.warn(
+                    "ENF-2003",
+                    "bare '*' in allowed_hosts allows every host name",
+                    pointer("permissions", "network", "allowed_hosts", i),
+                )
         ports = network.get("allowed_ports")
         protocols = network.get("allowed_protocols")
         if ports is None and not protocols:
-            self.warn("ENF-2004", "network has neither allowed_ports nor allowed_protocols: no port is granted, "
-                      "so no connection can be made", "/permissions/network")
+            self.warn(
+                "ENF-2004",
+                "network has neither allowed_ports nor allowed_protocols: no port is granted, "
+                "so no connection can be made",
+                "/permissions/network",
+            )
         deny_private = network.get("deny_private")
         return NetworkRules(
             hosts=PatternList.compile(hosts, "host"),
@@ -225,8 +258,11 @@ class _Builder:
         entries = fs.get("allowed_paths") or []
         for i, entry in enumerate(entries):
             if is_bare_wildcard(entry["path"]):
-                self.warn("ENF-2003", f"'{entry['path']}' grants the whole filesystem",
-                          pointer("permissions", "filesystem", "allowed_paths", i, "path"))
+                self.warn(
+                    "ENF-2003",
+                    f"'{entry['path']}' grants the whole filesystem",
+                    pointer("permissions", "filesystem", "allowed_paths", i, "path"),
+                )
         return FilesystemRules(
             allowed=PatternList.compile([e["path"] for e in entries], "path"),
             access=tuple(e["access"] for e in entries),
@@ -240,8 +276,11 @@ class _Builder:
         allowed = section.get(allow_key) or []
         for i, p in enumerate(allowed):
             if p == "*":
-                self.warn("ENF-2003", f"bare '*' in {allow_key} passes every variable of the launcher's environment",
-                          pointer("permissions", domain, allow_key, i))
+                self.warn(
+                    "ENF-2003",
+                    f"bare '*' in {allow_key} passes every variable of the launcher's environment",
+                    pointer("permissions", domain, allow_key, i),
+                )
         return NameRules(PatternList.compile(allowed, "env"), PatternList.compile(section.get(deny_key) or [], "env"))
 
     def execution(self) -> ExecutionRules | None:
@@ -259,8 +298,10 @@ class _Builder:
         if not isinstance(section, dict):
             return None
         return ResourceLimits(
-            max_memory_mb=section.get("max_memory_mb"), max_cpu_percent=section.get("max_cpu_percent"),
-            max_duration_sec=section.get("max_duration_sec"), max_concurrent=section.get("max_concurrent"),
+            max_memory_mb=section.get("max_memory_mb"),
+            max_cpu_percent=section.get("max_cpu_percent"),
+            max_duration_sec=section.get("max_duration_sec"),
+            max_concurrent=section.get("max_concurrent"),
         )
 
     def approval(self, safety_level: str) -> ApprovalGate | None:
@@ -274,18 +315,23 @@ class _Builder:
         if trigger is None:
             return ApprovalGate("all", None, timeout, ptr, "every tool call (no trigger given)")
         if isinstance(trigger, str):
-            return ApprovalGate("writes", None, timeout, ptr + "/trigger",
-                                f"hint {trigger!r}: every tool call not declared read_only")
+            return ApprovalGate(
+                "writes", None, timeout, ptr + "/trigger", f"hint {trigger!r}: every tool call not declared read_only"
+            )
         try:
             condition = compile_condition(trigger)
         except UnsupportedCondition as exc:
             # strict/regulated were rejected by condition_findings; never let a trigger we cannot
             # evaluate open the gate.
             if safety_level == "minimal":
-                return ApprovalGate("writes", None, timeout, ptr + "/trigger",
-                                    f"unsupported trigger ({exc}): every tool call not declared read_only")
-            return ApprovalGate("all", None, timeout, ptr + "/trigger",
-                                f"unsupported trigger ({exc}): every tool call")
+                return ApprovalGate(
+                    "writes",
+                    None,
+                    timeout,
+                    ptr + "/trigger",
+                    f"unsupported trigger ({exc}): every tool call not declared read_only",
+                )
+            return ApprovalGate("all", None, timeout, ptr + "/trigger", f"unsupported trigger ({exc}): every tool call")
         return ApprovalGate("condition", condition, timeout, ptr + "/trigger", f"{trigger.get('lang')} condition")
 
     def residency(self) -> tuple[Residency, ...]:
@@ -297,13 +343,19 @@ class _Builder:
         if handling.get("cross_border_restricted") is True:
             home = self.options.home_region
             if home is None:
-                self.warn("ENF-2004", "cross_border_restricted is set but no home region is configured: every "
-                          "connection is denied", "/data_classification/handling/cross_border_restricted")
+                self.warn(
+                    "ENF-2004",
+                    "cross_border_restricted is set but no home region is configured: every connection is denied",
+                    "/data_classification/handling/cross_border_restricted",
+                )
                 home = "(unconfigured home region)"
             out.append(Residency(home, "/data_classification/handling/cross_border_restricted", "adl"))
         if len({r.region for r in out}) > 1:
-            self.warn("ENF-2004", f"residency constraints disagree ({', '.join(r.region for r in out)}): no "
-                      "connection can satisfy both", out[0].pointer)
+            self.warn(
+                "ENF-2004",
+                f"residency constraints disagree ({', '.join(r.region for r in out)}): no connection can satisfy both",
+                out[0].pointer,
+            )
         return tuple(out)
 
     def pii_mode(self) -> str:

@@ -34,7 +34,7 @@ class CompiledCondition:
     def __call__(self, context: Any) -> bool:
         try:
             return bool(self._evaluate(context))
-        except Exception:  # noqa: BLE001 - a condition that cannot be evaluated must gate, not crash
+        except Exception:
             return True
 
 
@@ -57,7 +57,7 @@ def compile_condition(condition: Any) -> CompiledCondition:
             raise UnsupportedCondition("jsonpath expr must be a string")
         try:
             compiled = jsonpath_parse(expr)
-        except (JsonPathParserError, Exception) as exc:  # noqa: BLE001 - the parser raises bare Exceptions
+        except (JsonPathParserError, Exception) as exc:
             raise UnsupportedCondition(f"jsonpath {expr!r} does not parse: {exc}") from exc
         return CompiledCondition(lang, condition, lambda ctx: any(_truthy(m.value) for m in compiled.find(ctx)))
     if lang == "jmespath":
@@ -71,7 +71,5 @@ def compile_condition(condition: Any) -> CompiledCondition:
     if lang == "jsonlogic":
         if not isinstance(expr, dict | bool):
             raise UnsupportedCondition("jsonlogic expr must be a rule object")
-        return CompiledCondition(
-            lang, condition, lambda ctx: _truthy(json_logic.jsonLogic(expr, ctx, _JSONLOGIC_OPS))
-        )
+        return CompiledCondition(lang, condition, lambda ctx: _truthy(json_logic.jsonLogic(expr, ctx, _JSONLOGIC_OPS)))
     raise UnsupportedCondition(f"condition language {lang!r} is not evaluated by this enforcer")

@@ -16,8 +16,21 @@ _SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 # Members that hold the name of a secret or a header, never its value.
-_REFERENCE_MEMBERS = {"env_var", "header", "trace_context_header", "key", "path", "provider", "type", "version",
-                      "token_endpoint", "description", "nl", "name", "algorithm"}
+_REFERENCE_MEMBERS = {
+    "env_var",
+    "header",
+    "trace_context_header",
+    "key",
+    "path",
+    "provider",
+    "type",
+    "version",
+    "token_endpoint",
+    "description",
+    "nl",
+    "name",
+    "algorithm",
+}
 _SECRET_VALUES = [
     ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
     ("AWS access key", re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")),
@@ -42,8 +55,11 @@ def find_inline_credentials(document: Any) -> Iterator[Finding]:
         elif isinstance(value, str) and value:
             reason = _credential_reason(member, value)
             if reason:
-                yield Finding("ENF-2001", f"{reason}; reference secrets by name (auth.env_var or a vault "
-                              "reference), never inline", pointer(*path))
+                yield Finding(
+                    "ENF-2001",
+                    f"{reason}; reference secrets by name (auth.env_var or a vault reference), never inline",
+                    pointer(*path),
+                )
 
 
 def _credential_reason(member: str, value: str) -> str | None:

@@ -27,11 +27,26 @@ from .model import (
 from .patterns import PatternError, normalize_host
 from .pii import scan
 
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "ash", "busybox", "rbash",
-                    "yash", "posh"})
-DEFAULT_PORTS = {"http": (80,), "https": (443,), "ws": (80,), "wss": (443,), "ssh": (22,), "dns": (53,),
-                 "smtp": (25, 587), "smtps": (465,), "imaps": (993,), "ftp": (21,), "postgres": (5432,),
-                 "mysql": (3306,), "redis": (6379,), "grpc": (443,), "tls": (443,)}
+SHELLS = frozenset(
+    {"sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "ash", "busybox", "rbash", "yash", "posh"}
+)
+DEFAULT_PORTS = {
+    "http": (80,),
+    "https": (443,),
+    "ws": (80,),
+    "wss": (443,),
+    "ssh": (22,),
+    "dns": (53,),
+    "smtp": (25, 587),
+    "smtps": (465,),
+    "imaps": (993,),
+    "ftp": (21,),
+    "postgres": (5432,),
+    "mysql": (3306,),
+    "redis": (6379,),
+    "grpc": (443,),
+    "tls": (443,),
+}
 _TCP_CARRIED = {"http", "https", "tls", "ws", "wss", "grpc", "tcp"}
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -55,19 +70,23 @@ def decide(policy: Policy, action: Action) -> Decision:
         if isinstance(action, EnvVar):
             return _env(policy, action)
         return _deny(policy, "action.unknown", "", f"unknown action type {type(action).__name__}", "enforcer")
-    except Exception as exc:  # noqa: BLE001 - a bug here must deny, never allow or crash a caller
-        return _deny(policy, "enforcer.error", "", f"decision failed safely: {type(exc).__name__}: {exc}",
-                     "enforcer")
+    except Exception as exc:
+        return _deny(policy, "enforcer.error", "", f"decision failed safely: {type(exc).__name__}: {exc}", "enforcer")
 
 
 # ---- tool calls ------------------------------------------------------------------------------
+
 
 def _tool(policy: Policy, call: ToolCall) -> Decision:
     rule = policy.tools.get(call.name) if isinstance(call.name, str) else None
     if rule is None:
         if call.name in policy.aaif_only_tools:
-            return _deny(policy, "tool.undeclared", "/tools", f"tool '{call.name}' is declared in the AAIF document "
-                         "but not in the ADL document")
+            return _deny(
+                policy,
+                "tool.undeclared",
+                "/tools",
+                f"tool '{call.name}' is declared in the AAIF document but not in the ADL document",
+            )
         return _deny(policy, "tool.undeclared", "/tools", f"tool {call.name!r} is not declared")
     if not isinstance(call.arguments, dict):
         return _deny(policy, "tool.args_invalid", rule.pointer, "tool arguments must be a JSON object")
@@ -76,8 +95,13 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
             error = next(iter(validator.iter_errors(call.arguments)))
             where = pointer(*error.instance_path) or "/"
             document = "aaif" if schema_ptr.startswith("/agent/") else "adl"
-            return _deny(policy, "tool.args_invalid", schema_ptr,
-                         f"arguments of '{call.name}' do not match its schema at {where}: {error.message}", document)
+            return _deny(
+                policy,
+                "tool.args_invalid",
+                schema_ptr,
+                f"arguments of '{call.name}' do not match its schema at {where}: {error.message}",
+                document,
+            )
     reasons: list[Reason] = []
     obligations: dict[str, Any] = {}
     if policy.pii_mode != "none":
@@ -86,13 +110,24 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
             kinds = sorted({f.kind for f in findings})
             where = sorted({f.pointer for f in findings})
             if policy.pii_mode == "reject":
-                return _deny(policy, "pii.reject", "/agent/compliance/pii_handling",
-                             f"arguments carry PII ({', '.join(kinds)}) at {', '.join(where)}", "aaif")
+                return _deny(
+                    policy,
+                    "pii.reject",
+                    "/agent/compliance/pii_handling",
+                    f"arguments carry PII ({', '.join(kinds)}) at {', '.join(where)}",
+                    "aaif",
+                )
             obligations["pii"] = {"kinds": kinds, "pointers": where}
             if policy.pii_mode in ("anonymize", "encrypt"):
                 obligations["mask"] = where
-            reasons.append(Reason("pii.detected", "/agent/compliance/pii_handling",
-                                  f"PII ({', '.join(kinds)}) at {', '.join(where)}: {policy.pii_mode}", "aaif"))
+            reasons.append(
+                Reason(
+                    "pii.detected",
+                    "/agent/compliance/pii_handling",
+                    f"PII ({', '.join(kinds)}) at {', '.join(where)}: {policy.pii_mode}",
+                    "aaif",
+                )
+            )
     if policy.tool_timeout_ms:
         obligations["timeout_ms"] = policy.tool_timeout_ms
     ask = _approval(policy, call, rule.requires_confirmation, rule.read_only, rule.sensitivity, rule.pointer)
@@ -103,25 +138,34 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
     return Decision("ALLOW", (allow, *reasons), MappingProxyType(obligations), policy.digest)
 
 
-def _approval(policy: Policy, call: ToolCall, confirm: bool, read_only: bool, sensitivity: str | None,
-              tool_ptr: str) -> Reason | None:
+def _approval(
+    policy: Policy, call: ToolCall, confirm: bool, read_only: bool, sensitivity: str | None, tool_ptr: str
+) -> Reason | None:
     if confirm:
-        return Reason("tool.requires_confirmation", tool_ptr + "/requires_confirmation",
-                      f"tool '{call.name}' requires human confirmation")
+        return Reason(
+            "tool.requires_confirmation",
+            tool_ptr + "/requires_confirmation",
+            f"tool '{call.name}' requires human confirmation",
+        )
     gate = policy.approval
     if gate is None:
         return None
     if gate.mode == "all" or (gate.mode == "writes" and not read_only):
         return Reason("hitl.trigger", gate.pointer, f"human approval required: {gate.source}", "aaif")
     if gate.mode == "condition" and gate.condition is not None:
-        context = {"tool": {"name": call.name, "read_only": read_only, "sensitivity": sensitivity},
-                   "arguments": call.arguments, "input": call.arguments, "payload": call.arguments}
+        context = {
+            "tool": {"name": call.name, "read_only": read_only, "sensitivity": sensitivity},
+            "arguments": call.arguments,
+            "input": call.arguments,
+            "payload": call.arguments,
+        }
         if gate.condition(context):
             return Reason("hitl.trigger", gate.pointer, f"human approval required: {gate.source} matched", "aaif")
     return None
 
 
 # ---- network ---------------------------------------------------------------------------------
+
 
 def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     rules = policy.network
@@ -133,17 +177,32 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
         return _deny(policy, "net.host_invalid", "/permissions/network/allowed_hosts", f"invalid host: {exc}")
     matched = rules.hosts.first(host)
     if matched is None:
-        return _deny(policy, "net.host_not_allowed", "/permissions/network/allowed_hosts",
-                     f"host '{host}' matches no allowed_hosts pattern")
+        return _deny(
+            policy,
+            "net.host_not_allowed",
+            "/permissions/network/allowed_hosts",
+            f"host '{host}' matches no allowed_hosts pattern",
+        )
     protocol = (conn.protocol or "tcp").lower()
     if protocol in ("udp", "quic"):
-        return _deny(policy, "net.protocol_not_allowed", "/permissions/network",
-                     f"{protocol.upper()} is not relayed (only TCP and DNS)", "enforcer")
-    if rules.protocols is not None and protocol not in rules.protocols and not (
-        "tcp" in rules.protocols and protocol in _TCP_CARRIED
+        return _deny(
+            policy,
+            "net.protocol_not_allowed",
+            "/permissions/network",
+            f"{protocol.upper()} is not relayed (only TCP and DNS)",
+            "enforcer",
+        )
+    if (
+        rules.protocols is not None
+        and protocol not in rules.protocols
+        and not ("tcp" in rules.protocols and protocol in _TCP_CARRIED)
     ):
-        return _deny(policy, "net.protocol_not_allowed", "/permissions/network/allowed_protocols",
-                     f"protocol '{protocol}' is not in allowed_protocols ({', '.join(sorted(rules.protocols))})")
+        return _deny(
+            policy,
+            "net.protocol_not_allowed",
+            "/permissions/network/allowed_protocols",
+            f"protocol '{protocol}' is not in allowed_protocols ({', '.join(sorted(rules.protocols))})",
+        )
     if rules.ports is not None:
         ports, ports_ptr = rules.ports, "/permissions/network/allowed_ports"
     else:
@@ -159,30 +218,58 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
             return _deny(policy, "net.address_invalid", "", f"{conn.address!r} is not an IP address", "enforcer")
         cls = classify(address, policy.host_ips, policy.public_test_networks)
         if cls == "metadata":
-            return _deny(policy, "net.metadata_address", "/permissions/network/deny_private",
-                         f"{address} is a cloud metadata address; never reachable", "enforcer")
+            return _deny(
+                policy,
+                "net.metadata_address",
+                "/permissions/network/deny_private",
+                f"{address} is a cloud metadata address; never reachable",
+                "enforcer",
+            )
         if cls != "public" and rules.deny_private:
             why = "deny_private is true" if rules.deny_private_explicit else "deny_private defaults to true"
-            return _deny(policy, "net.private_address", "/permissions/network/deny_private",
-                         f"{address} is a {cls.replace('_', ' ')} address and {why}")
+            return _deny(
+                policy,
+                "net.private_address",
+                "/permissions/network/deny_private",
+                f"{address} is a {cls.replace('_', ' ')} address and {why}",
+            )
     for constraint in policy.residency:
         regions = policy.options.regions.regions_for(host, conn.address)
         if not regions:
             if policy.safety_level == "minimal" and constraint.document == "aaif":
                 continue
-            return _deny(policy, "net.residency_unknown", constraint.pointer,
-                         f"the region of '{host}' is unknown; data must stay in {constraint.region}",
-                         constraint.document)
+            return _deny(
+                policy,
+                "net.residency_unknown",
+                constraint.pointer,
+                f"the region of '{host}' is unknown; data must stay in {constraint.region}",
+                constraint.document,
+            )
         outside = sorted(r for r in regions if r != constraint.region)
         if outside:
-            return _deny(policy, "net.residency", constraint.pointer,
-                         f"'{host}' is in region {', '.join(outside)}; data must stay in {constraint.region}",
-                         constraint.document)
-    return Decision("ALLOW", (Reason("net.allowed", pointer("permissions", "network", "allowed_hosts", matched),
-                                     f"'{host}' port {conn.port}/{protocol} is allowed"),), _EMPTY, policy.digest)
+            return _deny(
+                policy,
+                "net.residency",
+                constraint.pointer,
+                f"'{host}' is in region {', '.join(outside)}; data must stay in {constraint.region}",
+                constraint.document,
+            )
+    return Decision(
+        "ALLOW",
+        (
+            Reason(
+                "net.allowed",
+                pointer("permissions", "network", "allowed_hosts", matched),
+                f"'{host}' port {conn.port}/{protocol} is allowed",
+            ),
+        ),
+        _EMPTY,
+        policy.digest,
+    )
 
 
 # ---- filesystem ------------------------------------------------------------------------------
+
 
 def normalize_path(path: str) -> str | None:
     if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
@@ -200,8 +287,12 @@ def _file(policy: Policy, access: FileAccess) -> Decision:
         return _deny(policy, "fs.path_invalid", "/permissions/filesystem", f"{access.path!r} is not an absolute path")
     denied = rules.denied.first(path)
     if denied is not None:
-        return _deny(policy, "fs.denied", pointer("permissions", "filesystem", "denied_paths", denied),
-                     f"'{path}' matches denied path '{rules.denied.patterns[denied]}'")
+        return _deny(
+            policy,
+            "fs.denied",
+            pointer("permissions", "filesystem", "denied_paths", denied),
+            f"'{path}' matches denied path '{rules.denied.patterns[denied]}'",
+        )
     matches = rules.allowed.match(path)
     need = {"read": {"read"}, "write": {"write"}, "read_write": {"read", "write"}}.get(access.mode)
     if need is None:
@@ -211,16 +302,30 @@ def _file(policy: Policy, access: FileAccess) -> Decision:
         grant = rules.access[i]
         granted |= {"read", "write"} if grant == "read_write" else {grant}
         if need <= granted:
-            return Decision("ALLOW", (Reason("fs.allowed", pointer("permissions", "filesystem", "allowed_paths", i),
-                                             f"{access.mode} of '{path}' is allowed"),), _EMPTY, policy.digest)
+            return Decision(
+                "ALLOW",
+                (
+                    Reason(
+                        "fs.allowed",
+                        pointer("permissions", "filesystem", "allowed_paths", i),
+                        f"{access.mode} of '{path}' is allowed",
+                    ),
+                ),
+                _EMPTY,
+                policy.digest,
+            )
     if matches:
-        return _deny(policy, "fs.mode_not_allowed", pointer("permissions", "filesystem", "allowed_paths", matches[0]),
-                     f"'{path}' is granted {'/'.join(sorted(granted))} only, not {access.mode}")
-    return _deny(policy, "fs.not_allowed", "/permissions/filesystem/allowed_paths",
-                 f"'{path}' matches no allowed path")
+        return _deny(
+            policy,
+            "fs.mode_not_allowed",
+            pointer("permissions", "filesystem", "allowed_paths", matches[0]),
+            f"'{path}' is granted {'/'.join(sorted(granted))} only, not {access.mode}",
+        )
+    return _deny(policy, "fs.not_allowed", "/permissions/filesystem/allowed_paths", f"'{path}' matches no allowed path")
 
 
 # ---- execution -------------------------------------------------------------------------------
+
 
 def _exec(policy: Policy, proc: ProcessExec) -> Decision:
     rules = policy.execution
@@ -234,24 +339,48 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
     for candidate in candidates:
         hit = rules.denied.first(candidate)
         if hit is not None:
-            return _deny(policy, "exec.denied", pointer("permissions", "execution", "denied_commands", hit),
-                         f"'{candidate}' matches denied command '{rules.denied.patterns[hit]}'")
+            return _deny(
+                policy,
+                "exec.denied",
+                pointer("permissions", "execution", "denied_commands", hit),
+                f"'{candidate}' matches denied command '{rules.denied.patterns[hit]}'",
+            )
     if candidates & SHELLS:
         if not rules.allow_shell:
-            return _deny(policy, "exec.shell", "/permissions/execution/allow_shell",
-                         f"'{name}' is a shell and allow_shell is not true")
-        return Decision("ALLOW", (Reason("exec.shell_allowed", "/permissions/execution/allow_shell",
-                                         f"shell '{name}' is allowed"),), _EMPTY, policy.digest)
+            return _deny(
+                policy,
+                "exec.shell",
+                "/permissions/execution/allow_shell",
+                f"'{name}' is a shell and allow_shell is not true",
+            )
+        return Decision(
+            "ALLOW",
+            (Reason("exec.shell_allowed", "/permissions/execution/allow_shell", f"shell '{name}' is allowed"),),
+            _EMPTY,
+            policy.digest,
+        )
     for candidate in candidates:
         hit = rules.allowed.first(candidate)
         if hit is not None and ("/" not in rules.allowed.patterns[hit] or candidate == path):
-            return Decision("ALLOW", (Reason("exec.allowed", pointer("permissions", "execution", "allowed_commands", hit),
-                                             f"'{candidate}' is an allowed command"),), _EMPTY, policy.digest)
-    return _deny(policy, "exec.not_allowed", "/permissions/execution/allowed_commands",
-                 f"'{name}' matches no allowed command")
+            return Decision(
+                "ALLOW",
+                (
+                    Reason(
+                        "exec.allowed",
+                        pointer("permissions", "execution", "allowed_commands", hit),
+                        f"'{candidate}' is an allowed command",
+                    ),
+                ),
+                _EMPTY,
+                policy.digest,
+            )
+    return _deny(
+        policy, "exec.not_allowed", "/permissions/execution/allowed_commands", f"'{name}' matches no allowed command"
+    )
 
 
 # ---- environment -----------------------------------------------------------------------------
+
 
 def _env(policy: Policy, var: EnvVar) -> Decision:
     rules = policy.environment
@@ -259,11 +388,29 @@ def _env(policy: Policy, var: EnvVar) -> Decision:
         return _deny(policy, "env.domain_absent", "/permissions", "no environment permission is declared")
     denied = rules.denied.first(var.name)
     if denied is not None:
-        return _deny(policy, "env.denied", pointer("permissions", "environment", "denied_variables", denied),
-                     f"'{var.name}' matches denied variable '{rules.denied.patterns[denied]}'")
+        return _deny(
+            policy,
+            "env.denied",
+            pointer("permissions", "environment", "denied_variables", denied),
+            f"'{var.name}' matches denied variable '{rules.denied.patterns[denied]}'",
+        )
     allowed = rules.allowed.first(var.name)
     if allowed is None:
-        return _deny(policy, "env.not_allowed", "/permissions/environment/allowed_variables",
-                     f"'{var.name}' matches no allowed variable")
-    return Decision("ALLOW", (Reason("env.allowed", pointer("permissions", "environment", "allowed_variables", allowed),
-                                     f"'{var.name}' is allowed"),), _EMPTY, policy.digest)
+        return _deny(
+            policy,
+            "env.not_allowed",
+            "/permissions/environment/allowed_variables",
+            f"'{var.name}' matches no allowed variable",
+        )
+    return Decision(
+        "ALLOW",
+        (
+            Reason(
+                "env.allowed",
+                pointer("permissions", "environment", "allowed_variables", allowed),
+                f"'{var.name}' is allowed",
+            ),
+        ),
+        _EMPTY,
+        policy.digest,
+    )

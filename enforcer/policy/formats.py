@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-_TIMESTAMP = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})$"
-)
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?([Zz]|[+-]\d{2}:?\d{2})$")
 # RFC 3986 absolute URI: scheme ":" hier-part, only unreserved/reserved/pct-encoded characters.
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*$")
 _PCT = re.compile(r"%(?![0-9A-Fa-f]{2})")

@@ -42,9 +42,7 @@ class _StringTimestampConstructor(SafeConstructor):
     """YAML 1.2 core schema has no timestamp type: unquoted dates must stay strings."""
 
 
-_StringTimestampConstructor.add_constructor(
-    "tag:yaml.org,2002:timestamp", SafeConstructor.construct_yaml_str
-)
+_StringTimestampConstructor.add_constructor("tag:yaml.org,2002:timestamp", SafeConstructor.construct_yaml_str)
 
 
 def _yaml_loader() -> YAML:
@@ -176,9 +174,7 @@ def _check_counts(document: dict[str, Any]) -> Finding | None:
         for name in _ENTRY_ARRAYS:
             entries = container.get(name)
             if isinstance(entries, list) and len(entries) > MAX_ENTRIES:
-                return Finding(
-                    "ENF-1003", f"{len(entries)} {name}; the limit is {MAX_ENTRIES}", pointer(*base, name)
-                )
+                return Finding("ENF-1003", f"{len(entries)} {name}; the limit is {MAX_ENTRIES}", pointer(*base, name))
     permissions = document.get("permissions")
     if isinstance(permissions, dict):
         for domain, members in _PATTERN_DOMAINS.items():

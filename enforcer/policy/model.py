@@ -17,6 +17,7 @@ Access = Literal["read", "write", "read_write"]
 
 # ---- actions ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     name: str
@@ -53,6 +54,7 @@ Action = ToolCall | NetworkConnect | FileAccess | ProcessExec | EnvVar
 
 # ---- decisions -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class Reason:
     rule: str  # stable id, e.g. "net.host_not_allowed"
@@ -76,11 +78,16 @@ class Decision:
         return self.verdict == "ALLOW"
 
     def to_json(self) -> dict[str, Any]:
-        return {"decision": self.verdict, "reasons": [r.to_json() for r in self.reasons],
-                "obligations": dict(self.obligations), "policy_digest": self.policy_digest}
+        return {
+            "decision": self.verdict,
+            "reasons": [r.to_json() for r in self.reasons],
+            "obligations": dict(self.obligations),
+            "policy_digest": self.policy_digest,
+        }
 
 
 # ---- compiled policy -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ToolRule:
@@ -166,9 +173,14 @@ class CompileOptions:
     host_addresses: tuple[str, ...] = ()
 
     def digest_input(self) -> dict[str, Any]:
-        return {"production": self.production, "require_signature": self.require_signature,
-                "home_region": self.home_region, "regions": self.regions.digest,
-                "public_test_ranges": list(self.public_test_ranges), "host_addresses": list(self.host_addresses)}
+        return {
+            "production": self.production,
+            "require_signature": self.require_signature,
+            "home_region": self.home_region,
+            "regions": self.regions.digest,
+            "public_test_ranges": list(self.public_test_ranges),
+            "host_addresses": list(self.host_addresses),
+        }
 
 
 @dataclass(frozen=True)

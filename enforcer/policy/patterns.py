@@ -160,28 +160,31 @@ class SegmentTrie:
 
     def match(self, value: str) -> list[int]:
         """Indexes of every pattern matching `value` (already normalised)."""
-        found: list[int] = []
-        self._walk(self.root, self._split(value), 0, found)
-        return found
-
-    def matches_any(self, value: str) -> bool:
-        return bool(self.match(value))
-
-    def _walk(self, node: _Node, segments: list[str], i: int, found: list[int]) -> None:
-        if node.globstar is not None:
-            # '**' consumes zero or more whole segments.
-            for j in range(i, len(segments) + 1):
-                self._walk(node.globstar, segments, j, found)
-        if i == len(segments):
-            found.extend(node.terminal)
-            return
-        segment = segments[i]
-        child = node.literal.get(segment)
-        if child is not None:
-            self._walk(child, segments, i + 1, found)
-        for matcher, wild_child in node.wild:
-            if matcher.match(segment):
-                self._walk(wild_child, segments, i + 1, found)
+        segments = self._split(value)
+        found: set[int] = set()
+        # Each (node, position) state is expanded once, so consecutive '**' cannot blow up.
+        seen: set[tuple[int, int]] = set()
+        stack: list[tuple[_Node, int]] = [(self.root, 0)]
+        while stack:
+            node, i = stack.pop()
+            state = (id(node), i)
+            if state in seen:
+                continue
+            seen.add(state)
+            if node.globstar is not None:
+                # '**' consumes zero or more whole segments.
+                stack.extend((node.globstar, j) for j in range(i, len(segments) + 1))
+            if i == len(segments):
+                found.update(node.terminal)
+                continue
+            segment = segments[i]
+            child = node.literal.get(segment)
+            if child is not None:
+                stack.append((child, i + 1))
+            for matcher, wild_child in node.wild:
+                if matcher.match(segment):
+                    stack.append((wild_child, i + 1))
+        return sorted(found)
 
 
 class NameSet:
@@ -198,9 +201,9 @@ class NameSet:
             self.literal.setdefault(pattern, []).append(index)
 
     def match(self, value: str) -> list[int]:
-        found = list(self.literal.get(value, ()))
-        found.extend(i for m, i in self.wild if m.match(value))
-        return found
+        found = set(self.literal.get(value, ()))
+        found.update(i for m, i in self.wild if m.match(value))
+        return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -231,12 +234,10 @@ class PatternList:
 
     def match(self, value: str) -> list[int]:
         """Source indexes of all patterns that match `value`, in ascending order."""
-        if self.flavour == "host":
-            found = self._index.match(value)
-            if self.bare_wildcard:
-                found = found + [i for i, p in enumerate(self.patterns) if p == "*"]
-            return sorted(found)
-        return sorted(self._index.match(value))
+        found = self._index.match(value)
+        if self.flavour == "host" and self.bare_wildcard:
+            return sorted(set(found) | {i for i, p in enumerate(self.patterns) if p == "*"})
+        return found
 
     def first(self, value: str) -> int | None:
         found = self.match(value)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .patterns import PatternList, PatternError, normalize_host
+from .patterns import PatternError, PatternList, normalize_host
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

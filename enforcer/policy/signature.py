@@ -27,8 +27,14 @@ SignatureState = Literal["absent", "verified", "invalid"]
 _STRONG = {"ed25519", "ed448", "eddsa", "es256", "es384", "es512", "rs256", "ps256"}
 _CURVE_FOR = {"es256": ec.SECP256R1, "es384": ec.SECP384R1, "es512": ec.SECP521R1}
 _HASH_FOR = {"es256": hashes.SHA256, "es384": hashes.SHA384, "es512": hashes.SHA512}
-_DIGESTS = {"sha-256": hashlib.sha256, "sha256": hashlib.sha256, "sha-384": hashlib.sha384,
-            "sha384": hashlib.sha384, "sha-512": hashlib.sha512, "sha512": hashlib.sha512}
+_DIGESTS = {
+    "sha-256": hashlib.sha256,
+    "sha256": hashlib.sha256,
+    "sha-384": hashlib.sha384,
+    "sha384": hashlib.sha384,
+    "sha-512": hashlib.sha512,
+    "sha512": hashlib.sha512,
+}
 _PUBKEY_PTR = "/cryptographic_identity/public_key"
 _SIG_PTR = "/security/attestation/signature"
 
@@ -120,9 +126,16 @@ def verify(document: dict[str, Any]) -> SignatureResult:
     if signature.get("signed_content") == "digest":
         digest_fn = _DIGESTS.get(str(signature.get("digest_algorithm", "")).lower())
         if digest_fn is None:
-            return SignatureResult("invalid", (Finding(
-                "ADL-4001", f"digest algorithm {signature.get('digest_algorithm')!r} is not accepted",
-                _SIG_PTR + "/digest_algorithm"),))
+            return SignatureResult(
+                "invalid",
+                (
+                    Finding(
+                        "ADL-4001",
+                        f"digest algorithm {signature.get('digest_algorithm')!r} is not accepted",
+                        _SIG_PTR + "/digest_algorithm",
+                    ),
+                ),
+            )
         digest = digest_fn(message).digest()
         try:
             declared = _b64(str(signature.get("digest_value", "")))
@@ -173,7 +186,9 @@ def sign_ed25519(document: dict[str, Any], private_key: ed25519.Ed25519PrivateKe
     signed = copy.deepcopy(document)
     raw = private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     signed.setdefault("cryptographic_identity", {})["public_key"] = {
-        "algorithm": "Ed25519", "value": base64.b64encode(raw).decode()}
+        "algorithm": "Ed25519",
+        "value": base64.b64encode(raw).decode(),
+    }
     attestation = signed.setdefault("security", {}).setdefault("attestation", {"type": "self"})
     attestation.pop("signature", None)
     value = private_key.sign(rfc8785.dumps(signed))

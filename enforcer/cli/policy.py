@@ -1,0 +1,302 @@
+"""adl-policy: validate, explain, check, sign and keygen for ADL/AAIF documents."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import shlex
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..documents import PolicyFileError, load_policy, load_regions, read_document, schema_set
+from ..explain import policy_summary, render_policy
+from ..policy import (
+    CompileOptions,
+    DocumentRejected,
+    EnvVar,
+    FileAccess,
+    NetworkConnect,
+    ProcessExec,
+    ToolCall,
+    decide,
+)
+from ..policy.aaif import condition_findings, validate_aaif
+from ..policy.adl import validate_adl
+from ..policy.formats import parse_timestamp
+
+EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
+
+EPILOG = """\
+examples:
+  adl-policy validate policies/examples/*.json
+  adl-policy explain policies/examples/research-agent.adl.json
+  adl-policy check policies/examples/research-agent.adl.json --connect api.example.com:443 --protocol https
+  adl-policy check policies/examples/invoice-processor.adl.json --aaif policies/examples/invoice-processor.aaif.json \\
+      --tool approve_invoice --args '{"invoice_id": "INV-1"}'
+
+exit codes: validate 0 all valid, 1 any invalid, 2 usage or I/O error;
+            check 0 ALLOW, 1 DENY, 3 ASK, 2 usage, I/O or invalid document.
+"""
+
+
+def _now(value: str | None) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    parsed = parse_timestamp(value)
+    if parsed is None:
+        raise argparse.ArgumentTypeError(f"--now {value!r} is not an ISO 8601 timestamp with timezone")
+    return parsed
+
+
+def _options(args: argparse.Namespace) -> CompileOptions:
+    return CompileOptions(
+        production=args.production,
+        require_signature=not args.no_require_signature,
+        home_region=args.home_region,
+        regions=load_regions(args.regions),
+        public_test_ranges=tuple(args.public_test_range or ()),
+    )
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    now = _now(args.now)
+    results: dict[str, Any] = {}
+    worst = EXIT_OK
+    schemas = schema_set()
+    for name in args.files:
+        try:
+            document = read_document(name)
+        except PolicyFileError as exc:
+            findings = exc.findings
+            io_error = any(f.code == "ENF-1004" for f in findings)
+            worst = max(worst, EXIT_USAGE if io_error else EXIT_DENY)
+            results[name] = findings
+            continue
+        if "adl_spec" in document:
+            findings, _sig = validate_adl(document, schemas, now)
+        elif document.get("sc_standard") == "SC-006" or "x-sc-schema" in document:
+            findings = validate_aaif(document, schemas)
+            agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
+            compliance = agent.get("compliance") if isinstance(agent.get("compliance"), dict) else {}
+            # Validity is the schema's business; a condition this enforcer cannot evaluate makes the
+            # document refused at compile time (explain, check, adl-exec), shown here as a warning.
+            findings += [
+                replace(
+                    f,
+                    severity="warning",
+                    detail=f.detail + "; refused when compiled" if f.severity == "error" else f.detail,
+                )
+                for f in condition_findings(document, str(compliance.get("safety_level", "standard")))
+            ]
+        else:
+            from ..policy.errors import Finding
+
+            findings = [Finding("ENF-1005", "neither ADL (adl_spec) nor AAIF (sc_standard SC-006)")]
+        if any(f.severity == "error" for f in findings):
+            worst = max(worst, EXIT_DENY)
+        results[name] = findings
+    for name, findings in results.items():
+        errors = [f for f in findings if f.severity == "error"]
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "file": name,
+                        "valid": not errors,
+                        "errors": [f.to_json() for f in errors],
+                        "warnings": [f.to_json() for f in findings if f.severity != "error"],
+                    }
+                )
+            )
+            continue
+        print(f"{name}: {'invalid' if errors else 'valid'}")
+        for f in findings:
+            tag = "error" if f.severity == "error" else "warning"
+            print(f"  {tag} {f.code} {f.title} at {f.pointer or '/'}: {f.detail}")
+    return worst
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now))
+    print(json.dumps(policy_summary(policy), indent=2) if args.json else render_policy(policy))
+    return EXIT_OK
+
+
+def _action(args: argparse.Namespace) -> Any:
+    chosen = [a for a in ("tool", "connect", "read", "write", "exec", "env") if getattr(args, a) is not None]
+    if len(chosen) != 1:
+        raise argparse.ArgumentTypeError("give exactly one of --tool, --connect, --read, --write, --exec, --env")
+    if args.tool is not None:
+        try:
+            arguments = json.loads(args.args) if args.args is not None else {}
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"--args is not JSON: {exc.msg}") from exc
+        return ToolCall(args.tool, arguments)
+    if args.connect is not None:
+        host, sep, port = args.connect.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise argparse.ArgumentTypeError("--connect takes HOST:PORT (IPv6: [::1]:443)")
+        return NetworkConnect(host.strip("[]"), int(port), args.protocol, args.address)
+    if args.read is not None:
+        return FileAccess(args.read, "read")
+    if args.write is not None:
+        return FileAccess(args.write, "write")
+    if args.exec is not None:
+        argv = tuple(shlex.split(args.exec))
+        if not argv:
+            raise argparse.ArgumentTypeError("--exec needs a command")
+        return ProcessExec(argv)
+    return EnvVar(args.env)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    action = _action(args)
+    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now))
+    decision = decide(policy, action)
+    if args.json:
+        print(json.dumps(decision.to_json()))
+    else:
+        print(decision.verdict)
+        for reason in decision.reasons:
+            print(f"  {reason.rule} ({reason.document} {reason.pointer or '/'}): {reason.text}")
+        for key, value in decision.obligations.items():
+            print(f"  obligation {key}: {json.dumps(value)}")
+    return {"ALLOW": EXIT_OK, "DENY": EXIT_DENY, "ASK": EXIT_ASK}[decision.verdict]
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        print(f"adl-policy: {out} exists; use --force to replace it", file=sys.stderr)
+        return EXIT_USAGE
+    out.write_bytes(pem)
+    out.chmod(0o600)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    print(f"wrote {out} (Ed25519 private key, mode 0600); public key: {base64.b64encode(raw).decode()}")
+    return EXIT_OK
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..policy.signature import sign_ed25519
+
+    key = serialization.load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        print("adl-policy: only Ed25519 keys can sign", file=sys.stderr)
+        return EXIT_USAGE
+    document = read_document(args.file, "adl")
+    signed = sign_ed25519(document, key)
+    text = json.dumps(signed, indent=2, ensure_ascii=False) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"signed {args.file} -> {args.out}")
+    return EXIT_OK
+
+
+def _compile_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--aaif", metavar="FILE", help="AAIF (SC-006) document for the same agent")
+    p.add_argument("--regions", metavar="FILE", help="region map (default: policies/regions.yaml)")
+    p.add_argument("--home-region", metavar="REGION", help="region that ADL cross_border_restricted keeps data in")
+    p.add_argument("--production", action="store_true", help="refuse lifecycle 'draft' agents")
+    p.add_argument(
+        "--no-require-signature",
+        action="store_true",
+        help="accept confidential/restricted documents without a verified signature",
+    )
+    p.add_argument(
+        "--public-test-range",
+        action="append",
+        metavar="CIDR",
+        help="treat this documentation range as public (tests only)",
+    )
+    p.add_argument("--now", metavar="TIMESTAMP", help="evaluate expiry and sunset dates at this time")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adl-policy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        description="Validate ADL/AAIF documents, show the effective policy, and ask what it allows.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("validate", help="validate documents (ADL 0.1-0.3, AAIF SC-006)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="one JSON object per file, in the ADL error format")
+    p.add_argument("--now", metavar="TIMESTAMP", help="evaluate expiry and sunset dates at this time")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("explain", help="print the effective policy and its warnings")
+    p.add_argument("file", metavar="ADL_FILE")
+    _compile_flags(p)
+    p.set_defaults(func=cmd_explain)
+    p = sub.add_parser(
+        "check",
+        help="decide one action against the policy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    p.add_argument("file", metavar="ADL_FILE")
+    _compile_flags(p)
+    p.add_argument("--tool", metavar="NAME", help="a tool call")
+    p.add_argument("--args", metavar="JSON", help="tool arguments as a JSON object (default {})")
+    p.add_argument("--connect", metavar="HOST:PORT", help="a network connection")
+    p.add_argument("--protocol", default="tcp", help="protocol of --connect (tcp, http, https, ...; default tcp)")
+    p.add_argument("--address", metavar="IP", help="the address --connect would reach (checks deny_private)")
+    p.add_argument("--read", metavar="PATH", help="a file read")
+    p.add_argument("--write", metavar="PATH", help="a file write")
+    p.add_argument("--exec", metavar="COMMAND", help="a process execution (shell-quoted command line)")
+    p.add_argument("--env", metavar="NAME", help="an environment variable")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("keygen", help="create an Ed25519 signing key")
+    p.add_argument("out", metavar="KEY_FILE")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_keygen)
+    p = sub.add_parser("sign", help="sign an ADL document (JCS + Ed25519), writing a signed copy")
+    p.add_argument("file", metavar="ADL_FILE")
+    p.add_argument("--key", required=True, metavar="KEY_FILE")
+    p.add_argument("--out", default="-", metavar="FILE", help="output file (default: standard output)")
+    p.set_defaults(func=cmd_sign)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    except DocumentRejected as exc:
+        if getattr(args, "json", False):
+            print(json.dumps(exc.to_json()))
+        else:
+            print(f"adl-policy: document rejected: {exc}", file=sys.stderr)
+            for f in exc.findings:
+                if f.severity == "error":
+                    print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
+        return EXIT_USAGE
+    except PolicyFileError as exc:
+        print(f"adl-policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"adl-policy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

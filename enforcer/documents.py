@@ -1,0 +1,80 @@
+"""Reading policy documents from disk: the I/O shell around the pure policy core."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .policy import CompileOptions, DocumentRejected, Finding, Policy, RegionMap, SchemaSet, compile_policy
+from .policy.loader import MAX_DOCUMENT_BYTES, parse_document
+from .policy.regions import RegionMapError
+from .policy.specs import SpecMissing, spec_root
+
+DEFAULT_REGIONS = Path(__file__).resolve().parent.parent / "policies" / "regions.yaml"
+
+
+class PolicyFileError(Exception):
+    """A file could not be read or parsed; `findings` holds structured errors when there are any."""
+
+    def __init__(self, path: str, message: str, findings: list[Finding] | None = None) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.findings = findings or []
+
+
+def read_document(path: str | os.PathLike[str], expect: str | None = None) -> dict[str, Any]:
+    """Read and parse one document; `expect` ('adl' or 'aaif') checks its kind."""
+    name = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise PolicyFileError(
+            name, f"cannot read: {exc.strerror}", [Finding("ENF-1004", f"cannot read {name}: {exc.strerror}")]
+        ) from exc
+    parsed = parse_document(data, name)
+    if not parsed.ok:
+        raise PolicyFileError(name, parsed.findings[0].detail, list(parsed.findings))
+    if expect and parsed.kind != expect:
+        what = {
+            "adl": "an ADL document (it has no adl_spec member)",
+            "aaif": "an AAIF document (sc_standard is not SC-006)",
+        }[expect]
+        raise PolicyFileError(name, f"not {what}", [Finding("ENF-1005", f"{name} is not {what}")])
+    return parsed.document
+
+
+def load_regions(path: str | os.PathLike[str] | None) -> RegionMap:
+    if path is None:
+        if not DEFAULT_REGIONS.is_file():
+            return RegionMap.empty()
+        path = DEFAULT_REGIONS
+    document = read_document(path)
+    try:
+        return RegionMap.from_data(document)
+    except RegionMapError as exc:
+        raise PolicyFileError(str(path), str(exc)) from exc
+
+
+def schema_set() -> SchemaSet:
+    try:
+        return SchemaSet(spec_root())
+    except SpecMissing as exc:
+        raise PolicyFileError("(specification)", str(exc), [Finding("ENF-1006", str(exc))]) from exc
+
+
+def load_policy(
+    adl_path: str | os.PathLike[str],
+    aaif_path: str | os.PathLike[str] | None = None,
+    options: CompileOptions | None = None,
+    now: datetime | None = None,
+) -> Policy:
+    """Read, validate and compile; raises PolicyFileError or DocumentRejected."""
+    adl = read_document(adl_path, "adl")
+    aaif = read_document(aaif_path, "aaif") if aaif_path else None
+    return compile_policy(adl, aaif, schema_set(), now or datetime.now(UTC), options)
+
+
+__all__ = ["DocumentRejected", "PolicyFileError", "load_policy", "load_regions", "read_document", "schema_set"]

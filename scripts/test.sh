@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite: lint, then pytest against ../shared/spec.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check enforcer tests bench
+.venv/bin/python -m pytest tests "$@"

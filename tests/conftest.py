@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.policy import CompileOptions, SchemaSet, compile_policy, spec_root
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "policies" / "examples"
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="session")
+def spec() -> Path:
+    return spec_root()
+
+
+@pytest.fixture(scope="session")
+def schemas(spec: Path) -> SchemaSet:
+    return SchemaSet(spec)
+
+
+def base_adl(**extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "adl_spec": "0.3.0",
+        "name": "Test Agent",
+        "description": "test",
+        "version": "1.0.0",
+        "data_classification": {"sensitivity": "internal"},
+    }
+    doc.update(copy.deepcopy(extra))
+    return doc
+
+
+def compile_doc(schemas: SchemaSet, adl: dict[str, Any], aaif: dict[str, Any] | None = None, **options: Any) -> Any:
+    return compile_policy(adl, aaif, schemas, NOW, CompileOptions(**options))
+
+
+def load_json(path: Path) -> Any:
+    return json.loads(path.read_text())
