@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from .adl import schema_problem
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import Finding, pointer
@@ -24,6 +25,17 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
         for error in iter_leaf_errors(validator, document)
     ]
     findings.extend(find_inline_credentials(document))
+    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
+    for i, tool in enumerate(agent.get("tools") or []):
+        for key in ("parameters_schema", "output_schema"):
+            schema = tool.get(key) if isinstance(tool, dict) else None
+            problem = schema_problem(schema, enforced=key == "parameters_schema") if isinstance(schema, dict) else None
+            if problem:
+                findings.append(
+                    Finding(
+                        "ADL-2007", f"invalid JSON Schema: {problem[0]}", pointer("agent", "tools", i, key, *problem[1])
+                    )
+                )
     return findings
 
 

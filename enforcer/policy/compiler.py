@@ -8,11 +8,10 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-import jsonschema_rs
 import rfc8785
 
 from .aaif import condition_findings, validate_aaif
-from .adl import SENSITIVITY_ORDER, validate_adl
+from .adl import SENSITIVITY_ORDER, build_validator, validate_adl
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import DocumentRejected, Finding, pointer
@@ -85,10 +84,14 @@ def compile_policy(
                 "/security/attestation",
             )
         )
+    try:
+        digest = policy_digest(adl, aaif, options)
+    except rfc8785.CanonicalizationError as exc:
+        findings.append(Finding("ADL-1001", f"document cannot be canonicalised (RFC 8785): {exc}"))
     if any(f.severity == "error" for f in findings):
         raise DocumentRejected(findings)
     builder = _Builder(adl, aaif, compliance, options, now)
-    policy = builder.build(sensitivity, signature.state, safety_level, policy_digest(adl, aaif, options))
+    policy = builder.build(sensitivity, signature.state, safety_level, digest)
     warnings = tuple(f for f in findings if f.severity == "warning") + tuple(builder.warnings)
     return _replace_warnings(policy, warnings)
 
@@ -189,7 +192,7 @@ class _Builder:
             name = tool["name"]
             validators: list[tuple[str, Any]] = []
             if isinstance(tool.get("parameters"), dict | bool):
-                validators.append((pointer("tools", i, "parameters"), jsonschema_rs.validator_for(tool["parameters"])))
+                validators.append((pointer("tools", i, "parameters"), build_validator(tool["parameters"])))
             auth_env = None
             if name in aaif_tools:
                 j, atool = aaif_tools[name]
@@ -197,7 +200,7 @@ class _Builder:
                     validators.append(
                         (
                             pointer("agent", "tools", j, "parameters_schema"),
-                            jsonschema_rs.validator_for(atool["parameters_schema"]),
+                            build_validator(atool["parameters_schema"]),
                         )
                     )
                 env_var = _obj(atool.get("auth")).get("env_var")
