@@ -335,7 +335,8 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
         return _deny(policy, "exec.invalid", "", "empty argv", "enforcer")
     path = proc.resolved_path or proc.argv[0]
     name = posixpath.basename(path)
-    candidates = {name, path, posixpath.basename(proc.argv[0])}
+    # Ordered (not a set) so the reported reason is the same in every process.
+    candidates = tuple(dict.fromkeys((name, path, posixpath.basename(proc.argv[0]))))
     for candidate in candidates:
         hit = rules.denied.first(candidate)
         if hit is not None:
@@ -345,7 +346,7 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
                 pointer("permissions", "execution", "denied_commands", hit),
                 f"'{candidate}' matches denied command '{rules.denied.patterns[hit]}'",
             )
-    if candidates & SHELLS:
+    if SHELLS.intersection(candidates):
         if not rules.allow_shell:
             return _deny(
                 policy,
