@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -93,12 +94,6 @@ def compile_policy(
     builder = _Builder(adl, aaif, compliance, options, now)
     policy = builder.build(sensitivity, signature.state, safety_level, digest)
     warnings = tuple(f for f in findings if f.severity == "warning") + tuple(builder.warnings)
-    return _replace_warnings(policy, warnings)
-
-
-def _replace_warnings(policy: Policy, warnings: tuple[Finding, ...]) -> Policy:
-    from dataclasses import replace
-
     return replace(policy, warnings=warnings)
 
 

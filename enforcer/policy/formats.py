@@ -38,9 +38,5 @@ def is_uri(value: object) -> bool:
     return isinstance(value, str) and bool(_URI.match(value)) and not _PCT.search(value)
 
 
-def is_uri_reference(value: object) -> bool:
-    return isinstance(value, str) and (is_uri(value) or (bool(value) and not re.search(r"[\s<>\"{}|\\^`]", value)))
-
-
 def is_adl_urn(value: object) -> bool:
     return isinstance(value, str) and bool(_ADL_URN.match(value))

@@ -90,9 +90,6 @@ def supported_schema_version(adl_spec: object) -> str | None:
 class SchemaSet:
     root: Path
 
-    def core_path(self, version: str) -> Path:
-        return self.root / ADL_SPEC_REPO / "core" / version / "schema.json"
-
     def core(self, version: str) -> dict[str, Any]:
         return _core_schema(self.root, version)
 
@@ -101,10 +98,6 @@ class SchemaSet:
 
     def aaif_validator(self, schema_file: str) -> Draft202012Validator:
         return _aaif_validator(self.root, schema_file)
-
-    def enforcement_record_validator(self) -> Draft202012Validator:
-        schema = _read(self.root / ADL_SPEC_REPO / "core" / "0.3.0" / "schema-enforcement-record.json")
-        return Draft202012Validator(schema)
 
     def profile_schema(self, identifier: str) -> dict[str, Any] | None:
         folder = PROFILES.get(identifier)
