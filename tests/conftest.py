@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,3 +44,23 @@ def compile_doc(schemas: SchemaSet, adl: dict[str, Any], aaif: dict[str, Any] | 
 
 def load_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def json_paths(value: Any, leaves_only: bool = False, path: tuple = ()) -> Iterator[tuple]:
+    """Every path into a JSON value (or only the paths of its scalar leaves), root excluded."""
+    container = isinstance(value, dict | list)
+    if path and not (leaves_only and container):
+        yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        yield from json_paths(child, leaves_only, (*path, key))
+
+
+def get_at(doc: Any, path: tuple) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+def set_at(doc: Any, path: tuple, value: Any) -> None:
+    get_at(doc, path[:-1])[path[-1]] = value

@@ -26,7 +26,9 @@ from ..policy import (
 )
 from ..policy.aaif import condition_findings, validate_aaif
 from ..policy.adl import validate_adl
+from ..policy.errors import Finding
 from ..policy.formats import parse_timestamp
+from ..policy.loader import detect_kind
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
@@ -76,12 +78,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             worst = max(worst, EXIT_USAGE if io_error else EXIT_DENY)
             results[name] = findings
             continue
-        if "adl_spec" in document:
+        kind = detect_kind(document)
+        if kind == "adl":
             findings, _sig = validate_adl(document, schemas, now)
-        elif document.get("sc_standard") == "SC-006" or "x-sc-schema" in document:
+        elif kind == "aaif":
             findings = validate_aaif(document, schemas)
-            agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
-            compliance = agent.get("compliance") if isinstance(agent.get("compliance"), dict) else {}
             # Validity is the schema's business; a condition this enforcer cannot evaluate makes the
             # document refused at compile time (explain, check, adl-exec), shown here as a warning.
             findings += [
@@ -90,11 +91,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     severity="warning",
                     detail=f.detail + "; refused when compiled" if f.severity == "error" else f.detail,
                 )
-                for f in condition_findings(document, str(compliance.get("safety_level", "standard")))
+                for f in condition_findings(document)
             ]
         else:
-            from ..policy.errors import Finding
-
             findings = [Finding("ENF-1005", "neither ADL (adl_spec) nor AAIF (sc_standard SC-006)")]
         if any(f.severity == "error" for f in findings):
             worst = max(worst, EXIT_DENY)

@@ -1,6 +1,7 @@
 """The pure policy core: load, validate and compile ADL/AAIF documents; decide actions.
 
-No sockets, threads or clocks: callers pass `now` and read files themselves.
+No sockets, threads or clocks: callers pass `now` and read policy files themselves. The one read
+the core does is of the published JSON Schemas (specs.py), once per file and cached.
 """
 
 from .compiler import compile_policy, policy_digest

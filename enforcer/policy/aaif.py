@@ -9,6 +9,7 @@ from .adl import schema_problem
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import Finding, pointer
+from .jsonvalues import arr, obj
 from .specs import SchemaSet, iter_leaf_errors
 
 
@@ -25,8 +26,7 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
         for error in iter_leaf_errors(validator, document)
     ]
     findings.extend(find_inline_credentials(document))
-    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
-    for i, tool in enumerate(agent.get("tools") or []):
+    for i, tool in enumerate(arr(obj(document.get("agent")).get("tools"))):
         for key in ("parameters_schema", "output_schema"):
             schema = tool.get(key) if isinstance(tool, dict) else None
             problem = schema_problem(schema, enforced=key == "parameters_schema") if isinstance(schema, dict) else None
@@ -39,34 +39,41 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
     return findings
 
 
+def compliance_of(document: dict[str, Any]) -> dict[str, Any]:
+    return obj(obj(document.get("agent")).get("compliance"))
+
+
+def safety_level_of(document: dict[str, Any]) -> str:
+    return str(compliance_of(document).get("safety_level", "standard"))
+
+
 def iter_conditions(document: dict[str, Any]) -> Iterator[tuple[Any, tuple[str | int, ...]]]:
     """Every condition in an agent document: subagents[].when, handoff[].condition,
     events.triggers[].filter, compliance.human_in_the_loop.trigger."""
-    agent = document.get("agent") if isinstance(document.get("agent"), dict) else {}
-    orchestration = agent.get("orchestration") if isinstance(agent.get("orchestration"), dict) else {}
-    for i, sub in enumerate(orchestration.get("subagents") or []):
+    agent = obj(document.get("agent"))
+    orchestration = obj(agent.get("orchestration"))
+    for i, sub in enumerate(arr(orchestration.get("subagents"))):
         if isinstance(sub, dict) and "when" in sub:
             yield sub["when"], ("agent", "orchestration", "subagents", i, "when")
-    for i, hand in enumerate(orchestration.get("handoff") or []):
+    for i, hand in enumerate(arr(orchestration.get("handoff"))):
         if isinstance(hand, dict) and "condition" in hand:
             yield hand["condition"], ("agent", "orchestration", "handoff", i, "condition")
-    events = agent.get("events") if isinstance(agent.get("events"), dict) else {}
-    for i, trig in enumerate(events.get("triggers") or []):
+    for i, trig in enumerate(arr(obj(agent.get("events")).get("triggers"))):
         if isinstance(trig, dict) and "filter" in trig:
             yield trig["filter"], ("agent", "events", "triggers", i, "filter")
-    compliance = agent.get("compliance") if isinstance(agent.get("compliance"), dict) else {}
-    hitl = compliance.get("human_in_the_loop") if isinstance(compliance.get("human_in_the_loop"), dict) else {}
+    hitl = obj(compliance_of(document).get("human_in_the_loop"))
     if "trigger" in hitl:
         yield hitl["trigger"], ("agent", "compliance", "human_in_the_loop", "trigger")
 
 
-def condition_findings(document: dict[str, Any], safety_level: str) -> list[Finding]:
+def condition_findings(document: dict[str, Any]) -> list[Finding]:
     """What each condition that cannot be evaluated means at this safety level.
 
     minimal: warning; standard: warning, the condition is disabled (a disabled approval trigger
     gates every tool call, it never lets calls through); strict and regulated: the document is
     rejected.
     """
+    safety_level = safety_level_of(document)
     out: list[Finding] = []
     for condition, path in iter_conditions(document):
         if isinstance(condition, str):

@@ -18,6 +18,7 @@ import jsonschema_rs
 from . import patterns
 from .errors import Finding, pointer
 from .formats import is_adl_urn, is_uri, parse_timestamp
+from .jsonvalues import arr, iter_strings, obj
 from .signature import SignatureResult, key_strength_problem, verify
 from .specs import PROFILES, SchemaSet, iter_leaf_errors, supported_schema_version, unknown_members
 
@@ -67,14 +68,6 @@ _SCHEMA_CODES = {
 }
 
 
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _arr(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _is_in(value: Any, allowed: set[str]) -> bool:
     # Membership without hashing: a list or object where a string belongs must not crash a rule.
     return isinstance(value, str) and value in allowed
@@ -97,8 +90,8 @@ class _Check:
     def unique_names(self) -> None:
         for member, code in (("tools", "ADL-2002"), ("resources", "ADL-2003"), ("prompts", "ADL-2004")):
             seen: dict[str, int] = {}
-            for i, entry in enumerate(_arr(self.doc.get(member))):
-                name = _obj(entry).get("name")
+            for i, entry in enumerate(arr(self.doc.get(member))):
+                name = obj(entry).get("name")
                 if not isinstance(name, str):
                     continue
                 if name in seen:
@@ -117,8 +110,8 @@ class _Check:
 
     # VAL-05, VAL-10, VAL-11, VAL-06, VAL-12 for the members the drafts name explicitly.
     def timestamps_and_uris(self) -> None:
-        lifecycle = _obj(self.doc.get("lifecycle"))
-        attestation = _obj(_obj(self.doc.get("security")).get("attestation"))
+        lifecycle = obj(self.doc.get("lifecycle"))
+        attestation = obj(obj(self.doc.get("security")).get("attestation"))
         for container, base, keys in (
             (lifecycle, ("lifecycle",), ("effective_date", "sunset_date")),
             (attestation, ("security", "attestation"), ("issued_at", "expires_at")),
@@ -137,15 +130,15 @@ class _Check:
     # VAL-07
     def json_schemas(self) -> None:
         places: list[tuple[Any, tuple[str | int, ...]]] = []
-        for i, tool in enumerate(_arr(self.doc.get("tools"))):
+        for i, tool in enumerate(arr(self.doc.get("tools"))):
             for key in ("parameters", "returns"):
-                if key in _obj(tool):
+                if key in obj(tool):
                     places.append((tool[key], ("tools", i, key)))
-        for i, resource in enumerate(_arr(self.doc.get("resources"))):
-            if "schema" in _obj(resource):
+        for i, resource in enumerate(arr(self.doc.get("resources"))):
+            if "schema" in obj(resource):
                 places.append((resource["schema"], ("resources", i, "schema")))
-        for i, prompt in enumerate(_arr(self.doc.get("prompts"))):
-            if "arguments" in _obj(prompt):
+        for i, prompt in enumerate(arr(self.doc.get("prompts"))):
+            if "arguments" in obj(prompt):
                 places.append((prompt["arguments"], ("prompts", i, "arguments")))
         for schema, path in places:
             if not isinstance(schema, dict | bool):
@@ -159,7 +152,7 @@ class _Check:
 
     # VAL-08: profiles known and their schemas satisfied (schema part runs in schema_errors).
     def profiles(self) -> None:
-        for i, identifier in enumerate(_arr(self.doc.get("profiles"))):
+        for i, identifier in enumerate(arr(self.doc.get("profiles"))):
             if isinstance(identifier, str) and identifier not in PROFILES and identifier.startswith("urn:adl:profile:"):
                 self.add("ADL-3002", f"Profile '{identifier}' is not a known standard profile", "profiles", i)
             elif isinstance(identifier, str) and identifier not in PROFILES:
@@ -204,30 +197,30 @@ class _Check:
 
     # VAL-14..20
     def enumerations(self) -> None:
-        for i, resource in enumerate(_arr(self.doc.get("resources"))):
-            rtype = _obj(resource).get("type")
+        for i, resource in enumerate(arr(self.doc.get("resources"))):
+            rtype = obj(resource).get("type")
             if rtype is not None and not _is_in(rtype, RESOURCE_TYPES):
                 self.add("ADL-2009", f"Resource type {rtype!r} is not a valid resource type", "resources", i, "type")
-        model = _obj(self.doc.get("model"))
+        model = obj(self.doc.get("model"))
         temperature = model.get("temperature")
         if temperature is not None and (
             isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0.0 <= temperature <= 2.0
         ):
             self.add("ADL-2010", f"model.temperature {temperature!r} is outside 0.0-2.0", "model", "temperature")
-        for i, capability in enumerate(_arr(model.get("capabilities"))):
+        for i, capability in enumerate(arr(model.get("capabilities"))):
             if not _is_in(capability, MODEL_CAPABILITIES):
                 self.add("ADL-2015", f"Model capability {capability!r} is not valid", "model", "capabilities", i)
-        security = _obj(self.doc.get("security"))
-        auth_type = _obj(security.get("authentication")).get("type")
+        security = obj(self.doc.get("security"))
+        auth_type = obj(security.get("authentication")).get("type")
         if auth_type is not None and not _is_in(auth_type, AUTH_TYPES):
             self.add(
                 "ADL-2011", f"Authentication type {auth_type!r} is not valid", "security", "authentication", "type"
             )
-        att_type = _obj(security.get("attestation")).get("type")
+        att_type = obj(security.get("attestation")).get("type")
         if att_type is not None and not _is_in(att_type, ATTESTATION_TYPES):
             self.add("ADL-2012", f"Attestation type {att_type!r} is not valid", "security", "attestation", "type")
-        runtime = _obj(self.doc.get("runtime"))
-        action = _obj(runtime.get("error_handling")).get("on_tool_error")
+        runtime = obj(self.doc.get("runtime"))
+        action = obj(runtime.get("error_handling")).get("on_tool_error")
         if action is not None and not _is_in(action, ERROR_ACTIONS):
             self.add(
                 "ADL-2013",
@@ -236,13 +229,13 @@ class _Check:
                 "error_handling",
                 "on_tool_error",
             )
-        fmt = _obj(runtime.get("output_handling")).get("format")
+        fmt = obj(runtime.get("output_handling")).get("format")
         if fmt is not None and not _is_in(fmt, OUTPUT_FORMATS):
             self.add("ADL-2014", f"output format {fmt!r} is not valid", "runtime", "output_handling", "format")
 
     # VAL-21..23 (+ commands), VAL-34
     def permission_patterns(self) -> None:
-        permissions = _obj(self.doc.get("permissions"))
+        permissions = obj(self.doc.get("permissions"))
         checks: list[tuple[str, str, patterns.Flavour, str]] = [
             ("network", "allowed_hosts", "host", "ADL-2016"),
             ("environment", "allowed_variables", "env", "ADL-2018"),
@@ -252,17 +245,17 @@ class _Check:
             ("filesystem", "denied_paths", "path", "ADL-2017"),
         ]
         for domain, member, flavour, code in checks:
-            for i, pattern in enumerate(_arr(_obj(permissions.get(domain)).get(member))):
+            for i, pattern in enumerate(arr(obj(permissions.get(domain)).get(member))):
                 self._pattern(pattern, flavour, code, "permissions", domain, member, i)
-        for i, entry in enumerate(_arr(_obj(permissions.get("filesystem")).get("allowed_paths"))):
-            if "path" in _obj(entry):
+        for i, entry in enumerate(arr(obj(permissions.get("filesystem")).get("allowed_paths"))):
+            if "path" in obj(entry):
                 self._pattern(
                     entry["path"], "path", "ADL-2017", "permissions", "filesystem", "allowed_paths", i, "path"
                 )
         if self.v03:
-            delegation = _obj(permissions.get("delegation"))
+            delegation = obj(permissions.get("delegation"))
             for member in ("match", "deny"):
-                for i, pattern in enumerate(_arr(delegation.get(member))):
+                for i, pattern in enumerate(arr(delegation.get(member))):
                     self._pattern(pattern, "host", "ADL-6006", "permissions", "delegation", member, i)
             depth = delegation.get("max_depth")
             if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
@@ -277,7 +270,7 @@ class _Check:
 
     # VAL-24
     def digest_fields(self) -> None:
-        signature = _obj(_obj(_obj(self.doc.get("security")).get("attestation")).get("signature"))
+        signature = obj(obj(obj(self.doc.get("security")).get("attestation")).get("signature"))
         if signature.get("signed_content") == "digest":
             missing = [k for k in ("digest_algorithm", "digest_value") if k not in signature]
             if missing:
@@ -294,13 +287,13 @@ class _Check:
         top = self.doc.get("data_classification")
         top_level = self._classification(top, ("data_classification",))
         for member in ("tools", "resources"):
-            for i, entry in enumerate(_arr(self.doc.get(member))):
-                dc = _obj(entry).get("data_classification")
+            for i, entry in enumerate(arr(self.doc.get(member))):
+                dc = obj(entry).get("data_classification")
                 if dc is None:
                     continue
                 level = self._classification(dc, (member, i, "data_classification"))
                 if level is not None and top_level is not None and level > top_level:
-                    name = _obj(entry).get("name", i)
+                    name = obj(entry).get("name", i)
                     self.add(
                         "ADL-2023",
                         f"{member[:-1].capitalize()} '{name}' has sensitivity '{dc['sensitivity']}' "
@@ -324,10 +317,10 @@ class _Check:
                 "sensitivity",
             )
         extra = self._profile_categories()
-        for i, category in enumerate(_arr(dc.get("categories"))):
+        for i, category in enumerate(arr(dc.get("categories"))):
             if not _is_in(category, CATEGORIES) and not _is_in(category, extra):
                 self.add("ADL-2021", f"category {category!r} is not a valid data category", *path, "categories", i)
-        retention = _obj(dc.get("retention"))
+        retention = obj(dc.get("retention"))
         low, high = retention.get("min_days"), retention.get("max_days")
         if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
             self.add("ADL-2022", f"retention min_days {low} exceeds max_days {high}", *path, "retention", "min_days")
@@ -335,7 +328,7 @@ class _Check:
 
     def _profile_categories(self) -> set[str]:
         # Profiles MAY define additional category values (healthcare, financial).
-        declared = {p for p in _arr(self.doc.get("profiles")) if isinstance(p, str)}
+        declared = {p for p in arr(self.doc.get("profiles")) if isinstance(p, str)}
         extra: set[str] = set()
         if "urn:adl:profile:healthcare:1.0" in declared:
             extra |= {"phi", "clinical", "genomic"}
@@ -348,14 +341,14 @@ class _Check:
         code = "ADL-2024" if self.v03 else "ADL-1006"
         prompt = self.doc.get("system_prompt")
         if isinstance(prompt, dict) and isinstance(prompt.get("template"), str):
-            variables = _obj(prompt.get("variables"))
+            variables = obj(prompt.get("variables"))
             for name in self._template_vars(prompt["template"], ("system_prompt", "template"), code):
                 if name not in variables:
                     self.add(
                         code, f"template variable '{name}' is not defined in variables", "system_prompt", "template"
                     )
-        for i, entry in enumerate(_arr(self.doc.get("prompts"))):
-            template = _obj(entry).get("template")
+        for i, entry in enumerate(arr(self.doc.get("prompts"))):
+            template = obj(entry).get("template")
             if isinstance(template, str):
                 list(self._template_vars(template, ("prompts", i, "template"), code))
 
@@ -369,12 +362,12 @@ class _Check:
 
     # ADL-4001, ADL-4003
     def security(self) -> None:
-        key = _obj(_obj(self.doc.get("cryptographic_identity")).get("public_key"))
+        key = obj(obj(self.doc.get("cryptographic_identity")).get("public_key"))
         if key:
             problem = key_strength_problem(key.get("algorithm"), key.get("value"))
             if problem:
                 self.add("ADL-4001", problem, "cryptographic_identity", "public_key")
-        attestation = _obj(_obj(self.doc.get("security")).get("attestation"))
+        attestation = obj(obj(self.doc.get("security")).get("attestation"))
         expires = parse_timestamp(attestation.get("expires_at"))
         if expires is not None:
             if expires <= self.now:
@@ -399,17 +392,17 @@ class _Check:
     def runtime_limits(self) -> None:
         if not self.v03:
             return
-        permissions = _obj(self.doc.get("permissions"))
+        permissions = obj(self.doc.get("permissions"))
         self._budget(
-            _obj(permissions.get("resource_limits")).get("budget"), ("permissions", "resource_limits", "budget")
+            obj(permissions.get("resource_limits")).get("budget"), ("permissions", "resource_limits", "budget")
         )
-        runtime = _obj(self.doc.get("runtime"))
-        invocation = _obj(runtime.get("tool_invocation"))
+        runtime = obj(self.doc.get("runtime"))
+        invocation = obj(runtime.get("tool_invocation"))
         for key in ("max_iterations", "max_tool_calls_per_session"):
             value = invocation.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 self.add("ADL-6004", f"{key} {value!r} must be an integer >= 1", "runtime", "tool_invocation", key)
-        loop = _obj(invocation.get("loop_detection"))
+        loop = obj(invocation.get("loop_detection"))
         window = loop.get("window")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
             self.add(
@@ -425,7 +418,7 @@ class _Check:
                 loop["on_detected"], ("runtime", "tool_invocation", "loop_detection", "on_detected")
             )
         degradation = runtime.get("degradation")
-        for cause, response in _obj(degradation).items():
+        for cause, response in obj(degradation).items():
             if cause == "extensions":
                 continue
             if not re.match(r"^on_[a-z0-9_]+$", cause):
@@ -438,10 +431,12 @@ class _Check:
                 )
             self._degradation_response(response, ("runtime", "degradation", cause))
         self._sub_agents(permissions.get("sub_agents"))
-        self._urns(self.doc, ())
+        for path, value in iter_strings(self.doc):
+            if value.lower().startswith("urn:adl:") and not is_adl_urn(value):
+                self.add("ADL-2025", f"{value!r} does not conform to the adl-urn production", *path)
 
     def _budget(self, budget: Any, path: tuple[str | int, ...]) -> None:
-        for dimension, caps in _obj(budget).items():
+        for dimension, caps in obj(budget).items():
             if dimension == "extensions":
                 continue
             if isinstance(caps, dict):
@@ -469,24 +464,24 @@ class _Check:
                 self.add("ADL-6001", f"budget {dimension} {caps!r} must be > 0", *path, dimension)
 
     def _degradation_response(self, response: Any, path: tuple[str | int, ...]) -> None:
-        action = _obj(response).get("action")
+        action = obj(response).get("action")
         if action is not None and not _is_in(action, DEGRADATION_ACTIONS):
             self.add(
                 "ADL-6003", f"degradation action {action!r} is not halt, pause, fallback or continue", *path, "action"
             )
 
     def _sub_agents(self, sub_agents: Any) -> None:
-        parent_tools = {t["name"] for t in _arr(self.doc.get("tools")) if isinstance(_obj(t).get("name"), str)}
+        parent_tools = {t["name"] for t in arr(self.doc.get("tools")) if isinstance(obj(t).get("name"), str)}
         seen: set[str] = set()
-        for i, entry in enumerate(_arr(sub_agents)):
-            name = _obj(entry).get("name")
+        for i, entry in enumerate(arr(sub_agents)):
+            name = obj(entry).get("name")
             if not isinstance(name, str) or not name:
                 self.add("ADL-6009", "sub-agent has no name", "permissions", "sub_agents", i)
             elif name in seen:
                 self.add("ADL-6009", f"sub-agent name '{name}' is not unique", "permissions", "sub_agents", i, "name")
             else:
                 seen.add(name)
-            for j, tool in enumerate(_arr(_obj(entry).get("tools"))):
+            for j, tool in enumerate(arr(obj(entry).get("tools"))):
                 if not _is_in(tool, parent_tools):
                     self.add(
                         "ADL-6009",
@@ -498,35 +493,27 @@ class _Check:
                         j,
                     )
 
-    def _urns(self, value: Any, path: tuple[str | int, ...]) -> None:
-        stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, path)]
-        while stack:
-            item, where = stack.pop()
-            if isinstance(item, dict):
-                stack.extend((v, (*where, k)) for k, v in item.items())
-            elif isinstance(item, list):
-                stack.extend((v, (*where, i)) for i, v in enumerate(item))
-            elif isinstance(item, str) and item.lower().startswith("urn:adl:") and not is_adl_urn(item):
-                self.add("ADL-2025", f"{item!r} does not conform to the adl-urn production", *where)
 
-
-def _schema_findings(validator: Any, document: dict[str, Any]) -> Iterator[Finding]:
+def _schema_findings(validator: Any, document: dict[str, Any], profile_members: frozenset[str]) -> Iterator[Finding]:
     for error in iter_leaf_errors(validator, document):
         path = tuple(error.absolute_path)
         if error.validator == "required":
             missing = re.match(r"^'(.*)' is a required property$", error.message)
             name = missing.group(1) if missing else error.message
-            yield Finding("ADL-1003", f"Required member '{name}' is missing", pointer(*path))
+            code, detail = "ADL-1003", f"Required member '{name}' is missing"
+            member = path[0] if path else name
         elif error.validator == "format":
-            fmt = error.validator_value
-            code = {"date-time": "ADL-2005", "uri": "ADL-2006"}.get(fmt, "ADL-1004")
-            yield Finding(code, error.message, pointer(*path))
+            code = {"date-time": "ADL-2005", "uri": "ADL-2006"}.get(error.validator_value, "ADL-1004")
+            detail, member = error.message, None
         elif error.validator in ("unevaluatedProperties", "additionalProperties"):
-            yield Finding(
-                "ADL-1004", f"{error.message} (not defined by ADL, a declared profile or an extension)", pointer(*path)
-            )
+            code, detail = "ADL-1004", f"{error.message} (not defined by ADL, a declared profile or an extension)"
+            member = path[0] if path else None
         else:
-            yield Finding(_SCHEMA_CODES.get(str(error.validator), "ADL-1004"), error.message, pointer(*path))
+            code, detail = _SCHEMA_CODES.get(str(error.validator), "ADL-1004"), error.message
+            member = path[0] if path else None
+        if code in ("ADL-1003", "ADL-1004") and member in profile_members:
+            code, detail = "ADL-3001", f"{detail} (required by a declared profile)"
+        yield Finding(code, detail, pointer(*path))
 
 
 RULES: tuple[Callable[[_Check], None], ...] = (
@@ -559,12 +546,11 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
             )
         )
     schema_version = version or "0.3.0"
-    profiles = tuple(p for p in _arr(document.get("profiles")) if isinstance(p, str) and p in PROFILES)
-    for f in _schema_findings(schemas.adl_validator(schema_version, profiles), document):
+    profiles = tuple(p for p in arr(document.get("profiles")) if isinstance(p, str) and p in PROFILES)
+    validator = schemas.adl_validator(schema_version, profiles)
+    for f in _schema_findings(validator, document, schemas.profile_members(profiles)):
         if version is None and f.pointer == "/adl_spec":
             continue
-        if profiles and f.code in ("ADL-1003", "ADL-1004") and _is_profile_member(f, schemas, profiles):
-            f = Finding("ADL-3001", f"{f.detail} (required by a declared profile)", f.pointer)
         findings.append(f)
     for member in unknown_members(schemas, schema_version, profiles, document):
         findings.append(
@@ -582,17 +568,6 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
     signature = verify(document)
     findings.extend(signature.findings)
     return _dedupe(findings), signature
-
-
-def _is_profile_member(finding: Finding, schemas: SchemaSet, profiles: tuple[str, ...]) -> bool:
-    member = finding.detail.split("'")[1] if finding.detail.count("'") >= 2 else ""
-    top = finding.pointer.split("/")[1] if finding.pointer.count("/") >= 1 else member
-    for identifier in profiles:
-        schema = schemas.profile_schema(identifier) or {}
-        names = set(schema.get("properties", {})) - {"profiles", "data_classification"}
-        if top in names or (finding.pointer == "" and member in names):
-            return True
-    return False
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

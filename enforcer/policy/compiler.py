@@ -11,13 +11,15 @@ from typing import Any
 
 import rfc8785
 
-from .aaif import condition_findings, validate_aaif
+from .aaif import compliance_of, condition_findings, safety_level_of, validate_aaif
 from .adl import SENSITIVITY_ORDER, build_validator, validate_adl
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import DocumentRejected, Finding, pointer
 from .formats import parse_timestamp
+from .jsonvalues import obj
 from .model import (
+    DEFAULT_APPROVAL_TIMEOUT_S,
     ApprovalGate,
     CompileOptions,
     ExecutionRules,
@@ -33,12 +35,7 @@ from .model import (
 from .patterns import PatternList, is_bare_wildcard
 from .specs import SchemaSet
 
-DEFAULT_APPROVAL_TIMEOUT_S = 300
 SUNSET_WARNING = timedelta(days=30)
-
-
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def policy_digest(adl: dict[str, Any], aaif: dict[str, Any] | None, options: CompileOptions) -> str:
@@ -58,12 +55,12 @@ def compile_policy(
     findings, signature = validate_adl(adl, schemas, now)
     findings.extend(find_inline_credentials(adl))
     compliance: dict[str, Any] = {}
+    safety_level = "standard"
     if aaif is not None:
         findings.extend(validate_aaif(aaif, schemas))
-        agent = _obj(aaif.get("agent"))
-        compliance = _obj(agent.get("compliance"))
-        safety_level = str(compliance.get("safety_level", "standard"))
-        findings.extend(condition_findings(aaif, safety_level))
+        findings.extend(condition_findings(aaif))
+        compliance, safety_level = compliance_of(aaif), safety_level_of(aaif)
+        agent = obj(aaif.get("agent"))
         if isinstance(agent.get("name"), str) and agent.get("name") != adl.get("name"):
             findings.append(
                 Finding(
@@ -73,8 +70,7 @@ def compile_policy(
                     "/agent/name",
                 )
             )
-    safety_level = str(compliance.get("safety_level", "standard"))
-    classification = _obj(adl.get("data_classification"))
+    classification = obj(adl.get("data_classification"))
     sensitivity = str(classification.get("sensitivity", "restricted"))
     if options.require_signature and SENSITIVITY_ORDER.get(sensitivity, 3) >= 2 and signature.state != "verified":
         findings.append(
@@ -111,7 +107,7 @@ class _Builder:
         self.compliance = compliance
         self.options = options
         self.now = now
-        self.permissions = _obj(adl.get("permissions"))
+        self.permissions = obj(adl.get("permissions"))
         self.warnings: list[Finding] = []
 
     def warn(self, code: str, detail: str, ptr: str) -> None:
@@ -119,8 +115,8 @@ class _Builder:
 
     def build(self, sensitivity: str, signature: str, safety_level: str, digest: str) -> Policy:
         tools, aaif_only = self.tools()
-        handling = _obj(_obj(self.adl.get("data_classification")).get("handling"))
-        invocation = _obj(_obj(self.adl.get("runtime")).get("tool_invocation"))
+        handling = obj(obj(self.adl.get("data_classification")).get("handling"))
+        invocation = obj(obj(self.adl.get("runtime")).get("tool_invocation"))
         timeout = invocation.get("timeout_ms")
         return Policy(
             agent_name=str(self.adl.get("name", "")),
@@ -152,7 +148,7 @@ class _Builder:
         )
 
     def lifecycle(self) -> Lifecycle:
-        lifecycle = _obj(self.adl.get("lifecycle"))
+        lifecycle = obj(self.adl.get("lifecycle"))
         status = lifecycle.get("status") if isinstance(lifecycle.get("status"), str) else None
         sunset = parse_timestamp(lifecycle.get("sunset_date"))
         if status == "retired":
@@ -179,7 +175,7 @@ class _Builder:
     def tools(self) -> tuple[dict[str, ToolRule], set[str]]:
         aaif_tools: dict[str, tuple[int, dict[str, Any]]] = {}
         if self.aaif is not None:
-            for i, tool in enumerate(_obj(self.aaif.get("agent")).get("tools") or []):
+            for i, tool in enumerate(obj(self.aaif.get("agent")).get("tools") or []):
                 if isinstance(tool, dict) and isinstance(tool.get("name"), str):
                     aaif_tools[tool["name"]] = (i, tool)
         rules: dict[str, ToolRule] = {}
@@ -198,7 +194,7 @@ class _Builder:
                             build_validator(atool["parameters_schema"]),
                         )
                     )
-                env_var = _obj(atool.get("auth")).get("env_var")
+                env_var = obj(atool.get("auth")).get("env_var")
                 auth_env = env_var if isinstance(env_var, str) else None
             rules[name] = ToolRule(
                 name=name,
@@ -206,7 +202,7 @@ class _Builder:
                 description=str(tool.get("description", "")),
                 requires_confirmation=tool.get("requires_confirmation") is True,
                 read_only=tool.get("read_only") is True,
-                sensitivity=_obj(tool.get("data_classification")).get("sensitivity"),
+                sensitivity=obj(tool.get("data_classification")).get("sensitivity"),
                 validators=tuple(validators),
                 auth_env_var=auth_env,
             )
@@ -303,7 +299,7 @@ class _Builder:
         )
 
     def approval(self, safety_level: str) -> ApprovalGate | None:
-        hitl = _obj(self.compliance.get("human_in_the_loop"))
+        hitl = obj(self.compliance.get("human_in_the_loop"))
         if hitl.get("enabled") is not True:
             return None
         ptr = "/agent/compliance/human_in_the_loop"
@@ -337,7 +333,7 @@ class _Builder:
         region = self.compliance.get("data_residency")
         if isinstance(region, str) and region != "global":
             out.append(Residency(region, "/agent/compliance/data_residency", "aaif"))
-        handling = _obj(_obj(self.adl.get("data_classification")).get("handling"))
+        handling = obj(obj(self.adl.get("data_classification")).get("handling"))
         if handling.get("cross_border_restricted") is True:
             home = self.options.home_region
             if home is None:
@@ -360,8 +356,8 @@ class _Builder:
         mode = self.compliance.get("pii_handling")
         if isinstance(mode, str):
             return mode
-        handling = _obj(_obj(self.adl.get("data_classification")).get("handling"))
+        handling = obj(obj(self.adl.get("data_classification")).get("handling"))
         if handling.get("anonymization_required") is True:
             return "anonymize"
-        categories = _obj(self.adl.get("data_classification")).get("categories") or []
+        categories = obj(self.adl.get("data_classification")).get("categories") or []
         return "detect" if "pii" in categories or self.aaif is not None else "none"

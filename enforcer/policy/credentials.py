@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from .errors import Finding, pointer
+from .jsonvalues import iter_strings, member_name
 
 # Member names whose string value would be a secret itself (not the *name* of one).
 _SECRET_NAME = re.compile(
@@ -45,21 +46,14 @@ _SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|passwor
 
 
 def find_inline_credentials(document: Any) -> Iterator[Finding]:
-    stack: list[tuple[Any, tuple[str | int, ...], str]] = [(document, (), "")]
-    while stack:
-        value, path, member = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((v, (*path, k), k) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((v, (*path, i), member) for i, v in enumerate(value))
-        elif isinstance(value, str) and value:
-            reason = _credential_reason(member, value)
-            if reason:
-                yield Finding(
-                    "ENF-2001",
-                    f"{reason}; reference secrets by name (auth.env_var or a vault reference), never inline",
-                    pointer(*path),
-                )
+    for path, value in iter_strings(document):
+        reason = _credential_reason(member_name(path), value) if value else None
+        if reason:
+            yield Finding(
+                "ENF-2001",
+                f"{reason}; reference secrets by name (auth.env_var or a vault reference), never inline",
+                pointer(*path),
+            )
 
 
 def _credential_reason(member: str, value: str) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any
 from .addresses import classify
 from .errors import pointer
 from .model import (
+    DEFAULT_APPROVAL_TIMEOUT_S,
     Action,
     Decision,
     EnvVar,
@@ -132,7 +133,9 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
         obligations["timeout_ms"] = policy.tool_timeout_ms
     ask = _approval(policy, call, rule.requires_confirmation, rule.read_only, rule.sensitivity, rule.pointer)
     if ask is not None:
-        obligations["approval_timeout_s"] = policy.approval.timeout_seconds if policy.approval else 300
+        obligations["approval_timeout_s"] = (
+            policy.approval.timeout_seconds if policy.approval else DEFAULT_APPROVAL_TIMEOUT_S
+        )
         return Decision("ASK", (ask, *reasons), MappingProxyType(obligations), policy.digest)
     allow = Reason("tool.allowed", rule.pointer, f"tool '{call.name}' is declared and its arguments are valid")
     return Decision("ALLOW", (allow, *reasons), MappingProxyType(obligations), policy.digest)
@@ -211,6 +214,7 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     if conn.port not in ports:
         granted = ", ".join(map(str, sorted(ports))) or "none"
         return _deny(policy, "net.port_not_allowed", ports_ptr, f"port {conn.port} is not allowed (allowed: {granted})")
+    address = None
     if conn.address is not None:
         try:
             address = ipaddress.ip_address(conn.address)
@@ -233,8 +237,8 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
                 "/permissions/network/deny_private",
                 f"{address} is a {cls.replace('_', ' ')} address and {why}",
             )
+    regions = policy.options.regions.regions_for(host, address) if policy.residency else set()
     for constraint in policy.residency:
-        regions = policy.options.regions.regions_for(host, conn.address)
         if not regions:
             if policy.safety_level == "minimal" and constraint.document == "aaif":
                 continue

@@ -12,6 +12,7 @@ from .patterns import PatternList
 from .regions import RegionMap
 
 Verdict = Literal["ALLOW", "DENY", "ASK"]
+DEFAULT_APPROVAL_TIMEOUT_S = 300  # when neither the tool nor the AAIF document names one; expiry denies
 Access = Literal["read", "write", "read_write"]
 
 

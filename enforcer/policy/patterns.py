@@ -47,8 +47,6 @@ def validate(pattern: object, flavour: Flavour) -> str | None:
         return _validate_path(pattern)
     if flavour == "env" and not _ENV_OK.match(pattern):
         return "variable patterns may contain only letters, digits, '_', '.', '-' and '*'"
-    if flavour == "command" and "\x00" in pattern:
-        return "NUL in command pattern"
     return None
 
 
@@ -213,31 +211,27 @@ class PatternList:
     flavour: Flavour
     patterns: tuple[str, ...]
     _index: SegmentTrie | NameSet
-    bare_wildcard: bool
+    _match_all: tuple[int, ...]  # bare '*' host patterns: they match names of any depth
 
     @classmethod
     def compile(cls, patterns: Iterable[str], flavour: Flavour) -> PatternList:
         pats = tuple(patterns)
         index: SegmentTrie | NameSet = SegmentTrie(flavour) if flavour in ("host", "path") else NameSet()  # type: ignore[arg-type]
-        bare = False
+        match_all: list[int] = []
         for i, p in enumerate(pats):
             reason = validate(p, flavour)
             if reason:
                 raise PatternError(f"{p!r}: {reason}")
             if flavour == "host" and p == "*":
-                bare = True
-                continue
-            if flavour == "path" and p in ("/**",):
-                bare = True
-            index.add(p, i)
-        return cls(flavour, pats, index, bare)
+                match_all.append(i)
+            else:
+                index.add(p, i)
+        return cls(flavour, pats, index, tuple(match_all))
 
     def match(self, value: str) -> list[int]:
         """Source indexes of all patterns that match `value`, in ascending order."""
         found = self._index.match(value)
-        if self.flavour == "host" and self.bare_wildcard:
-            return sorted(set(found) | {i for i, p in enumerate(self.patterns) if p == "*"})
-        return found
+        return sorted({*found, *self._match_all}) if self._match_all else found
 
     def first(self, value: str) -> int | None:
         found = self.match(value)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import pointer
+from .jsonvalues import iter_strings
 
 MAX_SCAN = 65536
 
@@ -83,15 +84,8 @@ def scan_text(text: str) -> Iterator[tuple[str, int, int]]:
 def scan(value: Any) -> list[PiiFinding]:
     """Every PII match in the string leaves of a JSON value, with the leaf's JSON Pointer."""
     found: list[PiiFinding] = []
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, (*path, k)) for k, v in item.items())
-        elif isinstance(item, list):
-            stack.extend((v, (*path, i)) for i, v in enumerate(item))
-        elif isinstance(item, str):
-            ptr = pointer(*path)
-            found.extend(PiiFinding(kind, ptr, a, b) for kind, a, b in scan_text(item))
+    for path, text in iter_strings(value):
+        ptr = pointer(*path)
+        found.extend(PiiFinding(kind, ptr, a, b) for kind, a, b in scan_text(text))
     found.sort(key=lambda f: (f.pointer, f.start))
     return found

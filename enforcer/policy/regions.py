@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .patterns import PatternError, PatternList, normalize_host
+from .patterns import PatternError, PatternList
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class RegionMapError(ValueError):
@@ -55,27 +56,16 @@ class RegionMap:
         digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
         return cls(tuple(host_rules), tuple(networks), digest)
 
-    def regions_for(self, host: str | None, address: str | None) -> set[str]:
-        """Every region the host name and/or address is known to be in (empty: unknown)."""
+    def regions_for(self, host: str, address: IPAddress | None) -> set[str]:
+        """Every region a normalised host name and its address are known to be in (empty: unknown)."""
         found: set[str] = set()
-        if host:
-            try:
-                name = normalize_host(host)
-            except PatternError:
-                name = None
-            if name:
-                for patterns, region in self.host_rules:
-                    if patterns.match(name):
-                        found.add(region)
-                        break
-        if address:
-            try:
-                ip = ipaddress.ip_address(address)
-            except ValueError:
-                ip = None
-            if ip is not None:
-                for network, region in self.networks:
-                    if ip.version == network.version and ip in network:
-                        found.add(region)
-                        break
+        for patterns, region in self.host_rules:
+            if patterns.match(host):
+                found.add(region)
+                break
+        if address is not None:
+            for network, region in self.networks:
+                if address.version == network.version and address in network:
+                    found.add(region)
+                    break
         return found

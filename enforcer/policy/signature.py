@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, paddin
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from .errors import Finding
+from .jsonvalues import obj
 
 SignatureState = Literal["absent", "verified", "invalid"]
 
@@ -95,9 +96,7 @@ def key_strength_problem(algorithm: object, key_value: object) -> str | None:
 
 def verify(document: dict[str, Any]) -> SignatureResult:
     """Verify the document's attestation signature, if it claims one."""
-    security = document.get("security")
-    attestation = security.get("attestation") if isinstance(security, dict) else None
-    signature = attestation.get("signature") if isinstance(attestation, dict) else None
+    signature = obj(obj(document.get("security")).get("attestation")).get("signature")
     if signature is None:
         return SignatureResult("absent", ())
     if not isinstance(signature, dict):
@@ -106,8 +105,7 @@ def verify(document: dict[str, Any]) -> SignatureResult:
     problem = key_strength_problem(algorithm, None)
     if problem:
         return SignatureResult("invalid", (Finding("ADL-4001", problem, _SIG_PTR + "/algorithm"),))
-    identity = document.get("cryptographic_identity")
-    public_key = identity.get("public_key") if isinstance(identity, dict) else None
+    public_key = obj(document.get("cryptographic_identity")).get("public_key")
     if not isinstance(public_key, dict) or not isinstance(public_key.get("value"), str):
         return _invalid("no cryptographic_identity.public_key to verify the signature with")
     key_alg = public_key.get("algorithm")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
+from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -99,11 +100,22 @@ class SchemaSet:
     def aaif_validator(self, schema_file: str) -> Draft202012Validator:
         return _aaif_validator(self.root, schema_file)
 
-    def profile_schema(self, identifier: str) -> dict[str, Any] | None:
-        folder = PROFILES.get(identifier)
-        if folder is None:
-            return None
-        return _read(self.root / ADL_SPEC_REPO / "profiles" / folder / "schema.json")
+    def profile_members(self, profiles: tuple[str, ...]) -> frozenset[str]:
+        """Top-level members the declared profiles add (not the core ones they also constrain)."""
+        return _profile_members(self.root, profiles)
+
+
+@cache
+def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
+    return _read(root / ADL_SPEC_REPO / "profiles" / PROFILES[identifier] / "schema.json")
+
+
+@cache
+def _profile_members(root: Path, profiles: tuple[str, ...]) -> frozenset[str]:
+    names: set[str] = set()
+    for identifier in profiles:
+        names |= set(_profile_schema(root, identifier).get("properties", {}))
+    return frozenset(names - {"profiles", "data_classification"})
 
 
 @cache
@@ -125,9 +137,8 @@ def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
         resources.append((_PROFILE_BASE_URI, Resource.from_contents(core, default_specification=DRAFT202012)))
     composed: list[dict[str, Any]] = [{"$ref": core_uri}]
     for identifier in profiles:
-        folder = PROFILES[identifier]
-        schema = _read(root / ADL_SPEC_REPO / "profiles" / folder / "schema.json")
-        uri = schema.get("$id", f"urn:adl-enforcer:profile:{folder}")
+        schema = _profile_schema(root, identifier)
+        uri = schema.get("$id", f"urn:adl-enforcer:profile:{PROFILES[identifier]}")
         resources.append((uri, Resource.from_contents(schema, default_specification=DRAFT202012)))
         composed.append({"$ref": uri})
     registry: Registry = Registry().with_resources(resources)
@@ -138,14 +149,15 @@ def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
 
 def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...], document: dict[str, Any]) -> list[str]:
     """Top-level members defined neither by the core schema, a declared profile nor an extension rule."""
-    import re
+    known, extension_patterns = _core_members(schemas.root, version)
+    known = known | schemas.profile_members(profiles)
+    return [k for k in document if k not in known and not any(p.search(k) for p in extension_patterns)]
 
-    core = schemas.core(version)
-    known = set(core.get("properties", {}))
-    allowed_patterns = [re.compile(p) for p in core.get("patternProperties", {})]
-    for identifier in profiles:
-        known |= set((schemas.profile_schema(identifier) or {}).get("properties", {}))
-    return [k for k in document if k not in known and not any(p.search(k) for p in allowed_patterns)]
+
+@cache
+def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pattern[str], ...]]:
+    core = _core_schema(root, version)
+    return frozenset(core.get("properties", {})), tuple(re.compile(p) for p in core.get("patternProperties", {}))
 
 
 @cache
@@ -161,8 +173,6 @@ def _aaif_validator(root: Path, schema_file: str) -> Draft202012Validator:
 
 def iter_leaf_errors(validator: Any, instance: Any) -> Iterator[ValidationError]:
     """Yield the most specific error of each failure (descending into oneOf/anyOf/allOf)."""
-    from jsonschema.exceptions import best_match
-
     for error in validator.iter_errors(instance):
         while error.context:
             error = best_match(error.context)

@@ -115,7 +115,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from enforcer.policy import DocumentRejected, compile_policy  # noqa: E402
-from tests.conftest import EXAMPLES  # noqa: E402
+from tests.conftest import EXAMPLES, json_paths, set_at  # noqa: E402
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
@@ -125,31 +125,14 @@ _json = st.recursive(
 _SEED = json.loads((EXAMPLES / "coding-agent.adl.json").read_text())
 
 
-def _mutate(doc, path, value):
-    target = doc
-    for part in path[:-1]:
-        target = target[part]
-    target[path[-1]] = value
-
-
-def _paths(value, path=()):
-    yield path
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, (*path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, (*path, i))
-
-
-_ALL_PATHS = [p for p in _paths(_SEED) if p]
+_ALL_PATHS = list(json_paths(_SEED))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(_ALL_PATHS), _json)
 def test_mutated_documents_give_structured_errors_only(schemas, path, value):
     doc = json.loads(json.dumps(_SEED))
-    _mutate(doc, path, value)
+    set_at(doc, path, value)
     try:
         compile_policy(doc, None, schemas, NOW)
     except DocumentRejected as exc:

@@ -7,7 +7,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from enforcer.policy import DocumentRejected
 from enforcer.policy.signature import sign_ed25519, verify
-from tests.conftest import base_adl, compile_doc
+from tests.conftest import base_adl, compile_doc, get_at, json_paths, set_at
 
 PERMISSIONS = {
     "network": {"allowed_hosts": ["api.example.com"], "allowed_ports": [443], "deny_private": True},
@@ -29,29 +29,14 @@ def test_signed_document_verifies_and_compiles(schemas, signed):
     assert compile_doc(schemas, signed).signature == "verified"
 
 
-def _leaf_paths(value, path=()):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _leaf_paths(v, (*path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _leaf_paths(v, (*path, i))
-    else:
-        yield path
+def _changed(old):
+    return (not old) if isinstance(old, bool) else (old + 1 if isinstance(old, int) else str(old) + "x")
 
 
-def _mutate(doc, path):
-    target = doc
-    for part in path[:-1]:
-        target = target[part]
-    old = target[path[-1]]
-    target[path[-1]] = (not old) if isinstance(old, bool) else (old + 1 if isinstance(old, int) else str(old) + "x")
-
-
-@pytest.mark.parametrize("path", list(_leaf_paths(PERMISSIONS)), ids=lambda p: "/".join(map(str, p)))
+@pytest.mark.parametrize("path", list(json_paths(PERMISSIONS, leaves_only=True)), ids=lambda p: "/".join(map(str, p)))
 def test_any_permission_tampered_after_signing_fails(schemas, signed, path):
     tampered = copy.deepcopy(signed)
-    _mutate(tampered, ("permissions", *path))
+    set_at(tampered, ("permissions", *path), _changed(get_at(tampered, ("permissions", *path))))
     assert verify(tampered).state == "invalid"
     with pytest.raises(DocumentRejected) as exc:
         compile_doc(schemas, tampered)
