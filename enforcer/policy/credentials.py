@@ -47,7 +47,7 @@ _SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|passwor
 
 def find_inline_credentials(document: Any) -> Iterator[Finding]:
     for path, value in iter_strings(document):
-        reason = _credential_reason(member_name(path), value) if value else None
+        reason = credential_reason(member_name(path), value) if value else None
         if reason:
             yield Finding(
                 "ENF-2001",
@@ -56,7 +56,7 @@ def find_inline_credentials(document: Any) -> Iterator[Finding]:
             )
 
 
-def _credential_reason(member: str, value: str) -> str | None:
+def credential_reason(member: str, value: str) -> str | None:
     if member not in _REFERENCE_MEMBERS and _SECRET_NAME.search(member) and not value.startswith(("$", "${")):
         return f"member '{member}' carries a secret value"
     for label, pattern in _SECRET_VALUES:

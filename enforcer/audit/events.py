@@ -1,0 +1,64 @@
+"""Payloads for the records the enforcer writes. Pure: no I/O.
+
+Every payload puts the facets reviewers filter on at its top level: `agent`, `decision`, `tool`,
+`host`, `path`, `command`, `rules`. `adl-audit` relies on exactly these names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..policy.model import Action, Decision, EnvVar, FileAccess, NetworkConnect, Policy, ProcessExec, ToolCall
+from .masking import Masker
+
+
+def agent_of(policy: Policy) -> str:
+    return policy.agent_id or policy.agent_name
+
+
+def action_facets(action: Action, masker: Masker) -> dict[str, Any]:
+    if isinstance(action, ToolCall):
+        masked = masker.mask(action.arguments)
+        facets: dict[str, Any] = {
+            "action": "tool",
+            "tool": action.name,
+            "args": masked.value,
+            "args_digest": masked.digest,
+        }
+        if masked.pointers:
+            facets["masked"] = list(masked.pointers)
+        return facets
+    if isinstance(action, NetworkConnect):
+        return {
+            "action": "network",
+            "host": action.host,
+            "port": action.port,
+            "protocol": action.protocol,
+            "address": action.address,
+        }
+    if isinstance(action, FileAccess):
+        return {"action": "file", "path": action.path, "mode": action.mode}
+    if isinstance(action, ProcessExec):
+        argv = masker.mask(list(action.argv))
+        facets = {"action": "exec", "command": action.argv[0] if action.argv else "", "argv": argv.value}
+        if argv.pointers:
+            facets["masked"] = list(argv.pointers)
+        return facets
+    if isinstance(action, EnvVar):
+        return {"action": "env", "variable": action.name}
+    raise TypeError(f"unknown action {type(action).__name__}")
+
+
+def decision_payload(
+    policy: Policy, action: Action, decision: Decision, masker: Masker, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "agent": agent_of(policy),
+        "decision": decision.verdict.lower(),
+        "rules": [r.rule for r in decision.reasons],
+        "reasons": [r.to_json() for r in decision.reasons],
+        "obligations": dict(decision.obligations),
+        "policy_digest": decision.policy_digest,
+        **action_facets(action, masker),
+        **extra,
+    }

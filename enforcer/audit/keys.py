@@ -1,0 +1,96 @@
+"""The Ed25519 key that seals the audit log (checkpoints, the signed head, session evidence)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+
+class AuditKeyError(Exception):
+    """The signing key cannot be read or created."""
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def public_path(private_path: Path) -> Path:
+    return private_path.with_name(private_path.name.removesuffix(".pem") + ".pub.pem")
+
+
+def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
+    """Read the private key; on first start create it (0600, O_EXCL so concurrent starts agree) and
+    write the public half beside it for verifiers."""
+    try:
+        return _load_private(path)
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = ed25519.Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _load_private(path)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+        out.flush()
+        os.fsync(out.fileno())
+    public_path(path).write_bytes(public_pem(key.public_key()))
+    return key
+
+
+def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:
+    data = path.read_bytes()
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except ValueError as exc:
+        raise AuditKeyError(f"{path}: not a PEM private key ({exc})") from None
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise AuditKeyError(f"{path}: the audit key must be Ed25519")
+    return key
+
+
+def public_pem(key: ed25519.Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def raw_public(key: ed25519.Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id(key: ed25519.Ed25519PublicKey) -> str:
+    return "sha256:" + hashlib.sha256(raw_public(key)).hexdigest()[:32]
+
+
+def load_public(path: Path) -> ed25519.Ed25519PublicKey:
+    """A public key from a PEM file; a private key file is accepted too (its public half is used)."""
+    data = path.read_bytes()
+    if b"PRIVATE KEY" in data:
+        return _load_private(path).public_key()
+    key = serialization.load_pem_public_key(data)
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise AuditKeyError(f"{path}: not an Ed25519 public key")
+    return key
+
+
+def public_from_raw(text: str) -> ed25519.Ed25519PublicKey:
+    return ed25519.Ed25519PublicKey.from_public_bytes(unb64url(text))
+
+
+def signature_ok(key: ed25519.Ed25519PublicKey, signature: str, message: bytes) -> bool:
+    try:
+        key.verify(unb64url(signature), message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True

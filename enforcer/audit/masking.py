@@ -1,0 +1,102 @@
+"""Masking of secrets and PII before anything reaches the audit log. Pure: no I/O.
+
+A string leaf that is, or contains, a secret (a known secret value handed to the sandbox, a member
+named like a secret, a token-shaped value) is replaced whole; PII inside a string (emails, phone
+numbers, cards, IBANs, national ids) is replaced span by span so the rest stays readable. Every
+masked leaf is named by JSON Pointer, and the SHA-256 of the canonical unmasked value is kept so a
+disclosed original can be checked against the log without the log ever holding it.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..policy.credentials import credential_reason
+from ..policy.errors import pointer
+from ..policy.jsonvalues import iter_strings, member_name
+from ..policy.pii import MAX_SCAN, scan_text
+from .records import canonical
+
+# ADL members the draft's privacy section keeps out of logs: personal contact data and the prompt.
+ADL_PRIVATE_POINTERS = ("/provider/contact", "/system_prompt")
+SECRET_MASK = "[masked:secret]"
+# Literal secrets shorter than this are not searched for inside other strings (too many false hits).
+MIN_LITERAL_SECRET = 6
+
+
+@dataclass(frozen=True)
+class Masked:
+    value: Any
+    pointers: tuple[str, ...]
+    digest: str  # "sha256:<hex>" of the canonical unmasked value
+
+
+class Masker:
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets = sorted({s for s in secrets if len(s) >= MIN_LITERAL_SECRET}, key=len, reverse=True)
+
+    def add_secrets(self, secrets: Iterable[str]) -> None:
+        self._secrets = sorted(
+            {*self._secrets, *(s for s in secrets if len(s) >= MIN_LITERAL_SECRET)}, key=len, reverse=True
+        )
+
+    def mask(self, value: Any, always: Iterable[str] = ()) -> Masked:
+        """Mask `value`; members at the `always` pointers are masked whatever they hold."""
+        digest = "sha256:" + hashlib.sha256(canonical(value)).hexdigest()
+        forced = [p for p in (_resolve(value, ptr) for ptr in always) if p is not None]
+        replacements: dict[tuple[str | int, ...], str] = {p: SECRET_MASK for p in forced}
+        for path, text in iter_strings(value):
+            if any(path[: len(f)] == f for f in forced):
+                continue
+            masked = self._mask_text(member_name(path), text)
+            if masked is not None:
+                replacements[path] = masked
+        if not replacements:
+            return Masked(value, (), digest)
+        out = copy.deepcopy(value)
+        for path, text in replacements.items():
+            _set(out, path, text)
+        return Masked(out, tuple(sorted(pointer(*p) for p in replacements)), digest)
+
+    def _mask_text(self, member: str, text: str) -> str | None:
+        if not text:
+            return None
+        if len(text) > MAX_SCAN:
+            return f"[masked:unscanned:{len(text)} characters]"
+        if any(secret in text for secret in self._secrets) or credential_reason(member, text):
+            return SECRET_MASK
+        spans = list(scan_text(text))
+        if not spans:
+            return None
+        parts, last = [], 0
+        for kind, start, end in sorted(spans, key=lambda s: s[1]):
+            parts += [text[last:start], f"[masked:{kind}]"]
+            last = end
+        parts.append(text[last:])
+        return "".join(parts)
+
+
+def _resolve(value: Any, ptr: str) -> tuple[str | int, ...] | None:
+    """The path of an existing member named by a JSON Pointer, or None."""
+    path: list[str | int] = []
+    for raw in ptr.split("/")[1:] if ptr else []:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+            path.append(token)
+        elif isinstance(value, list) and token.isdigit() and int(token) < len(value):
+            value = value[int(token)]
+            path.append(int(token))
+        else:
+            return None
+    return tuple(path) if path else None
+
+
+def _set(target: Any, path: tuple[str | int, ...], text: str) -> None:
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = text

@@ -1,0 +1,206 @@
+"""Independent verification of an audit directory: chain, sequence, files, signatures, head.
+
+Everything is recomputed from the bytes on disk; the writer is not trusted. The first problem stops
+the walk (later records cannot be trusted once the chain is broken) and is reported with the seq
+where it was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import orjson
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from . import keys, records
+from .records import GENESIS, canonical
+from .writer import HEAD_FILE, log_files, log_name
+
+
+@dataclass
+class VerifyReport:
+    files: int = 0
+    records: int = 0
+    last_seq: int = 0
+    last_hash: str = GENESIS
+    checkpoints: int = 0
+    sealed_seq: int = 0
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    bad_seq: int | None = None
+    problem: str | None = None
+    key_source: str = ""
+    head_seq: int | None = None
+    checkpoint_hashes: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def intact(self) -> bool:
+        return self.problem is None
+
+    @property
+    def unsealed(self) -> int:
+        return self.last_seq - self.sealed_seq
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "intact": self.intact,
+            "files": self.files,
+            "records": self.records,
+            "last_seq": self.last_seq,
+            "checkpoints": self.checkpoints,
+            "sealed_through_seq": self.sealed_seq,
+            "unsealed_records": self.unsealed,
+            "head_seq": self.head_seq,
+            "gaps": self.gaps,
+            "first_bad_seq": self.bad_seq,
+            "problem": self.problem,
+            "key": self.key_source,
+        }
+
+
+_HASH_MEMBER = b',"hash":"'  # 9 bytes, then 64 hex digits and a quote
+_SPECIAL = {records.INTENT_PREFIX + k: k for k in (records.CHECKPOINT, records.GAP, records.ROTATE)}
+
+
+class _Broken(Exception):
+    def __init__(self, seq: int, problem: str) -> None:
+        super().__init__(problem)
+        self.seq, self.problem = seq, problem
+
+
+def verify_directory(directory: Path, public_key: ed25519.Ed25519PublicKey | None = None) -> VerifyReport:
+    """Verify the log; `public_key` pins the sealing key, otherwise the key recorded in the log's
+    first record is used (and the report says so: that only proves internal consistency)."""
+    report = VerifyReport(key_source="pinned" if public_key else "")
+    try:
+        _walk(directory, public_key, report)
+        _check_head(directory, report, public_key)
+    except _Broken as broken:
+        report.bad_seq, report.problem = broken.seq, broken.problem
+    return report
+
+
+def _walk(directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport) -> None:
+    files = log_files(directory)
+    if not files:
+        raise _Broken(1, f"no audit files in {directory}")
+    key = pinned
+    expected_seq, prev = 1, GENESIS
+    rotate_to: str | None = None
+    for path in files:
+        report.files += 1
+        if rotate_to is not None and path.name != rotate_to:
+            raise _Broken(expected_seq, f"{path.name} follows a rotation that named {rotate_to}")
+        if path.name != log_name(expected_seq):
+            raise _Broken(
+                expected_seq, f"{path.name} should start at seq {expected_seq} (expected {log_name(expected_seq)})"
+            )
+        rotate_to = None
+        with open(path, "rb") as f:
+            data = f.read()
+        lines = data.split(b"\n")
+        torn = lines.pop()  # b"" when the file ends with a newline
+        for line in lines:  # the hot loop: about 5 µs a record
+            if rotate_to is not None:
+                raise _Broken(expected_seq, f"record after the rotation marker in {path.name}")
+            try:
+                record = orjson.loads(line)
+                seq, record_prev, intent = record["seq"], record["prev"], record["intent"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                raise _Broken(expected_seq, f"{path.name}: line {report.records + 1} is not an audit record") from None
+            if seq != expected_seq:
+                raise _Broken(
+                    expected_seq, f"expected seq {expected_seq}, found {seq!r} (line missing, moved or inserted)"
+                )
+            if record_prev != prev:
+                raise _Broken(
+                    seq, "prev does not match the hash of the record before it (records reordered or removed)"
+                )
+            at = line.find(_HASH_MEMBER)
+            digest = line[at + 9 : at + 73]
+            if at < 0 or sha256(line[:at] + line[at + 74 :]).hexdigest().encode() != digest:
+                problem = records.check_line_hash(line)
+                raise _Broken(seq, f"record content changed after it was written: {problem}")
+            if seq == 1:
+                recorded = _key_from_genesis(record)
+                if key is None:
+                    key = recorded
+                    report.key_source = "from the log itself (pass --public-key to pin the sealing key)"
+            elif intent in _SPECIAL:
+                kind = _SPECIAL[intent]
+                if kind == records.CHECKPOINT:
+                    _check_checkpoint(record, key, report)
+                elif kind == records.GAP:
+                    report.gaps.append({"seq": seq, "ts": record.get("ts"), **record.get("payload", {})})
+                else:
+                    rotate_to = record.get("payload", {}).get("next_file")
+            prev = digest.decode()
+            expected_seq += 1
+            report.records += 1
+        if torn:
+            raise _Broken(expected_seq, f"{path.name} ends in a torn or truncated line ({len(torn)} bytes)")
+        if rotate_to is None and path != files[-1]:
+            raise _Broken(expected_seq, f"{path.name} ends without a rotation marker but more files follow")
+    if rotate_to is not None and not (directory / rotate_to).exists():
+        raise _Broken(expected_seq, f"the last rotation names {rotate_to}, which is missing")
+    report.last_seq, report.last_hash = expected_seq - 1, prev
+
+
+def _key_from_genesis(record: dict[str, Any]) -> ed25519.Ed25519PublicKey:
+    if records.kind_of(record) != records.LOG_OPEN:
+        raise _Broken(1, "the first record is not the log.open record (log start removed?)")
+    raw = record.get("payload", {}).get("public_key")
+    try:
+        key = keys.public_from_raw(raw)
+    except (TypeError, ValueError):
+        raise _Broken(1, "log.open carries no usable public key") from None
+    return key
+
+
+def _check_checkpoint(record: dict[str, Any], key: ed25519.Ed25519PublicKey | None, report: VerifyReport) -> None:
+    sig = record.get("sig")
+    if key is None or not isinstance(sig, dict) or not isinstance(sig.get("value"), str):
+        raise _Broken(record["seq"], "checkpoint without a signature")
+    body = {k: v for k, v in record.items() if k != "hash"}
+    body["sig"] = None
+    if not keys.signature_ok(key, sig["value"], canonical(body)):
+        raise _Broken(record["seq"], "checkpoint signature does not verify with the sealing key")
+    report.checkpoints += 1
+    report.sealed_seq = record["seq"]
+    report.checkpoint_hashes[record["seq"]] = record["hash"]
+
+
+def _check_head(directory: Path, report: VerifyReport, pinned: ed25519.Ed25519PublicKey | None) -> None:
+    """HEAD.json names the newest checkpoint; a log that ends before it was cut off."""
+    path = directory / HEAD_FILE
+    if not path.exists():
+        return
+    try:
+        head = orjson.loads(path.read_bytes())
+        seq, digest, sig = head["seq"], head["hash"], head["sig"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise _Broken(report.last_seq + 1, f"{HEAD_FILE} is unreadable") from None
+    key = pinned or _genesis_key(directory)
+    unsigned = {k: v for k, v in head.items() if k != "sig"}
+    if key is None or not keys.signature_ok(key, sig, canonical(unsigned)):
+        raise _Broken(report.last_seq + 1, f"{HEAD_FILE} signature does not verify")
+    report.head_seq = seq
+    if seq > report.last_seq:
+        raise _Broken(
+            report.last_seq + 1,
+            f"log ends at seq {report.last_seq} but the signed head says seq {seq} was written (log truncated)",
+        )
+    if report.checkpoint_hashes.get(seq) != digest:
+        raise _Broken(seq, f"seq {seq} is not the checkpoint the signed head names")
+
+
+def _genesis_key(directory: Path) -> ed25519.Ed25519PublicKey | None:
+    files = log_files(directory)
+    with open(files[0], "rb") as f:
+        record = records.parse_line(f.readline())
+    try:
+        return keys.public_from_raw(record["payload"]["public_key"])
+    except (KeyError, TypeError, ValueError):
+        return None

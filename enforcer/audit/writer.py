@@ -1,0 +1,521 @@
+"""The chained audit log writer.
+
+Several processes may write one directory (adl-exec sessions and the daemon): every append takes an
+exclusive flock on `audit.lock`, notices when another writer has appended or rotated since (file size
+changed) and re-reads the tail, so the chain stays single and gap-free. An append returns after the
+line is in the kernel (a SIGKILL of the writer cannot lose it); durability against power loss comes
+from group commit (fdatasync every `group_records` records or `group_ms` milliseconds) or `sync=True`.
+
+Directory layout:
+  audit-<first seq, 16 digits>.jsonl   the log, rotated by size and age; the chain runs across files
+  HEAD.json                            signed (seq, hash) of the newest checkpoint: catches truncation
+  writers/<id>                         one per live writer, flock-held; a lockable one is a dead writer
+  torn/                                bytes of a torn last line moved aside after a crash
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import orjson
+
+from . import keys, records
+from .records import GENESIS, canonical, format_ts, parse_line
+
+LOG_GLOB = "audit-*.jsonl"
+HEAD_FILE = "HEAD.json"
+
+
+class AuditUnavailable(Exception):
+    """A record could not be written. The caller must treat the action it was recording as denied."""
+
+
+class Receipt(NamedTuple):
+    seq: int
+    hash: str
+    id: str
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    group_records: int = 256
+    group_ms: float = 5.0
+    checkpoint_records: int = 1000
+    checkpoint_seconds: float = 60.0
+    rotate_bytes: int = 64 * 1024 * 1024
+    rotate_seconds: float = 24 * 3600.0
+    background_flush: bool = False  # a thread that honours group_ms while the log is idle
+
+
+def log_name(first_seq: int) -> str:
+    return f"audit-{first_seq:016d}.jsonl"
+
+
+def log_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(LOG_GLOB))
+
+
+def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
+    """(last complete line, offset where the complete lines end, torn bytes after them)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return None, 0, b""
+        chunk, pos, data = 65536, size, b""
+        while pos > 0:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+            cut = data.rfind(b"\n", 0, len(data) - 1 if data.endswith(b"\n") else len(data))
+            if cut >= 0 or pos == 0:
+                break
+        end = data.rfind(b"\n") + 1  # end of the last complete line within `data`
+        torn = data[end:]
+        complete = data[:end]
+        start = complete.rfind(b"\n", 0, len(complete) - 1) + 1
+        last = complete[start:-1] if complete else None
+        return last, pos + end, torn
+
+
+class AuditWriter:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        key_path: str | os.PathLike[str],
+        *,
+        source: str = "adl-enforcer",
+        settings: WriterSettings | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.directory = Path(directory)
+        self.settings = settings or WriterSettings()
+        self.source = source
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._failed: Exception | None = None
+        self._fd = -1
+        self._size = 0
+        self._file = Path()
+        self._file_started_ns = 0
+        self._seq = 0
+        self._hash = GENESIS
+        self._log_id = ""
+        self._written_seq = 0
+        self._durable_seq = 0
+        self._unsynced = 0
+        self._last_sync_ns = clock()
+        self._since_checkpoint = 0
+        self._last_checkpoint_ns = clock()
+        self.writer_id = secrets.token_hex(8)
+        self._default_corr = f"writer-{self.writer_id}"
+        self._now = clock()
+        self._leased = False
+        self._stop_flusher = threading.Event()
+        self._flush_wanted = threading.Event()
+        self._flusher: threading.Thread | None = None
+        try:
+            self._key = keys.load_or_create(Path(key_path))
+            self._key_id = keys.key_id(self._key.public_key())
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+            (self.directory / "writers").mkdir(exist_ok=True, mode=0o750)
+            self._lock_fd = os.open(self.directory / "audit.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            self._registry_fd = -1
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                self._open_latest()
+                self._reap_dead_writers()
+                self._register()
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        except (OSError, keys.AuditKeyError, records.RecordError) as exc:
+            raise AuditUnavailable(f"cannot open the audit log in {self.directory}: {exc}") from exc
+        if self.settings.background_flush:
+            self._flusher = threading.Thread(target=self._flush_loop, name="audit-flush", daemon=True)
+            self._flusher.start()
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def log_id(self) -> str:
+        return self._log_id
+
+    @property
+    def failed(self) -> Exception | None:
+        return self._failed
+
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        corr: str | None = None,
+        trace: dict[str, str] | None = None,
+        priority: str = "normal",
+        sync: bool = False,
+    ) -> Receipt:
+        with self._lock:
+            self._check_usable()
+            try:
+                self._take_lock()
+                receipt = self._write(kind, payload, corr=corr, trace=trace, priority=priority)
+                self._maybe_checkpoint_and_rotate()
+                if not sync:
+                    self._maybe_group_commit()
+            except (OSError, records.RecordError, ValueError, TypeError) as exc:
+                self._failed = exc
+                self._release_lease()
+                raise AuditUnavailable(f"audit record not written: {exc}") from exc
+            if self._flusher is None or self._failed is not None:
+                self._release_lease()
+        if sync:
+            self.sync(receipt.seq)
+        return receipt
+
+    def sync(self, upto_seq: int | None = None) -> None:
+        """Return once every record this writer wrote (up to `upto_seq`) is on stable storage."""
+        with self._sync_lock:
+            if upto_seq is not None and self._durable_seq >= upto_seq:
+                return
+            with self._lock:
+                self._check_usable()
+                fd, target = os.dup(self._fd), self._written_seq
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self._failed = exc
+                raise AuditUnavailable(f"audit log not durable: {exc}") from exc
+            finally:
+                os.close(fd)
+            self._durable_seq = max(self._durable_seq, target)
+            self._unsynced = 0
+            self._last_sync_ns = self._clock()
+
+    def checkpoint(self) -> Receipt:
+        with self._lock:
+            self._check_usable()
+            try:
+                self._take_lock()
+                return self._write_checkpoint()
+            except (OSError, records.RecordError) as exc:
+                self._failed = exc
+                raise AuditUnavailable(f"checkpoint not written: {exc}") from exc
+            finally:
+                self._release_lease()
+
+    def close(self) -> None:
+        """Seal with a checkpoint and a writer.close record; the log is then cleanly stopped."""
+        self._stop_flusher.set()
+        self._flush_wanted.set()
+        if self._flusher:
+            self._flusher.join(timeout=5)
+        with self._lock:
+            if self._fd < 0:
+                return
+            try:
+                if self._failed is None:
+                    self._take_lock()
+                    self._write(records.WRITER_CLOSE, {"writer": self.writer_id, "pid": os.getpid()})
+                    self._write_checkpoint()
+            finally:
+                self._release_lease()
+                os.close(self._fd)
+                self._fd = -1
+                if self._registry_fd >= 0:
+                    (self.directory / "writers" / self.writer_id).unlink(missing_ok=True)
+                    os.close(self._registry_fd)
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> AuditWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _release_lease(self) -> None:
+        """Let other writers in. With a flusher thread the lock is kept across a burst of appends
+        and released at each group commit (so another writer waits at most about group_ms), which
+        saves two syscalls per record; without one it is released after every append."""
+        if self._leased:
+            self._leased = False
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise AuditUnavailable(f"audit log failed earlier and is closed to writes: {self._failed}")
+        if self._fd < 0:
+            raise AuditUnavailable("audit log is closed")
+
+    def _take_lock(self) -> None:
+        if not self._leased:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self._leased = True
+            if os.fstat(self._fd).st_size != self._size:
+                self._load_tail()  # another writer appended or rotated since we last held it
+
+    def _open_latest(self) -> None:
+        files = log_files(self.directory)
+        if not files:
+            self._log_id = secrets.token_hex(8)
+            self._switch_to(self.directory / log_name(1), create=True)
+            self._write(
+                records.LOG_OPEN,
+                {
+                    "log_id": self._log_id,
+                    "key_id": self._key_id,
+                    "public_key": keys.b64url(keys.raw_public(self._key.public_key())),
+                },
+            )
+            self.sync()
+            return
+        self._log_id = _first_record(files[0]).get("payload", {}).get("log_id", "")
+        self._switch_to(files[-1], create=False)
+        self._load_tail()
+
+    def _switch_to(self, path: Path, *, create: bool) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o640)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._file = fd, path
+        self._size = os.fstat(fd).st_size
+        if create:
+            self._file_started_ns = self._clock()
+        else:
+            first = _first_record(path)
+            self._file_started_ns = records.parse_ts(first["ts"]) if "ts" in first else self._clock()
+
+    def _load_tail(self) -> None:
+        """Take seq and hash from the last record; repair a torn line; follow a rotation marker."""
+        while True:
+            last, end, torn = read_tail(self._file)
+            gap = self._set_torn_aside(end, torn) if torn else None
+            record = parse_line(last) if last is not None else self._previous_file_tail()
+            problem = records.check_hash(record)
+            if problem:
+                raise records.RecordError(f"last record before {self._file.name}'s end does not verify ({problem})")
+            self._seq, self._hash = record["seq"], record["hash"]
+            self._written_seq = self._seq
+            self._size = os.fstat(self._fd).st_size
+            if gap:
+                self._write(records.GAP, gap, priority="high")
+            if records.kind_of(record) != records.ROTATE or last is None:
+                return
+            self._switch_to(self.directory / record["payload"]["next_file"], create=False)
+
+    def _previous_file_tail(self) -> dict[str, Any]:
+        """The last record before an empty current file (a rotation interrupted by a crash)."""
+        files = log_files(self.directory)
+        index = files.index(self._file) if self._file in files else 0
+        if index == 0:
+            raise records.RecordError(f"{self._file.name} holds no complete record")
+        last, _, _ = read_tail(files[index - 1])
+        if last is None:
+            raise records.RecordError(f"{files[index - 1].name} holds no complete record")
+        return parse_line(last)
+
+    def _set_torn_aside(self, end: int, torn: bytes) -> dict[str, Any]:
+        """Move the bytes of a torn last line to torn/ and cut the log back to its last whole line."""
+        aside_dir = self.directory / "torn"
+        aside_dir.mkdir(exist_ok=True, mode=0o750)
+        aside = aside_dir / f"{self._file.name}.{end}"
+        with open(aside, "wb") as out:
+            out.write(torn)
+            out.flush()
+            os.fsync(out.fileno())
+        os.truncate(self._file, end)
+        os.fsync(self._fd)
+        return {
+            "reason": "torn_write",
+            "file": self._file.name,
+            "offset": end,
+            "bytes": len(torn),
+            "fragment_sha256": hashlib.sha256(torn).hexdigest(),
+            "saved_as": f"torn/{aside.name}",
+        }
+
+    def _write(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        corr: str | None = None,
+        trace: dict[str, str] | None = None,
+        priority: str = "normal",
+        sig_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> Receipt:
+        seq = self._seq + 1
+        now = self._clock()
+        record = records.envelope(
+            log_id=self._log_id,
+            seq=seq,
+            prev=self._hash,
+            ts_ns=now,
+            kind=kind,
+            source=self.source,
+            corr=corr or self._default_corr,
+            payload=payload,
+            trace=trace,
+            priority=priority,
+        )
+        if sig_fn is not None:
+            record["sig"] = sig_fn(record)
+        body = canonical(record)
+        digest = hashlib.sha256(body).hexdigest()
+        line = records.with_hash(body, digest)
+        written = os.write(self._fd, line)
+        while written < len(line):  # short writes are rare (signals, quotas) but must not tear a line
+            written += os.write(self._fd, line[written:])
+        self._size += len(line)
+        self._seq, self._hash = seq, digest
+        self._written_seq = seq
+        self._unsynced += 1
+        self._since_checkpoint += 1
+        self._now = now
+        return Receipt(seq, digest, record["id"])
+
+    def _maybe_group_commit(self) -> None:
+        due = self._unsynced >= self.settings.group_records or (
+            self._now - self._last_sync_ns >= self.settings.group_ms * 1e6
+        )
+        if due and self._flusher is not None:
+            self._flush_wanted.set()  # the flusher syncs while appends go on
+        elif due:
+            os.fdatasync(self._fd)
+            self._durable_seq = self._written_seq
+            self._unsynced = 0
+            self._last_sync_ns = self._clock()
+
+    def _maybe_checkpoint_and_rotate(self) -> None:
+        now, settings = self._now, self.settings
+        if self._since_checkpoint >= settings.checkpoint_records or (
+            now - self._last_checkpoint_ns >= settings.checkpoint_seconds * 1e9
+        ):
+            self._write_checkpoint()
+        if self._size >= settings.rotate_bytes or now - self._file_started_ns >= settings.rotate_seconds * 1e9:
+            self._rotate()
+
+    def _write_checkpoint(self) -> Receipt:
+        """A checkpoint record whose signature covers its own content, `prev` included, and so the
+        whole chain before it; then HEAD.json, which lets verify notice a cut-off log."""
+        sealed = self._seq
+
+        def sign(record: dict[str, Any]) -> dict[str, Any]:
+            return {"alg": "Ed25519", "key_id": self._key_id, "value": keys.b64url(self._key.sign(canonical(record)))}
+
+        receipt = self._write(records.CHECKPOINT, {"sealed_seq": sealed, "key_id": self._key_id}, sig_fn=sign)
+        os.fdatasync(self._fd)
+        self._durable_seq, self._unsynced = self._written_seq, 0
+        self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
+        self._write_head(receipt)
+        return receipt
+
+    def _write_head(self, receipt: Receipt) -> None:
+        head_path = self.directory / HEAD_FILE
+        try:
+            current = orjson.loads(head_path.read_bytes())
+            if isinstance(current, dict) and current.get("seq", 0) >= receipt.seq:
+                return
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            pass
+        head: dict[str, Any] = {
+            "log_id": self._log_id,
+            "seq": receipt.seq,
+            "hash": receipt.hash,
+            "ts": format_ts(self._clock()),
+            "key_id": self._key_id,
+        }
+        head["sig"] = keys.b64url(self._key.sign(canonical(head)))
+        tmp = head_path.with_suffix(f".tmp.{self.writer_id}")
+        with open(tmp, "wb") as out:
+            out.write(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, head_path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _rotate(self) -> None:
+        """Seal the current file, point it at the next one, and continue the chain there."""
+        self._write_checkpoint()
+        next_file = log_name(self._seq + 2)  # the rotate record takes seq + 1
+        self._write(records.ROTATE, {"next_file": next_file})
+        os.fdatasync(self._fd)
+        self._durable_seq, self._unsynced = self._written_seq, 0
+        self._switch_to(self.directory / next_file, create=True)
+
+    def _register(self) -> None:
+        entry = self.directory / "writers" / self.writer_id
+        fd = os.open(entry, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        started = format_ts(self._clock())
+        os.write(fd, orjson.dumps({"writer": self.writer_id, "pid": os.getpid(), "started": started}))
+        self._registry_fd = fd
+        self._write(
+            records.WRITER_OPEN,
+            {"writer": self.writer_id, "pid": os.getpid(), "uid": os.getuid(), "key_id": self._key_id},
+        )
+
+    def _reap_dead_writers(self) -> None:
+        """A registry entry nobody holds belongs to a writer that stopped without closing: say so."""
+        for entry in sorted((self.directory / "writers").iterdir()):
+            fd = os.open(entry, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                info = orjson.loads(os.read(fd, 4096) or b"{}")
+            except orjson.JSONDecodeError:
+                info = {}
+            self._write(
+                records.GAP,
+                {
+                    "reason": "writer_stopped_uncleanly",
+                    "writer": info.get("writer", entry.name),
+                    "pid": info.get("pid"),
+                    "started": info.get("started"),
+                    "last_seq_before_detection": self._seq,
+                },
+                priority="high",
+            )
+            entry.unlink()
+            os.close(fd)
+        os.fdatasync(self._fd)
+
+    def _flush_loop(self) -> None:
+        interval = max(self.settings.group_ms / 1000.0, 0.001)
+        while not self._stop_flusher.is_set():
+            self._flush_wanted.wait(interval)
+            self._flush_wanted.clear()
+            if self._failed is not None or self._fd < 0:
+                return
+            if self._unsynced:
+                try:
+                    self.sync()
+                except AuditUnavailable:
+                    return
+            with self._lock:  # after each group commit or quiet interval, let other writers in
+                self._release_lease()
+
+
+def _first_record(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        line = f.readline()
+    return parse_line(line) if line.endswith(b"\n") else {}

@@ -1,0 +1,151 @@
+"""The audit log under crashes, a full disk, concurrent writer processes and `adl-audit follow`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
+from enforcer.audit.query import iter_records
+from enforcer.audit.verify import verify_directory
+
+WRITER_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from enforcer.audit import AuditWriter, WriterSettings
+    directory, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    writer = AuditWriter(directory, key, settings=WriterSettings(background_flush=True, checkpoint_records=500))
+    for i in range(count):
+        receipt = writer.append("decision", {"decision": "deny", "n": i, "pad": "x" * 200})
+        os.write(1, b"%d\\n" % receipt.seq)  # acknowledged: append returned
+    writer.close()
+    """
+)
+
+
+def spawn_writer(directory: Path, key: Path, count: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER_SCRIPT, str(directory), str(key), str(count)],
+        stdout=subprocess.PIPE,
+    )
+
+
+def test_sigkill_during_heavy_writing_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    child = spawn_writer(directory, key, 10_000_000)
+    acked: list[int] = []
+    buffer = b""
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        while len(acked) < 5000 and time.monotonic() < deadline:
+            buffer += os.read(child.stdout.fileno(), 65536)
+            *done, buffer = buffer.split(b"\n")
+            acked += [int(x) for x in done]
+        os.kill(child.pid, signal.SIGKILL)
+        rest = child.stdout.read()
+        acked += [int(x) for x in (buffer + rest).split(b"\n") if x]
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert len(acked) >= 5000
+    with AuditWriter(directory, key):
+        pass  # the next start notices the dead writer (and repairs a torn line if there is one)
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    assert any(g["reason"] == "writer_stopped_uncleanly" for g in report.gaps)
+    present = {r["seq"] for r in iter_records(directory) if records.kind_of(r) == records.DECISION}
+    assert set(acked) <= present
+
+
+def test_concurrent_writer_processes_share_one_chain(tmp_path: Path) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    AuditWriter(directory, key).close()  # create the log and key first
+    children = [spawn_writer(directory, key, 1500) for _ in range(3)]
+    try:
+        outputs = [c.communicate(timeout=120)[0] for c in children]
+    finally:
+        for c in children:
+            c.kill()
+    acked = [int(x) for out in outputs for x in out.split()]
+    assert len(acked) == 4500 and len(set(acked)) == 4500
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    assert not report.gaps
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_disk_fails_closed_and_recovers(tmp_path: Path, tiny_fs: Path) -> None:
+    directory, key = tiny_fs / "audit", tmp_path / "k.pem"
+    writer = AuditWriter(directory, key, settings=WriterSettings(checkpoint_records=10**9))
+    written = 0
+    with pytest.raises(AuditUnavailable):
+        for i in range(100_000):
+            writer.append(records.DECISION, {"n": i, "pad": "y" * 300})
+            written += 1
+    assert written > 10
+    with pytest.raises(AuditUnavailable, match="failed earlier"):
+        writer.append(records.DECISION, {"n": -1})
+    # the operator grows the filesystem and starts again: nothing acknowledged is lost
+    subprocess.run(["mount", "-o", "remount,size=256k", str(tiny_fs)], check=True)
+    with AuditWriter(directory, key) as again:
+        again.append(records.DECISION, {"n": "after"})
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    ns = [r["payload"].get("n") for r in iter_records(directory) if records.kind_of(r) == records.DECISION]
+    assert ns[:written] == list(range(written)) and ns[-1] == "after"
+
+
+def test_follow_prints_new_matching_records(tmp_path: Path) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    writer = AuditWriter(directory, key, settings=WriterSettings(rotate_bytes=3000))
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.audit",
+            "--dir",
+            str(directory),
+            "follow",
+            "--decision",
+            "deny",
+            "--json",
+            "--interval",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        time.sleep(1.0)  # let it start at the current end
+        for i in range(30):  # crosses several rotations
+            writer.append(records.DECISION, {"decision": "deny" if i % 2 else "allow", "n": i}, sync=True)
+        writer.close()
+        assert follower.stdout is not None
+        seen: list[int] = []
+        deadline = time.monotonic() + 20
+        while len(seen) < 15 and time.monotonic() < deadline:
+            line = follower.stdout.readline()
+            if line:
+                seen.append(orjson.loads(line)["payload"]["n"])
+        assert seen == list(range(1, 30, 2))
+    finally:
+        follower.kill()
+        follower.wait(timeout=10)

@@ -1,0 +1,255 @@
+"""The chained audit writer and `adl-audit verify`: every tampering is caught and named."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
+from enforcer.audit.verify import verify_directory
+from enforcer.audit.writer import log_files
+from enforcer.cli.audit import main as audit_main
+
+
+def make_log(tmp_path: Path, count: int = 30, **settings: object) -> tuple[Path, Path]:
+    directory, key = tmp_path / "audit", tmp_path / "key" / "audit.pem"
+    with AuditWriter(directory, key, settings=WriterSettings(**settings)) as writer:  # type: ignore[arg-type]
+        for i in range(count):
+            writer.append(records.DECISION, {"agent": "urn:a", "decision": "deny" if i % 3 else "allow", "n": i})
+    return directory, key
+
+
+def lines_of(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def verify_cli(directory: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    code = audit_main(["--dir", str(directory), "verify", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_chain_is_gap_free_and_sealed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory, key = make_log(tmp_path)
+    seqs = [orjson.loads(line)["seq"] for line in lines_of(log_files(directory)[0])]
+    assert seqs == list(range(1, len(seqs) + 1))
+    first = orjson.loads(lines_of(log_files(directory)[0])[0])
+    assert set(first) >= {"v", "id", "ts", "type", "from", "to", "intent", "corr", "reply_to", "trace", "priority"}
+    assert first["type"] == "event" and records.kind_of(first) == records.LOG_OPEN
+    assert len(first["ts"].split(".")[1]) == 10  # nine digits and Z
+    code, out = verify_cli(directory, capsys, "--public-key", str(key))
+    assert code == 0, out
+    assert "intact" in out and "unsealed" not in out
+    # the key is also accepted as the .pub.pem written beside it
+    assert verify_cli(directory, capsys, "--public-key", str(key.with_name("audit.pub.pem")))[0] == 0
+
+
+def test_reopen_continues_the_chain(tmp_path: Path) -> None:
+    directory, key = make_log(tmp_path, 5)
+    with AuditWriter(directory, key) as writer:
+        receipt = writer.append(records.DECISION, {"decision": "allow"})
+    assert receipt.seq > 5
+    report = verify_directory(directory)
+    assert report.intact and not report.gaps and report.last_seq > receipt.seq
+
+
+def _edit_field(directory: Path) -> int:
+    path = log_files(directory)[0]
+    lines = lines_of(path)
+    lines[10] = lines[10].replace(b'"decision":"deny"', b'"decision":"allow"')
+    path.write_bytes(b"".join(lines))
+    return orjson.loads(lines[10])["seq"]
+
+
+def _delete_line(directory: Path) -> int:
+    path = log_files(directory)[0]
+    lines = lines_of(path)
+    del lines[7]
+    path.write_bytes(b"".join(lines))
+    return 8
+
+
+def _reorder(directory: Path) -> int:
+    path = log_files(directory)[0]
+    lines = lines_of(path)
+    lines[12], lines[13] = lines[13], lines[12]
+    path.write_bytes(b"".join(lines))
+    return 13
+
+
+def _truncate_mid_line(directory: Path) -> int:
+    path = log_files(directory)[0]
+    lines = lines_of(path)
+    path.write_bytes(b"".join(lines[:20]) + lines[20][:40])
+    return 21
+
+
+def _truncate_whole_lines(directory: Path) -> int:
+    path = log_files(directory)[0]
+    path.write_bytes(b"".join(lines_of(path)[:20]))
+    return 21
+
+
+def _edit_checkpoint_signature(directory: Path) -> int:
+    path = log_files(directory)[-1]
+    lines = lines_of(path)
+    index = next(i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line)
+    record = orjson.loads(lines[index])
+    record["sig"]["value"] = record["sig"]["value"][::-1]
+    del record["hash"]
+    body = records.canonical(record)  # re-hash so only the signature can catch it
+    lines[index] = records.with_hash(body, records.record_hash(record))
+    path.write_bytes(b"".join(lines))
+    return record["seq"]
+
+
+def _rehash_edited_record(directory: Path) -> int:
+    """An attacker who edits a record and recomputes its hash still breaks the next record's prev."""
+    path = log_files(directory)[0]
+    lines = lines_of(path)
+    record = orjson.loads(lines[5])
+    record["payload"]["decision"] = "rewritten"
+    del record["hash"]
+    lines[5] = records.with_hash(records.canonical(record), records.record_hash(record))
+    path.write_bytes(b"".join(lines))
+    return record["seq"] + 1
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _edit_field,
+        _delete_line,
+        _reorder,
+        _truncate_mid_line,
+        _truncate_whole_lines,
+        _edit_checkpoint_signature,
+        _rehash_edited_record,
+    ],
+)
+def test_every_mutation_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate) -> None:  # type: ignore[no-untyped-def]
+    directory, _ = make_log(tmp_path, 40, checkpoint_records=15)
+    assert verify_cli(directory, capsys)[0] == 0
+    bad_seq = mutate(directory)
+    code, out = verify_cli(directory, capsys)
+    assert code == 2, out
+    assert f"TAMPERED at seq {bad_seq}:" in out
+
+
+def rotated_log(tmp_path: Path) -> Path:
+    directory, _ = make_log(tmp_path, 200, rotate_bytes=8000, checkpoint_records=50)
+    assert len(log_files(directory)) >= 4
+    return directory
+
+
+def test_rotation_carries_the_chain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = rotated_log(tmp_path)
+    files = log_files(directory)
+    for before, after in itertools.pairwise(files):
+        last = orjson.loads(lines_of(before)[-1])
+        first = orjson.loads(lines_of(after)[0])
+        assert records.kind_of(last) == records.ROTATE and last["payload"]["next_file"] == after.name
+        assert first["prev"] == last["hash"] and first["seq"] == last["seq"] + 1
+    assert verify_cli(directory, capsys)[0] == 0
+
+
+def test_swapping_files_in_a_rotation_set_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = rotated_log(tmp_path)
+    files = log_files(directory)
+    a, b = files[1], files[2]
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    first_seq = int(a.stem.split("-")[1])
+    code, out = verify_cli(directory, capsys)
+    assert code == 2 and f"TAMPERED at seq {first_seq}:" in out
+
+
+def test_removing_a_rotated_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = rotated_log(tmp_path)
+    victim = log_files(directory)[1]
+    victim.unlink()
+    code, out = verify_cli(directory, capsys)
+    assert code == 2 and f"TAMPERED at seq {int(victim.stem.split('-')[1])}:" in out
+
+
+def test_unsealed_records_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    writer = AuditWriter(directory, key, settings=WriterSettings(checkpoint_records=10_000))
+    for _ in range(5):
+        writer.append(records.DECISION, {"decision": "deny"}, sync=True)
+    code, out = verify_cli(directory, capsys)
+    assert code == 0 and "unsealed: 7 record(s)" in out  # log.open, writer.open and five decisions
+    writer.close()
+
+
+def test_wrong_pinned_key_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory, _ = make_log(tmp_path)
+    other = tmp_path / "other.pem"
+    AuditWriter(tmp_path / "elsewhere", other).close()
+    code, out = verify_cli(directory, capsys, "--public-key", str(other))
+    assert code == 2 and "signature does not verify" in out
+
+
+def test_torn_line_is_set_aside_with_a_gap_record(tmp_path: Path) -> None:
+    directory, key = make_log(tmp_path, 10)
+    path = log_files(directory)[-1]
+    fragment = b'{"corr":"writer-x","from":"adl-enforcer","hash":"ab'
+    with open(path, "ab") as f:
+        f.write(fragment)
+    assert not verify_directory(directory).intact
+    before = len(lines_of(path))
+    with AuditWriter(directory, key) as writer:
+        writer.append(records.DECISION, {"decision": "allow"})
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    torn = [g for g in report.gaps if g["reason"] == "torn_write"]
+    assert len(torn) == 1 and torn[0]["bytes"] == len(fragment)
+    assert (directory / torn[0]["saved_as"]).read_bytes() == fragment
+    assert len(lines_of(path)) > before  # every earlier line kept
+
+
+def test_a_writer_that_never_closed_leaves_a_gap_record(tmp_path: Path) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    abandoned = AuditWriter(directory, key)
+    abandoned.append(records.DECISION, {"decision": "deny"})
+    # simulate its death: drop its registry lock without the clean close
+    os.close(abandoned._registry_fd)
+    with AuditWriter(directory, key):
+        pass
+    report = verify_directory(directory)
+    assert report.intact
+    assert [g["writer"] for g in report.gaps if g["reason"] == "writer_stopped_uncleanly"] == [abandoned.writer_id]
+
+
+def test_failure_is_sticky_and_closed(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "audit", tmp_path / "k.pem")
+    writer.append(records.DECISION, {"decision": "allow"})
+    os.close(writer._fd)  # the log file vanishes from under the writer
+    with pytest.raises(AuditUnavailable):
+        writer.append(records.DECISION, {"decision": "allow"})
+    writer._fd = os.open(os.devnull, os.O_WRONLY)
+    with pytest.raises(AuditUnavailable, match="failed earlier"):
+        writer.append(records.DECISION, {"decision": "allow"})
+    with pytest.raises(AuditUnavailable):
+        writer.append(records.DECISION, {"not json": object()})  # type: ignore[dict-item]
+
+
+def test_unserialisable_payload_is_refused(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "audit", tmp_path / "k.pem")
+    with pytest.raises(AuditUnavailable):
+        writer.append(records.DECISION, {"value": object()})  # type: ignore[dict-item]
+
+
+def test_a_corrupted_tail_refuses_to_open(tmp_path: Path) -> None:
+    directory, key = make_log(tmp_path, 5)
+    path = log_files(directory)[-1]
+    lines = lines_of(path)
+    lines[-1] = lines[-1].replace(b'"sealed_seq":', b'"sealed_seq":9')
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(AuditUnavailable, match="does not verify"):
+        AuditWriter(directory, key)
