@@ -151,6 +151,11 @@ class AuditWriter:
         return self._log_id
 
     @property
+    def signing_key(self) -> Any:
+        """The sealing key, for signed records built outside the writer (session evidence)."""
+        return self._key
+
+    @property
     def failed(self) -> Exception | None:
         return self._failed
 

@@ -1,0 +1,230 @@
+"""One cgroup per session: memory, CPU quota and pids limits, membership, kill, outcome counters.
+
+cgroup v2 (the norm) and v1 (these machines: memory/cpu/pids on v1, cgroup2 mounted at
+/sys/fs/cgroup/unified with only kill/freeze/events) sit behind one interface, chosen at run time.
+Sessions are created below the enforcer's own cgroup in each hierarchy, so limits imposed on the
+enforcer still bind its agents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CPU_PERIOD_US = 100_000
+GROUP = "adl-enforcer"
+
+
+class CgroupError(OSError):
+    pass
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_bytes: int | None = None
+    cpu_percent: float | None = None  # of one CPU, may exceed 100
+    pids_max: int | None = None
+
+
+@dataclass(frozen=True)
+class Counters:
+    oom_kills: int
+    pids_max_hits: int
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _own_paths(proc_cgroup: str) -> dict[str, str]:
+    """Controller (or '' for v2) -> this process's cgroup path, from /proc/self/cgroup."""
+    own: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for name in controllers.split(",") if controllers else [""]:
+            own[name] = path
+    return own
+
+
+class Cgroup:
+    """A session's cgroup. `directories` are where its member processes are written."""
+
+    version: int
+
+    def __init__(self, directories: list[Path]) -> None:
+        self.directories = directories
+
+    def apply(self, limits: Limits) -> None:
+        raise NotImplementedError
+
+    def counters(self) -> Counters:
+        raise NotImplementedError
+
+    def members(self) -> list[int]:
+        pids: set[int] = set()
+        for d in self.directories:
+            try:
+                pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+            except FileNotFoundError:
+                continue
+        return sorted(pids)
+
+    def join_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.directories]
+
+    def kill_all(self) -> None:
+        """SIGKILL every member, double-forked ones included."""
+        raise NotImplementedError
+
+    def remove(self, timeout: float = 5.0) -> None:
+        """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
+        deadline = time.monotonic() + timeout
+        while self.members():
+            self.kill_all()
+            if time.monotonic() > deadline:
+                raise CgroupError(errno.EBUSY, f"processes still in {self.directories[0]}: {self.members()}")
+            time.sleep(0.01)
+        for d in reversed(self.directories):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        raise
+                    time.sleep(0.01)
+
+
+class CgroupV2(Cgroup):
+    version = 2
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__([directory])
+        self.path = directory
+
+    def apply(self, limits: Limits) -> None:
+        if limits.memory_bytes is not None:
+            _write(self.path / "memory.max", str(limits.memory_bytes))
+            _write(self.path / "memory.swap.max", "0")
+        if limits.cpu_percent is not None:
+            quota = max(int(CPU_PERIOD_US * limits.cpu_percent / 100), 1000)
+            _write(self.path / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+        if limits.pids_max is not None:
+            _write(self.path / "pids.max", str(limits.pids_max))
+
+    def counters(self) -> Counters:
+        return Counters(
+            _read_keyed(self.path / "memory.events").get("oom_kill", 0),
+            _read_keyed(self.path / "pids.events").get("max", 0),
+        )
+
+    def kill_all(self) -> None:
+        try:
+            _write(self.path / "cgroup.kill", "1")
+        except FileNotFoundError:  # kernels before 5.14
+            for pid in self.members():
+                _kill(pid)
+
+
+class CgroupV1(Cgroup):
+    """memory, cpu and pids hierarchies, plus the cgroup2 `unified` mount for kill when present."""
+
+    version = 1
+
+    def __init__(self, memory: Path, cpu: Path, pids: Path, unified: Path | None) -> None:
+        super().__init__([d for d in (memory, cpu, pids, unified) if d is not None])
+        self.memory, self.cpu, self.pids, self.unified = memory, cpu, pids, unified
+
+    def apply(self, limits: Limits) -> None:
+        if limits.memory_bytes is not None:
+            _write(self.memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+            swap = self.memory / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                _write(swap, str(limits.memory_bytes))
+        if limits.cpu_percent is not None:
+            _write(self.cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(self.cpu / "cpu.cfs_quota_us", str(max(int(CPU_PERIOD_US * limits.cpu_percent / 100), 1000)))
+        if limits.pids_max is not None:
+            _write(self.pids / "pids.max", str(limits.pids_max))
+
+    def counters(self) -> Counters:
+        oom = _read_keyed(self.memory / "memory.oom_control").get("oom_kill", 0)
+        return Counters(oom, _read_keyed(self.pids / "pids.events").get("max", 0))
+
+    def kill_all(self) -> None:
+        if self.unified is not None and (self.unified / "cgroup.kill").exists():
+            _write(self.unified / "cgroup.kill", "1")
+            return
+        for pid in self.members():
+            _kill(pid)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def detect(root: Path = Path("/sys/fs/cgroup")) -> str:
+    """'v2', 'v1' or 'none' (nothing usable)."""
+    controllers = root / "cgroup.controllers"
+    if controllers.exists() and {"memory", "pids"} <= set(controllers.read_text().split()):
+        return "v2"
+    if all((root / c / "cgroup.procs").exists() for c in ("memory", "cpu", "pids")):
+        return "v1"
+    return "none"
+
+
+def create(session: str, root: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None) -> Cgroup:
+    """Create the session's cgroup below this process's own cgroup."""
+    own = _own_paths(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
+    kind = detect(root)
+    if kind == "v2":
+        base = root / own.get("", "/").lstrip("/") / GROUP
+        base.mkdir(parents=True, exist_ok=True)
+        _enable_controllers(base.parent, base)
+        path = base / session
+        path.mkdir()
+        return CgroupV2(path)
+    if kind == "v1":
+        made = []
+        for controller in ("memory", "cpu", "pids"):
+            d = root / controller / own.get(controller, "/").lstrip("/") / GROUP / session
+            d.mkdir(parents=True)
+            made.append(d)
+        unified = None
+        if (root / "unified" / "cgroup.procs").exists():
+            unified = root / "unified" / own.get("", "/").lstrip("/") / GROUP / session
+            unified.mkdir(parents=True)
+        return CgroupV1(made[0], made[1], made[2], unified)
+    raise CgroupError(errno.ENOTSUP, f"no usable cgroup hierarchy under {root} (need memory, cpu and pids)")
+
+
+def _enable_controllers(parent: Path, base: Path) -> None:
+    """Delegate memory, cpu and pids to the enforcer's group (v2 needs this at each level)."""
+    for level in (parent, base):
+        control = level / "cgroup.subtree_control"
+        if control.exists():
+            for c in ("memory", "cpu", "pids"):
+                with contextlib.suppress(OSError):  # apply() reports a limit file that is missing
+                    _write(control, f"+{c}")

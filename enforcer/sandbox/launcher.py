@@ -1,0 +1,204 @@
+"""Run a LaunchPlan: cgroup, guardian, fork, the child's setup in a fixed order, wait, typed outcome.
+
+Child order (each step needs the privileges the next one removes):
+  1. join the session cgroup            (needs write access to cgroup.procs)
+  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN)
+  3. private mounts, denied-path masks  (needs the new mount namespace)
+  4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
+  5. drop uid/gid and every capability
+  6. Landlock (sets no_new_privs)
+  7. seccomp                            (last: it forbids mount and unshare)
+then exec. The parent is a child subreaper, so double-forked processes stay its children, and a
+guardian process removes the cgroup (killing everything in it) if the parent dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from . import cgroups, landlock, namespaces, seccomp
+from .plan import LaunchPlan
+
+Reason = Literal["exit", "signal", "oom", "timeout", "pids_limit"]
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class LaunchError(Exception):
+    """Setting up the sandbox failed; nothing ran."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    reason: Reason
+    exit_code: int  # what adl-exec exits with: the child's code, or 128 + signal
+    signal: int | None
+    duration_s: float
+    pid: int
+
+
+def run(
+    plan: LaunchPlan,
+    session: str,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    cgroup_root: str = "/sys/fs/cgroup",
+) -> Outcome:
+    try:
+        group = cgroups.create(session, Path(cgroup_root))
+        group.apply(plan.limits)
+    except OSError as exc:
+        raise LaunchError(f"cgroup setup failed: {exc}") from exc
+    guardian_pid, guardian_pipe = _start_guardian(group)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    err_read, err_write = os.pipe2(os.O_CLOEXEC)
+    try:
+        started = time.monotonic()
+        try:
+            child = subprocess.Popen(
+                plan.argv,
+                executable=plan.executable,
+                env=plan.env,
+                preexec_fn=lambda: _child_setup(plan, group.join_files(), uid, gid, err_write),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            os.close(err_write)
+            err_write = -1
+            detail = os.read(err_read, 4096).decode(errors="replace").strip()
+            raise LaunchError(f"sandbox setup failed in the child: {detail or exc}") from exc
+        os.close(err_write)
+        err_write = -1
+        outcome = _wait(child, group, plan.timeout_s, started)
+    finally:
+        if err_write >= 0:
+            os.close(err_write)
+        os.close(err_read)
+        try:
+            group.remove()
+        finally:
+            os.close(guardian_pipe)
+            os.waitpid(guardian_pid, 0)
+            _reap_orphans()
+    return outcome
+
+
+def _wait(child: subprocess.Popen[bytes], group: cgroups.Cgroup, timeout_s: float | None, started: float) -> Outcome:
+    forward = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for sig in forward:
+        signal.signal(sig, lambda signum, _frame: _signal_child(child, signum))
+    timed_out = False
+    try:
+        try:
+            status = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            group.kill_all()
+            status = child.wait()
+    finally:
+        for sig, handler in forward.items():
+            signal.signal(sig, handler)
+    duration = time.monotonic() - started
+    counters = group.counters()
+    group.kill_all()  # the session ends with its main process: no stragglers
+    sig = -status if status < 0 else None
+    code = 128 + sig if sig is not None else status
+    reason: Reason
+    if timed_out:
+        reason = "timeout"
+    elif counters.oom_kills:
+        reason = "oom"
+    elif counters.pids_max_hits and status != 0:
+        reason = "pids_limit"
+    elif sig is not None:
+        reason = "signal"
+    else:
+        reason = "exit"
+    return Outcome(reason, code, sig, duration, child.pid)
+
+
+def _signal_child(child: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child.pid, signum)
+
+
+def _reap_orphans() -> None:
+    """As a subreaper we inherit double-forked processes; collect what the cgroup kill left."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _start_guardian(group: cgroups.Cgroup) -> tuple[int, int]:
+    """A process that waits for the launcher to die and then removes the session cgroup (killing
+    everything in it). Returns its pid and the pipe end whose closing releases it."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # guardian
+        try:
+            os.close(write_end)
+            os.setsid()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            while os.read(read_end, 1):
+                pass
+            group.remove(timeout=10)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    return pid, write_end
+
+
+def _child_setup(plan: LaunchPlan, join_files: list[str], uid: int | None, gid: int | None, err_fd: int) -> None:
+    """Runs in the forked child, single-threaded, before exec. Any failure is written to err_fd and
+    raised, so Popen fails and nothing runs unsandboxed."""
+    step = "start"
+    try:
+        step = "join cgroup"
+        for path in join_files:
+            with open(path, "w") as f:
+                f.write("0")
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        step = "unshare"
+        namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+        step = "mounts"
+        namespaces.make_mounts_private()
+        for path in plan.file_masks:
+            namespaces.mask_file(path)
+        for path in plan.dir_masks:
+            namespaces.mask_dir(path)
+        step = "loopback"
+        namespaces.loopback_up()
+        step = "drop privileges"
+        namespaces.drop_privileges(uid, gid)
+        if plan.landlock.abi:
+            step = "landlock"
+            rules = landlock.LandlockPlan(plan.landlock.abi, list(plan.landlock.rules))
+            if plan.baseline.proc_self:
+                rules.add(f"/proc/{os.getpid()}", landlock.READ)
+            landlock.restrict(rules)
+        else:
+            _libc.prctl(38, 1, 0, 0, 0)  # no_new_privs even without Landlock
+        step = "seccomp"
+        seccomp.apply(plan.seccomp)
+    except BaseException as exc:
+        message = f"{step}: {exc}"
+        if not isinstance(exc, OSError):
+            message += " " + traceback.format_exc(limit=2)
+        os.write(err_fd, message.encode()[:4000])
+        raise

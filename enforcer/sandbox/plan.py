@@ -1,0 +1,360 @@
+"""From a compiled Policy and a command to a launch plan: every kernel rule, mask, variable and limit
+the child will apply, decided in the parent where errors can still be reported cleanly. Reads the
+filesystem (PATH lookups, which paths exist, denied files to mask) but changes nothing.
+
+Every grant is decided by the same decide() the API uses, so `adl-policy check` and the sandbox
+cannot disagree about what a pattern means.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ruamel.yaml import YAML
+
+from ..policy import EnvVar, Policy, ProcessExec, decide
+from ..policy.decide import SHELLS
+from . import landlock
+from .cgroups import Limits
+from .seccomp import SeccompPlan
+
+LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared", "refused"]
+DOMAINS = ("filesystem", "execution", "environment", "network", "resources")
+DEFAULT_PIDS_MAX = 512
+MAX_MASK_WALK = 50_000  # entries visited per allowed tree when looking for denied files
+GLOB_CHARS = set("*?[{")
+
+
+class PlanError(Exception):
+    """The launch must be refused (exit 125); the message says what and why."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    path: Path
+    digest: str
+    read: tuple[str, ...]
+    read_write: tuple[str, ...]
+    read_device: tuple[str, ...]
+    execute: tuple[str, ...]
+    proc_self: bool
+    search_path: str
+
+
+def load_baseline(path: Path) -> Baseline:
+    raw = path.read_bytes()
+    data: Any = YAML(typ="safe").load(raw) or {}
+
+    def paths(key: str) -> tuple[str, ...]:
+        value = data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.startswith("/") for v in value):
+            raise PlanError(f"{path}: '{key}' must be a list of absolute paths")
+        return tuple(value)
+
+    return Baseline(
+        path=path,
+        digest="sha256:" + hashlib.sha256(raw).hexdigest(),
+        read=paths("read"),
+        read_write=paths("read_write"),
+        read_device=paths("read_device"),
+        execute=paths("execute"),
+        proc_self=bool(data.get("proc_self", False)),
+        search_path=str(data.get("path") or "/usr/bin:/bin"),
+    )
+
+
+@dataclass
+class Layer:
+    name: str
+    mechanism: str
+    status: LayerStatus
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    executable: str
+    env: dict[str, str]
+    env_dropped: list[str]
+    landlock: landlock.LandlockPlan
+    file_masks: list[str]
+    dir_masks: list[str]
+    seccomp: SeccompPlan
+    limits: Limits
+    timeout_s: float | None
+    layers: list[Layer]
+    accepted_unenforced: list[str]
+    baseline: Baseline
+    secrets: list[str]  # values of secret variables handed over: masked out of the audit log
+
+    def layer(self, name: str) -> Layer:
+        return next(layer for layer in self.layers if layer.name == name)
+
+
+@dataclass(frozen=True)
+class HostFeatures:
+    landlock_abi: int
+    cgroups: str  # v2 | v1 | none
+
+
+def literal_prefix(pattern: str, cwd: str, home: str) -> str:
+    if pattern.startswith("~/") or pattern == "~":
+        pattern = home + pattern[1:]
+    if not pattern.startswith("/"):
+        pattern = os.path.join(cwd, pattern)
+    parts: list[str] = []
+    for segment in pattern.split("/"):
+        if GLOB_CHARS & set(segment):
+            break
+        parts.append(segment)
+    return os.path.normpath("/".join(parts) or "/")
+
+
+def build_plan(
+    policy: Policy,
+    argv: list[str],
+    *,
+    baseline: Baseline,
+    environ: dict[str, str],
+    features: HostFeatures,
+    accept_unenforced: frozenset[str] = frozenset(),
+    cwd: str | None = None,
+    pids_max: int = DEFAULT_PIDS_MAX,
+) -> LaunchPlan:
+    unknown = accept_unenforced - set(DOMAINS)
+    if unknown:
+        raise PlanError(f"--accept-unenforced takes {', '.join(DOMAINS)}; not {', '.join(sorted(unknown))}")
+    if policy.lifecycle.verdict == "refuse":
+        raise PlanError(f"lifecycle: {policy.lifecycle.reason}")
+    if policy.signature == "invalid":
+        raise PlanError("the document's signature does not verify")
+    if not argv:
+        raise PlanError("no command given (adl-exec --adl FILE -- COMMAND ARGS...)")
+    cwd = cwd or os.getcwd()
+    home = environ.get("HOME", "/")
+    layers: list[Layer] = []
+    accepted: list[str] = []
+
+    def need(domain: str, available: bool, what: str) -> bool:
+        """True when the layer can be enforced; otherwise refuse unless the user accepted it."""
+        if available:
+            return True
+        if domain in accept_unenforced:
+            accepted.append(domain)
+            return False
+        raise PlanError(f"{what}; refusing to run with '{domain}' unenforced (--accept-unenforced {domain} to accept)")
+
+    abi = features.landlock_abi
+    ll = landlock.LandlockPlan(abi)
+    fs_layer = Layer("filesystem", f"Landlock ABI {abi}" if abi else "Landlock", "active")
+    exec_layer = Layer("execution", f"Landlock EXECUTE (ABI {abi})", "active")
+    if abi == 0:
+        need("filesystem", False, "Landlock is not available on this kernel")
+        need("execution", False, "Landlock is not available on this kernel")
+        fs_layer.status = exec_layer.status = "accepted-unenforced"
+
+    # -- runtime baseline
+    search_path = baseline.search_path
+    base_details = [f"baseline {baseline.path} ({baseline.digest[:19]}…)"]
+    for paths, rights, label in (
+        (baseline.read, landlock.READ, "read"),
+        (baseline.read_write, landlock.READ | landlock.WRITE_FILE | landlock.TRUNCATE, "read/write"),
+        (baseline.read_device, landlock.READ_FILE, "read"),
+        (baseline.execute, landlock.READ_FILE | landlock.EXECUTE, "execute"),
+    ):
+        for p in paths:
+            if os.path.exists(p):
+                ll.add(os.path.realpath(p), rights)
+                base_details.append(f"  baseline {label}: {p}")
+    if baseline.proc_self:
+        base_details.append("  baseline read: /proc/self (the agent's own /proc entry, resolved in the child)")
+
+    # -- filesystem
+    file_masks: list[str] = []
+    dir_masks: list[str] = []
+    fs = policy.filesystem
+    if fs is None:
+        fs_layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
+    else:
+        for pattern, access in zip(fs.allowed.patterns, fs.access, strict=True):
+            prefix = literal_prefix(pattern, cwd, home)
+            rights = {"read": landlock.READ, "write": landlock.WRITE, "read_write": landlock.READ | landlock.WRITE}[
+                access
+            ]
+            if not os.path.exists(prefix):
+                fs_layer.details.append(f"{access:<10} {pattern}: {prefix} does not exist, nothing granted")
+                continue
+            ll.add(prefix, rights)
+            narrower = "" if pattern.rstrip("/") in (prefix, prefix + "/**") else f" (Landlock grants all of {prefix})"
+            fs_layer.details.append(f"{access:<10} {pattern}{narrower}")
+        masks_layer = _denied_masks(fs, cwd, home, file_masks, dir_masks)
+        layers.append(masks_layer)
+    fs_layer.details.extend(base_details)
+    layers.insert(0, fs_layer)
+
+    # -- execution
+    executable = _resolve(argv[0], search_path, cwd)
+    if executable is None:
+        raise PlanError(f"command not found: {argv[0]} (searched {search_path})")
+    granted = _executables(policy, search_path, executable)
+    if os.path.realpath(executable) not in granted:
+        verdict = decide(policy, ProcessExec(tuple(argv), executable))
+        reason = verdict.reasons[0].text if verdict.reasons else "not allowed"
+        raise PlanError(f"the command itself is not allowed: {reason}")
+    for binary in sorted(granted):
+        ll.add(binary, landlock.READ_FILE | landlock.EXECUTE)
+    if policy.execution is None:
+        exec_layer.details.append(f"no execution permission declared: only {executable} may run")
+    else:
+        shells = "allowed" if policy.execution.allow_shell else "never executable"
+        exec_layer.details.append(f"executable: {', '.join(sorted(granted))}; shells {shells}")
+    layers.insert(1, exec_layer)
+
+    # -- environment
+    env, dropped, secrets = _environment(policy, environ, search_path)
+    env_layer = Layer("environment", "empty start, allowed names only", "active")
+    env_layer.details.append(f"passed: {', '.join(sorted(env)) or 'nothing'}")
+    if dropped:
+        env_layer.details.append(f"dropped: {', '.join(dropped)}")
+    layers.append(env_layer)
+
+    # -- network
+    net = policy.network
+    if net is None or not net.hosts.patterns:
+        layers.append(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]))
+    else:
+        need("network", False, "the policy grants network access and the egress filter is not available")
+        layers.append(
+            Layer(
+                "network",
+                "new network namespace",
+                "accepted-unenforced",
+                [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"],
+            )
+        )
+
+    # -- syscalls and privileges
+    seccomp_plan = SeccompPlan()
+    layers.append(Layer("syscalls", "seccomp (default allow, escape surface denied)", "active"))
+    layers.append(Layer("privileges", "no capabilities, no_new_privs, new session, private mounts", "active"))
+
+    # -- resources
+    lim = policy.limits
+    limits = Limits(
+        memory_bytes=int(lim.max_memory_mb * 1024 * 1024) if lim and lim.max_memory_mb else None,
+        cpu_percent=lim.max_cpu_percent if lim and lim.max_cpu_percent else None,
+        pids_max=pids_max,
+    )
+    res = Layer("resources", f"cgroup {features.cgroups}", "active")
+    if features.cgroups == "none":
+        need("resources", False, "no usable cgroup hierarchy (memory, cpu, pids)")
+        res.status = "accepted-unenforced"
+    res.details.append(
+        f"memory {limits.memory_bytes // 1048576 if limits.memory_bytes else 'unlimited'} MB, "
+        f"cpu {limits.cpu_percent or 'unlimited'}%, pids {pids_max}, "
+        f"wall clock {lim.max_duration_sec if lim and lim.max_duration_sec else 'unlimited'} s"
+    )
+    layers.append(res)
+    return LaunchPlan(
+        argv=list(argv),
+        executable=executable,
+        env=env,
+        env_dropped=dropped,
+        landlock=ll,
+        file_masks=file_masks,
+        dir_masks=dir_masks,
+        seccomp=seccomp_plan,
+        limits=limits,
+        timeout_s=lim.max_duration_sec if lim and lim.max_duration_sec else None,
+        layers=layers,
+        accepted_unenforced=accepted,
+        baseline=baseline,
+        secrets=secrets,
+    )
+
+
+def _resolve(command: str, search_path: str, cwd: str) -> str | None:
+    if "/" in command:
+        path = command if command.startswith("/") else os.path.join(cwd, command)
+        return path if os.access(path, os.X_OK) else None
+    for directory in search_path.split(":"):
+        candidate = os.path.join(directory, command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _executables(policy: Policy, search_path: str, launched: str) -> set[str]:
+    """Real paths of every binary the policy lets the agent execute (PATH expanded at launch)."""
+    rules = policy.execution
+    if rules is None:
+        return {os.path.realpath(launched)}
+    granted: set[str] = set()
+    seen: set[str] = set()
+    candidates = [launched] + [
+        os.path.join(d, name) for d in search_path.split(":") if os.path.isdir(d) for name in sorted(os.listdir(d))
+    ]
+    candidates += [p for p in rules.allowed.patterns if p.startswith("/")]
+    for path in candidates:
+        if path in seen or not os.path.isfile(path) or not os.access(path, os.X_OK):
+            continue
+        seen.add(path)
+        real = os.path.realpath(path)
+        if not rules.allow_shell and os.path.basename(real) in SHELLS:
+            continue  # `sh` linked to dash is still a shell
+        if decide(policy, ProcessExec((os.path.basename(path),), path)).allowed:
+            granted.add(real)
+    return granted
+
+
+def _environment(
+    policy: Policy, environ: dict[str, str], search_path: str
+) -> tuple[dict[str, str], list[str], list[str]]:
+    env: dict[str, str] = {}
+    dropped: list[str] = []
+    for name in sorted(environ):
+        if decide(policy, EnvVar(name)).allowed:
+            env[name] = environ[name]
+        else:
+            dropped.append(name)
+    env.setdefault("PATH", search_path)
+    secrets = [env[n] for n in policy.secret_env if n in env]
+    return env, dropped, secrets
+
+
+def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks: list[str]) -> Layer:
+    layer = Layer("denied_paths", "mount namespace masks", "active")
+    if not fs.denied.patterns:
+        layer.status = "not declared"
+        return layer
+    visited = 0
+    roots = sorted({literal_prefix(p, cwd, home) for p in fs.allowed.patterns})
+    for root in roots:
+        for directory, subdirs, files in os.walk(root, followlinks=False):
+            for name in list(subdirs) + files:
+                visited += 1
+                full = os.path.join(directory, name)
+                if fs.denied.first(full) is None:
+                    continue
+                mode = os.lstat(full).st_mode
+                if stat.S_ISDIR(mode):
+                    dir_masks.append(full)
+                    subdirs.remove(name)
+                elif stat.S_ISREG(mode):
+                    file_masks.append(full)
+            if visited > MAX_MASK_WALK:
+                raise PlanError(f"more than {MAX_MASK_WALK} entries under {root} while looking for denied paths")
+    layer.details.append(f"patterns: {', '.join(fs.denied.patterns)}")
+    layer.details.append(f"masked at launch: {len(file_masks)} file(s), {len(dir_masks)} directorie(s)")
+    layer.details.extend(f"  masked: {p}" for p in file_masks + dir_masks)
+    layer.details.append(
+        "NOT covered: a file matching a denied pattern created after launch inside a writable allowed "
+        "path can be read back by the agent (Landlock cannot match names)"
+    )
+    return layer

@@ -1,0 +1,126 @@
+"""One agent session: plan, audit the launch, run, audit the exit and the signed session evidence.
+Shared by adl-exec (embedded mode) and the daemon's spawner."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..audit import AuditWriter, Masker, records
+from ..audit.events import agent_of
+from ..audit.evidence import EvidenceEvent, build_evidence
+from ..audit.records import format_ts
+from ..policy import Policy
+from . import cgroups, landlock, launcher
+from .plan import HostFeatures, LaunchPlan
+
+# Outcome reason -> (evidence cause, action, outcome)
+_EVIDENCE = {
+    "timeout": ("on_timeout", "halt", "halted"),
+    "oom": ("on_memory_limit", "halt", "halted"),
+    "pids_limit": ("on_pids_limit", "halt", "halted"),
+    "signal": ("on_signal", "halt", "halted"),
+}
+
+
+def host_features() -> HostFeatures:
+    return HostFeatures(landlock_abi=landlock.abi_version(), cgroups=cgroups.detect())
+
+
+def new_session_id() -> str:
+    return "session-" + secrets.token_hex(8)
+
+
+@dataclass
+class SessionResult:
+    session: str
+    outcome: launcher.Outcome | None
+    refused: str | None
+
+
+def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
+    return [asdict(layer) for layer in plan.layers]
+
+
+def record_refusal(writer: AuditWriter, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
+    payload: dict[str, Any] = {"reason": "refused", "refusal": reason, "argv": Masker().mask(argv).value}
+    if policy is not None:
+        payload.update(agent=agent_of(policy), policy_digest=policy.digest)
+    writer.append(records.REFUSED, payload, corr=session, priority="high", sync=True)
+
+
+def run_session(
+    policy: Policy,
+    plan: LaunchPlan,
+    writer: AuditWriter,
+    session: str,
+    *,
+    uid: int | None = None,
+    gid: int | None = None,
+    governor: str | None = None,
+) -> launcher.Outcome:
+    """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome."""
+    masker = Masker(plan.secrets)
+    agent = agent_of(policy)
+    start_ns = time.time_ns()
+    writer.append(
+        records.LAUNCH,
+        {
+            "agent": agent,
+            "policy_digest": policy.digest,
+            "argv": masker.mask(plan.argv).value,
+            "command": plan.executable,
+            "layers": layers_json(plan),
+            "accepted_unenforced": plan.accepted_unenforced,
+            "baseline": {"path": str(plan.baseline.path), "digest": plan.baseline.digest},
+            "env_passed": sorted(plan.env),
+            "env_dropped": plan.env_dropped,
+            "uid": uid,
+        },
+        corr=session,
+        sync=True,
+    )
+    outcome = launcher.run(plan, session, uid=uid, gid=gid)
+    end_ns = time.time_ns()
+    writer.append(
+        records.EXIT,
+        {
+            "agent": agent,
+            "reason": outcome.reason,
+            "exit_code": outcome.exit_code,
+            "signal": outcome.signal,
+            "duration_ms": int(outcome.duration_s * 1000),
+            "pid": outcome.pid,
+        },
+        corr=session,
+        priority="normal" if outcome.reason == "exit" else "high",
+        sync=True,
+    )
+    events = []
+    if outcome.reason in _EVIDENCE:
+        cause, action, _ = _EVIDENCE[outcome.reason]
+        events.append(EvidenceEvent(cause, action, format_ts(end_ns), {"exit_code": outcome.exit_code}))
+    evidence = build_evidence(
+        governor=governor or f"did:web:{socket.gethostname()}",
+        agent_id=agent,
+        passport_digest=policy.digest,
+        session=session,
+        tier="R2" if plan.accepted_unenforced else "R3",
+        start=format_ts(start_ns),
+        end=format_ts(end_ns),
+        iat=format_ts(time.time_ns()),
+        limits={
+            "memory_bytes": plan.limits.memory_bytes,
+            "cpu_percent": plan.limits.cpu_percent,
+            "pids_max": plan.limits.pids_max,
+            "max_duration_sec": plan.timeout_s,
+        },
+        events=events,
+        outcome=_EVIDENCE.get(outcome.reason, ("", "", "completed"))[2],
+        key=writer.signing_key,
+    )
+    writer.append(records.EVIDENCE, {"agent": agent, "evidence": evidence}, corr=session, sync=True)
+    return outcome
