@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# Set up (if needed), then show an example policy and what it allows and denies.
+# Set up (if needed), then launch an example agent under an example policy: an allowed read, a denied
+# read, a denied exec, a denied shell, and the audit trail those sessions left. Needs root (Landlock
+# works unprivileged, but the demo also creates cgroups and namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-P=.venv/bin/adl-policy
-EX=policies/examples
-show() { echo; echo "\$ adl-policy $*"; "$P" "$@" || echo "(exit $?)"; }
-show validate $EX/*.json
-show explain $EX/coding-agent.adl.json
-show check $EX/coding-agent.adl.json --read /tmp/adl-demo/workspace/main.py
-show check $EX/coding-agent.adl.json --read /tmp/adl-demo/workspace/.env
-show check $EX/coding-agent.adl.json --exec "sh -c 'curl http://evil.example'"
-show check $EX/coding-agent.adl.json --tool delete_path --args '{"path": "build"}'
-show check $EX/invoice-processor.adl.json --aaif $EX/invoice-processor.aaif.json --home-region EU \
-  --tool notify_vendor --args '{"invoice_id": "INV-7", "message": "Paid. Questions: jane.doe@vendor.example"}'
-show check $EX/invoice-processor.adl.json --aaif $EX/invoice-processor.aaif.json --home-region EU \
-  --connect api.eu-west.example.com:443 --protocol https --address 169.254.169.254
+export ADL_ENFORCER_AUDIT_DIR=${ADL_ENFORCER_AUDIT_DIR:-/tmp/adl-demo/audit}
+export ADL_ENFORCER_AUDIT_KEY=${ADL_ENFORCER_AUDIT_KEY:-/tmp/adl-demo/audit-signing-key.pem}
+POLICY=policies/examples/coding-agent.adl.json
+WS=/tmp/adl-demo/workspace
+mkdir -p $WS /tmp/adl-demo/reference
+echo "print('tests pass')" > $WS/main.py
+echo "DATABASE_PASSWORD=not-for-agents" > $WS/.env
+echo "reference notes" > /tmp/adl-demo/reference/notes.txt
+
+run() { echo; echo "\$ $*"; "$@" || echo "(exit $?)"; }
+EXEC=".venv/bin/adl-exec --adl $POLICY --report --"
+echo "== the layers adl-exec enforces for this agent"
+.venv/bin/adl-exec --adl $POLICY --explain -- python3 $WS/main.py | sed -n '/^layers:/,$p'
+echo; echo "== inside the sandbox"
+run $EXEC python3 $WS/main.py                                  # allowed: run the workspace code
+run $EXEC cat /tmp/adl-demo/reference/notes.txt                # allowed read
+run $EXEC cat $WS/.env                                          # denied path (masked)
+run $EXEC cat /etc/passwd /etc/shadow                           # outside the policy: shadow denied
+run $EXEC python3 -c "import subprocess; subprocess.run(['curl', 'http://example.com'])"   # denied exec
+run $EXEC python3 -c "import os; os.execv('/bin/sh', ['sh', '-c', 'id'])"                 # no shells
+run $EXEC sh -c id                                              # refused before launch
+echo; echo "== the audit trail"
+run .venv/bin/adl-audit search --since -10m --type launch --type exit --type refused -n 30 --reverse
+run .venv/bin/adl-audit report --since -10m
+run .venv/bin/adl-audit verify

@@ -7,6 +7,10 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "setup: Python 3.11 or newer is required (found $("$PYTHON" --version 2>&1))" >&2
   exit 1
 fi
+# libseccomp for the seccomp baseline; bubblewrap only for bench/launch.py's baseline.
+if ! ldconfig -p | grep -q 'libseccomp\.so\.2' && command -v apt-get >/dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp2 >/dev/null
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev${EXTRAS:+,$EXTRAS}]"

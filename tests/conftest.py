@@ -11,6 +11,8 @@ import pytest
 
 from enforcer.policy import CompileOptions, SchemaSet, compile_policy, spec_root
 
+from .sandbox_helpers import sandbox  # noqa: F401  (fixture for tests/integration and tests/attacks)
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "policies" / "examples"
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)

@@ -335,21 +335,26 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
         return layer
     visited = 0
     roots = sorted({literal_prefix(p, cwd, home) for p in fs.allowed.patterns})
+    denied_inodes: set[tuple[int, int]] = set()
+    regular_files: list[tuple[str, os.stat_result]] = []
     for root in roots:
         for directory, subdirs, files in os.walk(root, followlinks=False):
             for name in list(subdirs) + files:
                 visited += 1
                 full = os.path.join(directory, name)
-                if fs.denied.first(full) is None:
-                    continue
-                mode = os.lstat(full).st_mode
-                if stat.S_ISDIR(mode):
+                info = os.lstat(full)
+                denied = fs.denied.first(full) is not None
+                if stat.S_ISDIR(info.st_mode) and denied:
                     dir_masks.append(full)
                     subdirs.remove(name)
-                elif stat.S_ISREG(mode):
-                    file_masks.append(full)
+                elif stat.S_ISREG(info.st_mode):
+                    regular_files.append((full, info))
+                    if denied:
+                        denied_inodes.add((info.st_dev, info.st_ino))
             if visited > MAX_MASK_WALK:
                 raise PlanError(f"more than {MAX_MASK_WALK} entries under {root} while looking for denied paths")
+    # A hard link is the same file under another name: mask every name of a denied file.
+    file_masks.extend(full for full, info in regular_files if (info.st_dev, info.st_ino) in denied_inodes)
     layer.details.append(f"patterns: {', '.join(fs.denied.patterns)}")
     layer.details.append(f"masked at launch: {len(file_masks)} file(s), {len(dir_masks)} directorie(s)")
     layer.details.extend(f"  masked: {p}" for p in file_masks + dir_masks)

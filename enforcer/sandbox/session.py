@@ -46,7 +46,12 @@ def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
 
 
 def record_refusal(writer: AuditWriter, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
-    payload: dict[str, Any] = {"reason": "refused", "refusal": reason, "argv": Masker().mask(argv).value}
+    payload: dict[str, Any] = {
+        "decision": "deny",  # a refused launch is a denied action: `adl-audit search --decision deny` finds it
+        "reason": "refused",
+        "refusal": reason,
+        "argv": Masker().mask(argv).value,
+    }
     if policy is not None:
         payload.update(agent=agent_of(policy), policy_digest=policy.digest)
     writer.append(records.REFUSED, payload, corr=session, priority="high", sync=True)
@@ -70,6 +75,7 @@ def run_session(
         records.LAUNCH,
         {
             "agent": agent,
+            "decision": "allow",
             "policy_digest": policy.digest,
             "argv": masker.mask(plan.argv).value,
             "command": plan.executable,

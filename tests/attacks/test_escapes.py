@@ -1,0 +1,287 @@
+"""Escape attempts from inside a real sandbox. Each one must fail, and the session must be recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ..sandbox_helpers import Result, Sandbox, needs_root
+
+pytestmark = needs_root
+
+
+def attempt(box: Sandbox, code: str, **kw: object) -> Result:
+    result = box.python(textwrap.dedent(code), **kw)  # type: ignore[arg-type]
+    assert "launch" in result.kinds() and "exit" in result.kinds(), "the session was not recorded"
+    return result
+
+
+def blocked(box: Sandbox, code: str, **kw: object) -> str:
+    """Run code that prints ESCAPED on success; return its output after checking it did not."""
+    result = attempt(box, code, **kw)
+    assert "ESCAPED" not in result.out, result.out + result.err
+    assert "BLOCKED" in result.out, result.out + result.err
+    return result.out
+
+
+TRY = """
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(label, fn):
+    try:
+        fn()
+        print("ESCAPED", label)
+    except OSError as exc:
+        print("BLOCKED", label, exc.errno)
+"""
+
+
+def test_symlink_to_denied_and_outside_files(sandbox: Sandbox) -> None:
+    (sandbox.ws / "to-secret").symlink_to(sandbox.ws / "secret.txt")
+    (sandbox.ws / "to-outside").symlink_to(sandbox.outside / "private.txt")
+    out = blocked(
+        sandbox,
+        TRY
+        + f"""
+for name in ("to-secret", "to-outside"):
+    def read(name=name):
+        data = open({str(sandbox.ws)!r} + "/" + name).read()
+        if "CONTENT" not in data: raise OSError(errno.EACCES, "masked")
+    check(name, read)
+""",
+    )
+    assert out.count("BLOCKED") == 2
+
+
+def test_hard_link_to_a_denied_file(sandbox: Sandbox) -> None:
+    os.link(sandbox.ws / "secret.txt", sandbox.ws / "alias.txt")  # made before launch, outside the sandbox
+    out = blocked(
+        sandbox,
+        TRY
+        + f"""
+def read():
+    if "CONTENT" in open({str(sandbox.ws / "alias.txt")!r}).read(): return
+    raise OSError(errno.EACCES, "masked")
+check("pre-made hard link", read)
+check("new hard link to outside", lambda: os.link({str(sandbox.outside / "private.txt")!r},
+                                                  {str(sandbox.ws / "alias2.txt")!r}))
+check("new hard link to the masked file", lambda: os.link({str(sandbox.ws / "secret.txt")!r},
+                                                          {str(sandbox.ws / "alias3.txt")!r}))
+""",
+    )
+    assert out.count("BLOCKED") == 3
+
+
+def test_dotdot_proc_root_and_openat2(sandbox: Sandbox) -> None:
+    out = blocked(
+        sandbox,
+        TRY
+        + f"""
+target = {str(sandbox.outside / "private.txt")!r}
+check("..", lambda: open({str(sandbox.ws)!r} + "/../outside/private.txt").read())
+check("/proc/self/root", lambda: open("/proc/self/root" + target).read())
+check("/proc/pid/root", lambda: open(f"/proc/{{os.getpid()}}/root" + target).read())
+class OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+def openat2():
+    how = OpenHow(os.O_RDONLY, 0, 0)
+    fd = libc.syscall(437, -100, target.encode(), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0: raise OSError(ctypes.get_errno(), "openat2")
+check("openat2", openat2)
+""",
+    )
+    assert out.count("BLOCKED") == 4
+
+
+def test_write_outside_and_rename_out(sandbox: Sandbox) -> None:
+    out = blocked(
+        sandbox,
+        TRY
+        + f"""
+check("write outside", lambda: open({str(sandbox.outside / "new.txt")!r}, "w"))
+check("rename out of the workspace", lambda: os.rename({str(sandbox.ws / "notes.txt")!r},
+                                                         {str(sandbox.outside / "moved.txt")!r}))
+check("write /etc", lambda: open("/etc/adl-escape", "w"))
+""",
+    )
+    assert out.count("BLOCKED") == 3 and not (sandbox.outside / "new.txt").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not covered yet: files created after launch under a denied pattern are only "
+    "masked at the next launch (see adl-exec --explain)",
+)
+def test_file_created_under_a_denied_pattern_after_launch(sandbox: Sandbox) -> None:
+    blocked(
+        sandbox,
+        TRY
+        + f"""
+path = {str(sandbox.ws / "new-key.pem")!r}
+def create_and_read():
+    open(path, "w").write("x")
+    open(path).read()
+check("create then read a *.pem", create_and_read)
+""",
+    )
+
+
+def test_exec_escapes(sandbox: Sandbox) -> None:
+    out = blocked(
+        sandbox,
+        TRY
+        + """
+import subprocess
+def run(argv):
+    done = subprocess.run(argv, capture_output=True)
+    if done.returncode != 0:
+        raise OSError(errno.EACCES, done.stderr.decode()[-200:])
+check("sh -c", lambda: run(["sh", "-c", "id"]))
+check("bash", lambda: run(["/bin/bash", "-c", "id"]))
+check("execv id", lambda: run(["/usr/bin/id"]))
+check("ld.so", lambda: run(["/lib64/ld-linux-x86-64.so.2", "/usr/bin/id"]))
+def memfd_exec():
+    fd = libc.syscall(319, b"x", 0)  # memfd_create
+    if fd < 0: raise OSError(ctypes.get_errno(), "memfd_create")
+    os.write(fd, open("/usr/bin/cat", "rb").read())
+    os.execve(fd, ["cat"], {})
+check("memfd_create+execveat", memfd_exec)
+def execveat():
+    fd = os.open("/usr/bin/cat", os.O_RDONLY)
+    if libc.syscall(322, fd, b"", None, None, 0x1000) < 0: raise OSError(ctypes.get_errno(), "execveat")
+check("execveat", execveat)
+""",
+    )
+    assert out.count("BLOCKED") == 6
+
+
+def test_dropped_variable_via_parent_environ(sandbox: Sandbox) -> None:
+    out = blocked(
+        sandbox,
+        TRY
+        + """
+def read_parent():
+    data = open(f"/proc/{os.getppid()}/environ", "rb").read()
+    if b"DROPPED_SECRET=leak" in data: return
+    raise OSError(errno.EACCES, "absent")
+check("parent environ", read_parent)
+check("env", lambda: (_ for _ in ()).throw(OSError(0, "absent")) if "DROPPED_SECRET" not in os.environ else None)
+""",
+        env={"DROPPED_SECRET": "leak"},
+    )
+    assert out.count("BLOCKED") == 2
+
+
+def test_kernel_surface(sandbox: Sandbox) -> None:
+    out = blocked(
+        sandbox,
+        TRY
+        + """
+def sys(nr, *args):
+    if libc.syscall(nr, *args) < 0: raise OSError(ctypes.get_errno(), str(nr))
+params = ctypes.create_string_buffer(120)
+check("io_uring_setup", lambda: sys(425, 8, params))
+check("ptrace parent", lambda: sys(101, 16, os.getppid(), 0, 0))  # PTRACE_ATTACH
+check("unshare user", lambda: sys(272, 0x10000000))
+check("unshare net", lambda: sys(272, 0x40000000))
+check("setns host net", lambda: sys(308, os.open("/proc/1/ns/net", os.O_RDONLY), 0))
+check("mount", lambda: sys(165, b"none", b"/tmp", b"tmpfs", 0, None))
+check("raw socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+check("netlink socket", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+check("packet socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, 0))
+check("unix socket upper-bit garbage", lambda: sys(41, ctypes.c_long(0xDEAD00000000 | 1), 1, 0))
+check("bpf", lambda: sys(321, 0, None, 0))
+check("TIOCSTI", lambda: sys(16, 0, 0x5412, ctypes.byref(ctypes.c_char(b"x"))))
+""",
+    )
+    assert out.count("BLOCKED") == 12
+
+
+def test_unix_sockets_in_the_host(sandbox: Sandbox, tmp_path: Path) -> None:
+    path = str(tmp_path / "daemon.sock")
+    with socket.socket(socket.AF_UNIX) as server, socket.socket(socket.AF_UNIX) as abstract:
+        server.bind(path)
+        server.listen()
+        abstract.bind("\0adl-test-abstract")
+        abstract.listen()
+        out = blocked(
+            sandbox,
+            TRY
+            + f"""
+def connect(address):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(address)
+check("pathname socket", lambda: connect({path!r}))
+check("abstract socket", lambda: connect("\\0adl-test-abstract"))
+""",
+        )
+    assert out.count("BLOCKED") == 2
+
+
+def test_fork_bomb_hits_the_pids_limit(sandbox: Sandbox) -> None:
+    r = attempt(
+        sandbox,
+        """
+import os, time
+children = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(30); os._exit(0)
+        children += 1
+except OSError:
+    print("limited after", children)
+    raise SystemExit(3)
+""",
+        args=("--pids-max", "40"),
+    )
+    assert r.code == 3 and r.record("exit")["payload"]["reason"] == "pids_limit", r.err
+    assert int(r.out.split()[-1]) < 40
+
+
+def test_memory_bomb_is_oom_killed(sandbox: Sandbox) -> None:
+    r = attempt(sandbox, "blocks = []\nwhile True: blocks.append(bytearray(16 * 1024 * 1024))")
+    assert r.code == 128 + signal.SIGKILL and r.record("exit")["payload"]["reason"] == "oom"
+
+
+def test_cpu_hog_is_throttled(sandbox: Sandbox) -> None:
+    r = attempt(
+        sandbox,
+        """
+import time, os
+start = time.monotonic()
+while time.monotonic() - start < 1.5: pass
+print(os.times().user + os.times().system)
+""",
+    )
+    cpu = float(r.out.split()[-1])
+    assert r.code == 0 and cpu < 0.75, cpu  # 20% quota over 1.5 s is 0.3 s; unthrottled would be ~1.5 s
+
+
+def test_double_forked_grandchild_is_killed_at_the_deadline(sandbox: Sandbox) -> None:
+    pidfile = sandbox.ws / "gc.pid"
+    policy = sandbox.policy(permissions={**sandbox.permissions, "resource_limits": {"max_duration_sec": 2}})
+    started = time.monotonic()
+    r = attempt(
+        sandbox,
+        f"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open({str(pidfile)!r}, "w").write(str(os.getpid())); time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+""",
+        policy=policy,
+    )
+    assert r.code == 128 + signal.SIGKILL and r.record("exit")["payload"]["reason"] == "timeout"
+    assert time.monotonic() - started < 20
+    grandchild = int(pidfile.read_text())
+    assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]

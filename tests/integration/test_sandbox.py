@@ -1,0 +1,172 @@
+"""adl-exec against the real kernel: each allowed operation works, each forbidden one fails, per
+domain; typed outcomes; refusals; the audit trail; nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..sandbox_helpers import Sandbox, needs_root, session_cgroups
+
+pytestmark = needs_root
+
+
+def test_filesystem_reads_and_writes(sandbox: Sandbox) -> None:
+    r = sandbox.run("cat", str(sandbox.ws / "notes.txt"), str(sandbox.ref / "doc.txt"))
+    assert r.code == 0 and r.out == "workspace notes\nreference doc\n"
+    r = sandbox.run("cat", str(sandbox.outside / "private.txt"))
+    assert r.code == 1 and "Permission denied" in r.err and "OUTSIDE" not in r.out
+    code = (
+        f"open({str(sandbox.ws / 'new.txt')!r}, 'w').write('made')\n"
+        f"import os\n"
+        f"for target in [{str(sandbox.ref / 'x.txt')!r}, {str(sandbox.outside / 'x.txt')!r}, '/tmp/escape.txt']:\n"
+        f"    try:\n"
+        f"        open(target, 'w'); print('WROTE', target)\n"
+        f"    except PermissionError:\n"
+        f"        print('denied', target)\n"
+    )
+    r = sandbox.python(code)
+    assert r.code == 0 and "WROTE" not in r.out and r.out.count("denied") == 3, r.out + r.err
+    assert (sandbox.ws / "new.txt").read_text() == "made"
+    assert not Path("/tmp/escape.txt").exists()
+
+
+def test_denied_paths_are_masked(sandbox: Sandbox) -> None:
+    for name in ("secret.txt", "key.pem"):
+        r = sandbox.run("cat", str(sandbox.ws / name))
+        assert r.code != 0 and "CONTENT" not in r.out
+    launch = sandbox.run("ls", str(sandbox.ws)).record("launch")
+    masks = next(layer for layer in launch["payload"]["layers"] if layer["name"] == "denied_paths")
+    assert any("secret.txt" in d for d in masks["details"]) and any("key.pem" in d for d in masks["details"])
+
+
+def test_exec_allowed_and_denied(sandbox: Sandbox) -> None:
+    r = sandbox.python(
+        f"import subprocess; print(subprocess.run(['ls', {str(sandbox.ref)!r}], capture_output=True, text=True).stdout)"
+    )
+    assert r.code == 0 and "doc.txt" in r.out
+    r = sandbox.python("import os; os.execv('/usr/bin/id', ['id'])")
+    assert r.code == 1 and "PermissionError" in r.err
+    r = sandbox.run("id")
+    assert (
+        r.code == 125
+        and "not allowed" in r.err
+        and r.kinds() == ["writer.open", "refused", "writer.close", "checkpoint"]
+    )
+
+
+def test_environment_is_scrubbed_and_names_audited(sandbox: Sandbox) -> None:
+    env = {"ALLOWED_ONE": "one", "ALLOWED_SECRET": "hidden-value-1", "OTHER_TOKEN": "hidden-value-2"}
+    r = sandbox.python("import os, json; print(json.dumps(sorted(os.environ)))", env=env)
+    names = json.loads(r.out)
+    assert "ALLOWED_ONE" in names and "ALLOWED_SECRET" not in names and "OTHER_TOKEN" not in names
+    launch = r.record("launch")["payload"]
+    assert {"ALLOWED_SECRET", "OTHER_TOKEN"} <= set(launch["env_dropped"])
+    blob = (sandbox.audit).joinpath(sorted(os.listdir(sandbox.audit))[0]).read_text()
+    assert "hidden-value" not in blob
+
+
+def test_network_namespace_is_empty(sandbox: Sandbox) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        r = sandbox.python(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)")
+    assert r.code == 1 and "PermissionError" in r.err  # Landlock handles TCP connect with no port allowed
+    r = sandbox.python("import os; print(open(f'/proc/{os.getpid()}/net/dev').read())")
+    interfaces = [line.split(":")[0].strip() for line in r.out.splitlines()[2:] if ":" in line]
+    assert r.code == 0 and interfaces == ["lo"], r.out + r.err  # a fresh network namespace
+
+
+def test_typed_outcomes(sandbox: Sandbox) -> None:
+    r = sandbox.python("raise SystemExit(7)")
+    assert r.code == 7 and "ended: exit (exit code 7" in r.err
+    r = sandbox.python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert r.code == 128 + signal.SIGTERM and "ended: signal" in r.err
+    assert r.record("exit")["payload"]["reason"] == "signal"
+
+
+def test_oom_is_typed(sandbox: Sandbox) -> None:
+    r = sandbox.python("x = bytearray(400 * 1024 * 1024); x[::4096] = b'1' * len(x[::4096])")
+    assert r.code == 128 + signal.SIGKILL and r.record("exit")["payload"]["reason"] == "oom", r.err
+
+
+def test_evidence_record_is_written(sandbox: Sandbox, spec: Path) -> None:
+    import jsonschema
+
+    r = sandbox.run("ls", str(sandbox.ws))
+    evidence = r.record("session.evidence")["payload"]["evidence"]
+    schema = json.loads(
+        (spec / "agent-definition-language__specification/core/0.3.0/schema-enforcement-record.json").read_text()
+    )
+    jsonschema.Draft202012Validator(schema).validate(evidence)
+    assert evidence["outcome"] == "completed" and evidence["tier"] == "R3"
+
+
+def test_refusals(sandbox: Sandbox) -> None:
+    net = sandbox.policy(permissions={"network": {"allowed_hosts": ["api.example.com"]}})
+    r = sandbox.run("ls", policy=net)
+    assert r.code == 125 and "egress filter is not available" in r.err and "refused" in r.kinds()
+    r = sandbox.run("ls", str(sandbox.ws), policy=net, args=("--accept-unenforced", "network"))
+    assert r.code == 0 and r.record("launch")["payload"]["accepted_unenforced"] == ["network"]
+    assert "NOT enforced" in r.err
+    retired = sandbox.policy(lifecycle={"status": "retired"})
+    r = sandbox.run("ls", policy=retired)
+    assert r.code == 125 and "retired" in r.err
+
+
+def test_explain_runs_nothing(sandbox: Sandbox) -> None:
+    marker = sandbox.ws / "ran"
+    r = sandbox.run("python3", "-c", f"open({str(marker)!r}, 'w')", args=("--explain",))
+    assert r.code == 0 and not marker.exists() and r.records == []
+    assert "filesystem    active" in r.out and "NOT covered" in r.out
+
+
+def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
+    pidfile = sandbox.ws / "grandchild.pid"
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        f"        open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "time.sleep(60)\n"
+    )
+    environ = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--", "python3", "-c", code],
+        env=environ,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline, "the agent did not start"
+            time.sleep(0.05)
+        grandchild = int(pidfile.read_text())
+        assert session_cgroups()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (session_cgroups() or _alive(grandchild)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(grandchild) and session_cgroups() == []
+    finally:
+        proc.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
