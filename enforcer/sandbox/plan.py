@@ -297,10 +297,16 @@ def _executables(policy: Policy, search_path: str, launched: str) -> set[str]:
         return {os.path.realpath(launched)}
     granted: set[str] = set()
     seen: set[str] = set()
-    candidates = [launched] + [
-        os.path.join(d, name) for d in search_path.split(":") if os.path.isdir(d) for name in sorted(os.listdir(d))
-    ]
-    candidates += [p for p in rules.allowed.patterns if p.startswith("/")]
+    directories = [d for d in search_path.split(":") if os.path.isdir(d)]
+    candidates = [launched]
+    for pattern in rules.allowed.patterns:
+        if pattern.startswith("/"):
+            candidates.append(pattern)
+        elif GLOB_CHARS & set(pattern):  # list PATH directories only for glob patterns
+            candidates += [os.path.join(d, n) for d in directories for n in sorted(os.listdir(d))
+                           if rules.allowed.first(n) is not None]
+        else:
+            candidates += [os.path.join(d, pattern) for d in directories]
     for path in candidates:
         if path in seen or not os.path.isfile(path) or not os.access(path, os.X_OK):
             continue
