@@ -307,8 +307,9 @@ class AuditWriter:
         while True:
             last, end, torn = read_tail(self._file)
             gap = self._set_torn_aside(end, torn) if torn else None
-            record = parse_line(last) if last is not None else self._previous_file_tail()
-            problem = records.check_hash(record)
+            raw = last if last is not None else self._previous_file_tail()
+            record = parse_line(raw)
+            problem = records.check_line_hash(raw)
             if problem:
                 raise records.RecordError(f"last record before {self._file.name}'s end does not verify ({problem})")
             self._seq, self._hash = record["seq"], record["hash"]
@@ -320,7 +321,7 @@ class AuditWriter:
                 return
             self._switch_to(self.directory / record["payload"]["next_file"], create=False)
 
-    def _previous_file_tail(self) -> dict[str, Any]:
+    def _previous_file_tail(self) -> bytes:
         """The last record before an empty current file (a rotation interrupted by a crash)."""
         files = log_files(self.directory)
         index = files.index(self._file) if self._file in files else 0
@@ -329,7 +330,7 @@ class AuditWriter:
         last, _, _ = read_tail(files[index - 1])
         if last is None:
             raise records.RecordError(f"{files[index - 1].name} holds no complete record")
-        return parse_line(last)
+        return last
 
     def _set_torn_aside(self, end: int, torn: bytes) -> dict[str, Any]:
         """Move the bytes of a torn last line to torn/ and cut the log back to its last whole line."""

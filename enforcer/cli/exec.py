@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             features=sessions.host_features(),
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
+            explain_only=args.explain,
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
@@ -189,6 +190,7 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
                     "argv": plan.argv,
                     "layers": sessions.layers_json(plan),
                     "accepted_unenforced": plan.accepted_unenforced,
+                    "refusals": plan.refusals,
                 },
                 indent=2,
             )
@@ -202,6 +204,8 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
         print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
         for line in layer.details:
             print(f"      {line}")
+    for refusal in plan.refusals:
+        print(f"a launch would be refused: {refusal}")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ from ruamel.yaml import YAML
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decide import SHELLS
-from . import landlock
+from . import landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
 
-LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared", "refused"]
+LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DOMAINS = ("filesystem", "execution", "environment", "network", "resources")
 DEFAULT_PIDS_MAX = 512
 MAX_MASK_WALK = 50_000  # entries visited per allowed tree when looking for denied files
@@ -92,9 +92,7 @@ class LaunchPlan:
     accepted_unenforced: list[str]
     baseline: Baseline
     secrets: list[str]  # values of secret variables handed over: masked out of the audit log
-
-    def layer(self, name: str) -> Layer:
-        return next(layer for layer in self.layers if layer.name == name)
+    refusals: list[str]  # explain_only: why a real launch would be refused
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,10 @@ def build_plan(
     accept_unenforced: frozenset[str] = frozenset(),
     cwd: str | None = None,
     pids_max: int = DEFAULT_PIDS_MAX,
+    explain_only: bool = False,
 ) -> LaunchPlan:
+    """Raises PlanError for anything that must be refused; with explain_only, layers that cannot be
+    enforced are reported as unavailable (and in `refusals`) instead."""
     unknown = accept_unenforced - set(DOMAINS)
     if unknown:
         raise PlanError(f"--accept-unenforced takes {', '.join(DOMAINS)}; not {', '.join(sorted(unknown))}")
@@ -141,23 +142,26 @@ def build_plan(
     layers: list[Layer] = []
     accepted: list[str] = []
 
-    def need(domain: str, available: bool, what: str) -> bool:
-        """True when the layer can be enforced; otherwise refuse unless the user accepted it."""
-        if available:
-            return True
+    refusals: list[str] = []
+
+    def unenforceable(domain: str, what: str) -> LayerStatus:
+        """A layer this host cannot enforce: refused, unless accepted (or only being explained)."""
         if domain in accept_unenforced:
             accepted.append(domain)
-            return False
-        raise PlanError(f"{what}; refusing to run with '{domain}' unenforced (--accept-unenforced {domain} to accept)")
+            return "accepted-unenforced"
+        refusal = f"{what}; refusing to run with '{domain}' unenforced (--accept-unenforced {domain} to accept)"
+        if not explain_only:
+            raise PlanError(refusal)
+        refusals.append(refusal)
+        return "unavailable"
 
     abi = features.landlock_abi
     ll = landlock.LandlockPlan(abi)
     fs_layer = Layer("filesystem", f"Landlock ABI {abi}" if abi else "Landlock", "active")
     exec_layer = Layer("execution", f"Landlock EXECUTE (ABI {abi})", "active")
     if abi == 0:
-        need("filesystem", False, "Landlock is not available on this kernel")
-        need("execution", False, "Landlock is not available on this kernel")
-        fs_layer.status = exec_layer.status = "accepted-unenforced"
+        fs_layer.status = unenforceable("filesystem", "Landlock is not available on this kernel")
+        exec_layer.status = unenforceable("execution", "Landlock is not available on this kernel")
 
     # -- runtime baseline
     search_path = baseline.search_path
@@ -229,19 +233,15 @@ def build_plan(
     if net is None or not net.hosts.patterns:
         layers.append(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]))
     else:
-        need("network", False, "the policy grants network access and the egress filter is not available")
-        layers.append(
-            Layer(
-                "network",
-                "new network namespace",
-                "accepted-unenforced",
-                [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"],
-            )
-        )
+        status = unenforceable("network", "the policy grants network access and the egress filter is not available")
+        detail = f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"
+        layers.append(Layer("network", "new network namespace", status, [detail]))
 
     # -- syscalls and privileges
     seccomp_plan = SeccompPlan()
-    layers.append(Layer("syscalls", "seccomp (default allow, escape surface denied)", "active"))
+    layers.append(
+        Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
+    )
     layers.append(Layer("privileges", "no capabilities, no_new_privs, new session, private mounts", "active"))
 
     # -- resources
@@ -253,8 +253,7 @@ def build_plan(
     )
     res = Layer("resources", f"cgroup {features.cgroups}", "active")
     if features.cgroups == "none":
-        need("resources", False, "no usable cgroup hierarchy (memory, cpu, pids)")
-        res.status = "accepted-unenforced"
+        res.status = unenforceable("resources", "no usable cgroup hierarchy (memory, cpu, pids)")
     res.details.append(
         f"memory {limits.memory_bytes // 1048576 if limits.memory_bytes else 'unlimited'} MB, "
         f"cpu {limits.cpu_percent or 'unlimited'}%, pids {pids_max}, "
@@ -276,6 +275,7 @@ def build_plan(
         accepted_unenforced=accepted,
         baseline=baseline,
         secrets=secrets,
+        refusals=refusals,
     )
 
 
@@ -303,8 +303,12 @@ def _executables(policy: Policy, search_path: str, launched: str) -> set[str]:
         if pattern.startswith("/"):
             candidates.append(pattern)
         elif GLOB_CHARS & set(pattern):  # list PATH directories only for glob patterns
-            candidates += [os.path.join(d, n) for d in directories for n in sorted(os.listdir(d))
-                           if rules.allowed.first(n) is not None]
+            candidates += [
+                os.path.join(d, n)
+                for d in directories
+                for n in sorted(os.listdir(d))
+                if rules.allowed.first(n) is not None
+            ]
         else:
             candidates += [os.path.join(d, pattern) for d in directories]
     for path in candidates:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from ..audit import AuditWriter, Masker, records
@@ -32,13 +32,6 @@ def host_features() -> HostFeatures:
 
 def new_session_id() -> str:
     return "session-" + secrets.token_hex(8)
-
-
-@dataclass
-class SessionResult:
-    session: str
-    outcome: launcher.Outcome | None
-    refused: str | None
 
 
 def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:

@@ -128,6 +128,13 @@ def test_explain_runs_nothing(sandbox: Sandbox) -> None:
     assert "filesystem    active" in r.out and "NOT covered" in r.out
 
 
+def test_explain_shows_unavailable_layers(sandbox: Sandbox) -> None:
+    net = sandbox.policy(permissions={"network": {"allowed_hosts": ["api.example.com"]}})
+    r = sandbox.run("ls", policy=net, args=("--explain",))
+    assert r.code == 0 and r.records == []
+    assert "network       unavailable" in r.out and "a launch would be refused" in r.out
+
+
 def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
     pidfile = sandbox.ws / "grandchild.pid"
     code = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 from pathlib import Path
@@ -102,7 +103,7 @@ def _edit_checkpoint_signature(directory: Path) -> int:
     record["sig"]["value"] = record["sig"]["value"][::-1]
     del record["hash"]
     body = records.canonical(record)  # re-hash so only the signature can catch it
-    lines[index] = records.with_hash(body, records.record_hash(record))
+    lines[index] = records.with_hash(body, hashlib.sha256(body).hexdigest())
     path.write_bytes(b"".join(lines))
     return record["seq"]
 
@@ -114,7 +115,8 @@ def _rehash_edited_record(directory: Path) -> int:
     record = orjson.loads(lines[5])
     record["payload"]["decision"] = "rewritten"
     del record["hash"]
-    lines[5] = records.with_hash(records.canonical(record), records.record_hash(record))
+    body = records.canonical(record)
+    lines[5] = records.with_hash(body, hashlib.sha256(body).hexdigest())
     path.write_bytes(b"".join(lines))
     return record["seq"] + 1
 
