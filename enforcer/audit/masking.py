@@ -39,11 +39,6 @@ class Masker:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets = sorted({s for s in secrets if len(s) >= MIN_LITERAL_SECRET}, key=len, reverse=True)
 
-    def add_secrets(self, secrets: Iterable[str]) -> None:
-        self._secrets = sorted(
-            {*self._secrets, *(s for s in secrets if len(s) >= MIN_LITERAL_SECRET)}, key=len, reverse=True
-        )
-
     def mask(self, value: Any, always: Iterable[str] = ()) -> Masked:
         """Mask `value`; members at the `always` pointers are masked whatever they hold."""
         digest = "sha256:" + hashlib.sha256(canonical(value)).hexdigest()

@@ -137,16 +137,18 @@ def iter_records(directory: Path, *, reverse: bool = False) -> Iterator[dict[str
                 yield record
 
 
+def _target(payload: dict[str, Any]) -> str:
+    """What a record acted on, as key=value: the tool, host, path or command."""
+    return next((f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k)), "")
+
+
 def one_line(record: dict[str, Any]) -> str:
     payload = record.get("payload") if isinstance(record.get("payload"), dict) else {}
     ts = str(record.get("ts", ""))
     short_ts = ts[:23] + "Z" if len(ts) > 23 else ts
     kind = records.kind_of(record)
     decision = str(payload.get("decision", "")).upper() or "-"
-    target = next(
-        (f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k) not in (None, "")),
-        "",
-    )
+    target = _target(payload)
     detail = [target] if target else []
     if payload.get("rules"):
         detail.append("rules=" + ",".join(payload["rules"]))
@@ -181,7 +183,7 @@ def summarise(matching: Iterable[dict[str, Any]], top: int = 10) -> dict[str, An
             for rule in payload.get("rules") or []:
                 by_rule[str(rule)] += 1
             if decision == "deny":
-                target = next((f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k)), "")
+                target = _target(payload)
                 first_rule = (payload.get("rules") or ["?"])[0]
                 denials[f"{first_rule} {target}".strip()] += 1
         if kind in (records.LAUNCH, records.EXIT, records.REFUSED):

@@ -75,14 +75,17 @@ def verify_directory(directory: Path, public_key: ed25519.Ed25519PublicKey | Non
     first record is used (and the report says so: that only proves internal consistency)."""
     report = VerifyReport(key_source="pinned" if public_key else "")
     try:
-        _walk(directory, public_key, report)
-        _check_head(directory, report, public_key)
+        key = _walk(directory, public_key, report)
+        _check_head(directory, report, key)
     except _Broken as broken:
         report.bad_seq, report.problem = broken.seq, broken.problem
     return report
 
 
-def _walk(directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport) -> None:
+def _walk(
+    directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport
+) -> ed25519.Ed25519PublicKey | None:
+    """Walk every file; returns the sealing key used (pinned, or the one log.open records)."""
     files = log_files(directory)
     if not files:
         raise _Broken(1, f"no audit files in {directory}")
@@ -146,6 +149,7 @@ def _walk(directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: Veri
     if rotate_to is not None and not (directory / rotate_to).exists():
         raise _Broken(expected_seq, f"the last rotation names {rotate_to}, which is missing")
     report.last_seq, report.last_hash = expected_seq - 1, prev
+    return key
 
 
 def _key_from_genesis(record: dict[str, Any]) -> ed25519.Ed25519PublicKey:
@@ -172,7 +176,7 @@ def _check_checkpoint(record: dict[str, Any], key: ed25519.Ed25519PublicKey | No
     report.checkpoint_hashes[record["seq"]] = record["hash"]
 
 
-def _check_head(directory: Path, report: VerifyReport, pinned: ed25519.Ed25519PublicKey | None) -> None:
+def _check_head(directory: Path, report: VerifyReport, key: ed25519.Ed25519PublicKey | None) -> None:
     """HEAD.json names the newest checkpoint; a log that ends before it was cut off."""
     path = directory / HEAD_FILE
     if not path.exists():
@@ -182,7 +186,6 @@ def _check_head(directory: Path, report: VerifyReport, pinned: ed25519.Ed25519Pu
         seq, digest, sig = head["seq"], head["hash"], head["sig"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         raise _Broken(report.last_seq + 1, f"{HEAD_FILE} is unreadable") from None
-    key = pinned or _genesis_key(directory)
     unsigned = {k: v for k, v in head.items() if k != "sig"}
     if key is None or not keys.signature_ok(key, sig, canonical(unsigned)):
         raise _Broken(report.last_seq + 1, f"{HEAD_FILE} signature does not verify")
@@ -194,13 +197,3 @@ def _check_head(directory: Path, report: VerifyReport, pinned: ed25519.Ed25519Pu
         )
     if report.checkpoint_hashes.get(seq) != digest:
         raise _Broken(seq, f"seq {seq} is not the checkpoint the signed head names")
-
-
-def _genesis_key(directory: Path) -> ed25519.Ed25519PublicKey | None:
-    files = log_files(directory)
-    with open(files[0], "rb") as f:
-        record = records.parse_line(f.readline())
-    try:
-        return keys.public_from_raw(record["payload"]["public_key"])
-    except (KeyError, TypeError, ValueError):
-        return None

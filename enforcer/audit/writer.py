@@ -111,7 +111,6 @@ class AuditWriter:
         self._seq = 0
         self._hash = GENESIS
         self._log_id = ""
-        self._written_seq = 0
         self._durable_seq = 0
         self._unsynced = 0
         self._last_sync_ns = clock()
@@ -194,7 +193,7 @@ class AuditWriter:
                 return
             with self._lock:
                 self._check_usable()
-                fd, target = os.dup(self._fd), self._written_seq
+                fd, target = os.dup(self._fd), self._seq
             try:
                 os.fdatasync(fd)
             except OSError as exc:
@@ -313,7 +312,6 @@ class AuditWriter:
             if problem:
                 raise records.RecordError(f"last record before {self._file.name}'s end does not verify ({problem})")
             self._seq, self._hash = record["seq"], record["hash"]
-            self._written_seq = self._seq
             self._size = os.fstat(self._fd).st_size
             if gap:
                 self._write(records.GAP, gap, priority="high")
@@ -386,7 +384,6 @@ class AuditWriter:
             written += os.write(self._fd, line[written:])
         self._size += len(line)
         self._seq, self._hash = seq, digest
-        self._written_seq = seq
         self._unsynced += 1
         self._since_checkpoint += 1
         self._now = now
@@ -399,10 +396,12 @@ class AuditWriter:
         if due and self._flusher is not None:
             self._flush_wanted.set()  # the flusher syncs while appends go on
         elif due:
-            os.fdatasync(self._fd)
-            self._durable_seq = self._written_seq
-            self._unsynced = 0
-            self._last_sync_ns = self._clock()
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        """fdatasync on the append path (caller holds the locks)."""
+        os.fdatasync(self._fd)
+        self._durable_seq, self._unsynced, self._last_sync_ns = self._seq, 0, self._clock()
 
     def _maybe_checkpoint_and_rotate(self) -> None:
         now, settings = self._now, self.settings
@@ -422,8 +421,7 @@ class AuditWriter:
             return {"alg": "Ed25519", "key_id": self._key_id, "value": keys.b64url(self._key.sign(canonical(record)))}
 
         receipt = self._write(records.CHECKPOINT, {"sealed_seq": sealed, "key_id": self._key_id}, sig_fn=sign)
-        os.fdatasync(self._fd)
-        self._durable_seq, self._unsynced = self._written_seq, 0
+        self._sync_locked()
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
         self._write_head(receipt)
         return receipt
@@ -461,8 +459,7 @@ class AuditWriter:
         self._write_checkpoint()
         next_file = log_name(self._seq + 2)  # the rotate record takes seq + 1
         self._write(records.ROTATE, {"next_file": next_file})
-        os.fdatasync(self._fd)
-        self._durable_seq, self._unsynced = self._written_seq, 0
+        self._sync_locked()
         self._switch_to(self.directory / next_file, create=True)
 
     def _register(self) -> None:

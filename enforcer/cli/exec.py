@@ -125,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     for domain in plan.accepted_unenforced:
         print(f"adl-exec: warning: '{domain}' is NOT enforced (accepted with --accept-unenforced)", file=sys.stderr)
     try:
-        writer = AuditWriter(
-            args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec"
-        )
+        writer = _open_writer(args)
     except AuditUnavailable as exc:
         return _refuse(f"audit log unavailable, nothing runs unrecorded: {exc}")
     try:
@@ -159,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     return outcome.exit_code
 
 
+def _open_writer(args: argparse.Namespace) -> AuditWriter:
+    return AuditWriter(args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec")
+
+
 def _audit_refusal(args: argparse.Namespace, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
     try:
-        writer = AuditWriter(
-            args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec"
-        )
+        writer = _open_writer(args)
     except AuditUnavailable as exc:
         print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
         return

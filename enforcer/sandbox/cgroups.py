@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def _own_paths(proc_cgroup: str) -> dict[str, str]:
     return own
 
 
-class Cgroup:
+class Cgroup(ABC):
     """A session's cgroup. `directories` are where its member processes are written."""
 
     version: int
@@ -73,11 +74,11 @@ class Cgroup:
     def __init__(self, directories: list[Path]) -> None:
         self.directories = directories
 
-    def apply(self, limits: Limits) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def apply(self, limits: Limits) -> None: ...
 
-    def counters(self) -> Counters:
-        raise NotImplementedError
+    @abstractmethod
+    def counters(self) -> Counters: ...
 
     def members(self) -> list[int]:
         pids: set[int] = set()
@@ -91,9 +92,9 @@ class Cgroup:
     def join_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.directories]
 
+    @abstractmethod
     def kill_all(self) -> None:
         """SIGKILL every member, double-forked ones included."""
-        raise NotImplementedError
 
     def remove(self, timeout: float = 5.0) -> None:
         """Kill what is left, wait for it to go, remove the directories (bounded wait)."""

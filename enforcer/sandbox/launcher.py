@@ -31,6 +31,7 @@ from .plan import LaunchPlan
 Reason = Literal["exit", "signal", "oom", "timeout", "pids_limit"]
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -193,7 +194,7 @@ def _child_setup(plan: LaunchPlan, join_files: list[str], uid: int | None, gid: 
                 rules.add(f"/proc/{os.getpid()}", landlock.READ)
             landlock.restrict(rules)
         else:
-            _libc.prctl(38, 1, 0, 0, 0)  # no_new_privs even without Landlock
+            _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # Landlock would have set it
         step = "seccomp"
         seccomp.apply(plan.seccomp)
     except BaseException as exc:
