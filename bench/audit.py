@@ -93,8 +93,10 @@ def main() -> None:
         start = time.perf_counter()
         report = verify_directory(vdir)
         elapsed = time.perf_counter() - start
-        print(f"verify: {report.records:,} records in {report.files} files ({size / 1e6:.0f} MB) in {elapsed:.2f} s "
-              f"({report.records / elapsed:,.0f} records/s); intact={report.intact}; built in {build:.1f} s")
+        print(
+            f"verify: {report.records:,} records in {report.files} files ({size / 1e6:.0f} MB) in {elapsed:.2f} s "
+            f"({report.records / elapsed:,.0f} records/s); intact={report.intact}; built in {build:.1f} s"
+        )
 
 
 if __name__ == "__main__":

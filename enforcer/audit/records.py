@@ -13,6 +13,7 @@ the previous record's hash, so each hash covers the whole history before it.
 from __future__ import annotations
 
 import calendar
+import functools
 import hashlib
 import time
 from typing import Any
@@ -104,6 +105,56 @@ def parse_ts(text: str) -> int:
     head, _, frac = text.rstrip("Z").partition(".")
     seconds = calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
     return seconds * 1_000_000_000 + int((frac or "0").ljust(9, "0")[:9])
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_text(value: str) -> bytes:
+    """A JSON string, cached: source, kind, priority and session ids repeat across records."""
+    return orjson.dumps(value)
+
+
+def canonical_envelope(
+    *,
+    log_id: str,
+    seq: int,
+    prev: str,
+    ts_ns: int,
+    kind: str,
+    source: str,
+    corr: str,
+    payload: dict[str, Any],
+    trace: dict[str, str] | None = None,
+    priority: str = "normal",
+) -> bytes:
+    """canonical(envelope(...)) for an unsigned record, assembled from its parts.
+
+    Every decision is appended on the hot path; building the 17-member dict, sorting it and
+    re-encoding the strings that repeat in every record cost about a third of an append. The member
+    order below is the sorted order; a unit test holds this byte-for-byte equal to
+    canonical(envelope(...))."""
+    return b"".join(
+        (
+            b'{"corr":',
+            _json_text(corr),
+            b',"from":',
+            _json_text(source),
+            b',"id":',
+            _json_text(log_id)[:-1],
+            b'.%d","intent":' % seq,
+            _json_text(INTENT_PREFIX + kind),
+            b',"payload":',
+            orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
+            b',"prev":',
+            orjson.dumps(prev),
+            b',"priority":',
+            _json_text(priority),
+            b',"reply_to":null,"requires":null,"seq":%d,"sig":null,"to":"audit","trace":' % seq,
+            b"null" if trace is None else orjson.dumps(trace, option=orjson.OPT_SORT_KEYS),
+            b',"ts":"',
+            format_ts(ts_ns).encode(),
+            b'","type":"event","v":"1"}',
+        )
+    )
 
 
 def envelope(

@@ -8,7 +8,8 @@ from group commit (fdatasync every `group_records` records or `group_ms` millise
 
 Directory layout:
   audit-<first seq, 16 digits>.jsonl   the log, rotated by size and age; the chain runs across files
-  HEAD.json                            signed (seq, hash) of the newest checkpoint: catches truncation
+  HEAD.json                            signed (seq, hash) of the newest durable checkpoint: catches truncation
+  HEAD.lock, audit.lock                flock targets ordering HEAD updates and appends across writers
   writers/<id>                         one per live writer, flock-held; a lockable one is a dead writer
   torn/                                bytes of a torn last line moved aside after a crash
 """
@@ -122,6 +123,9 @@ class AuditWriter:
         self._leased = False
         self._stop_flusher = threading.Event()
         self._flush_wanted = threading.Event()
+        self._flush_asked = False
+        self._pending_head: Receipt | None = None
+        self._head_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
         try:
             self._key = keys.load_or_create(Path(key_path))
@@ -129,6 +133,7 @@ class AuditWriter:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
             (self.directory / "writers").mkdir(exist_ok=True, mode=0o750)
             self._lock_fd = os.open(self.directory / "audit.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            self._head_lock_fd = os.open(self.directory / "HEAD.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
             self._registry_fd = -1
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
@@ -201,9 +206,10 @@ class AuditWriter:
                 raise AuditUnavailable(f"audit log not durable: {exc}") from exc
             finally:
                 os.close(fd)
-            self._durable_seq = max(self._durable_seq, target)
-            self._unsynced = 0
-            self._last_sync_ns = self._clock()
+            with self._lock:
+                self._durable_seq = max(self._durable_seq, target)
+                self._unsynced = max(self._seq - self._durable_seq, 0)
+                self._last_sync_ns = self._clock()
 
     def checkpoint(self) -> Receipt:
         with self._lock:
@@ -239,6 +245,7 @@ class AuditWriter:
                     (self.directory / "writers" / self.writer_id).unlink(missing_ok=True)
                     os.close(self._registry_fd)
                 os.close(self._lock_fd)
+                os.close(self._head_lock_fd)
 
     def __enter__(self) -> AuditWriter:
         return self
@@ -362,21 +369,24 @@ class AuditWriter:
     ) -> Receipt:
         seq = self._seq + 1
         now = self._clock()
-        record = records.envelope(
-            log_id=self._log_id,
-            seq=seq,
-            prev=self._hash,
-            ts_ns=now,
-            kind=kind,
-            source=self.source,
-            corr=corr or self._default_corr,
-            payload=payload,
-            trace=trace,
-            priority=priority,
-        )
-        if sig_fn is not None:
+        fields: dict[str, Any] = {
+            "log_id": self._log_id,
+            "seq": seq,
+            "prev": self._hash,
+            "ts_ns": now,
+            "kind": kind,
+            "source": self.source,
+            "corr": corr or self._default_corr,
+            "payload": payload,
+            "trace": trace,
+            "priority": priority,
+        }
+        if sig_fn is None:
+            body = records.canonical_envelope(**fields)
+        else:
+            record = records.envelope(**fields)
             record["sig"] = sig_fn(record)
-        body = canonical(record)
+            body = canonical(record)
         digest = hashlib.sha256(body).hexdigest()
         line = records.with_hash(body, digest)
         written = os.write(self._fd, line)
@@ -387,14 +397,16 @@ class AuditWriter:
         self._unsynced += 1
         self._since_checkpoint += 1
         self._now = now
-        return Receipt(seq, digest, record["id"])
+        return Receipt(seq, digest, f"{self._log_id}.{seq}")
 
     def _maybe_group_commit(self) -> None:
         due = self._unsynced >= self.settings.group_records or (
             self._now - self._last_sync_ns >= self.settings.group_ms * 1e6
         )
         if due and self._flusher is not None:
-            self._flush_wanted.set()  # the flusher syncs while appends go on
+            if not self._flush_asked:  # one wake-up per group: Event.set costs a lock round trip
+                self._flush_asked = True
+                self._flush_wanted.set()  # the flusher syncs while appends go on
         elif due:
             self._sync_locked()
 
@@ -408,25 +420,42 @@ class AuditWriter:
         if self._since_checkpoint >= settings.checkpoint_records or (
             now - self._last_checkpoint_ns >= settings.checkpoint_seconds * 1e9
         ):
-            self._write_checkpoint()
+            self._write_checkpoint(head_later=self._flusher is not None)
         if self._size >= settings.rotate_bytes or now - self._file_started_ns >= settings.rotate_seconds * 1e9:
             self._rotate()
 
-    def _write_checkpoint(self) -> Receipt:
+    def _write_checkpoint(self, *, head_later: bool = False) -> Receipt:
         """A checkpoint record whose signature covers its own content, `prev` included, and so the
-        whole chain before it; then HEAD.json, which lets verify notice a cut-off log."""
+        whole chain before it; then HEAD.json, which lets verify notice a cut-off log.
+
+        HEAD may only name a durable checkpoint. With `head_later` the flusher thread writes it
+        after its next fdatasync, which keeps two fsyncs off the append path."""
         sealed = self._seq
 
         def sign(record: dict[str, Any]) -> dict[str, Any]:
             return {"alg": "Ed25519", "key_id": self._key_id, "value": keys.b64url(self._key.sign(canonical(record)))}
 
         receipt = self._write(records.CHECKPOINT, {"sealed_seq": sealed, "key_id": self._key_id}, sig_fn=sign)
-        self._sync_locked()
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
-        self._write_head(receipt)
+        if head_later:
+            self._pending_head = receipt
+            self._flush_asked = True
+            self._flush_wanted.set()
+        else:
+            self._sync_locked()
+            self._pending_head = None
+            self._write_head(receipt)
         return receipt
 
     def _write_head(self, receipt: Receipt) -> None:
+        with self._head_lock:  # threads of this writer; the flock below orders other writers
+            fcntl.flock(self._head_lock_fd, fcntl.LOCK_EX)
+            try:
+                self._replace_head(receipt)
+            finally:
+                fcntl.flock(self._head_lock_fd, fcntl.LOCK_UN)
+
+    def _replace_head(self, receipt: Receipt) -> None:
         head_path = self.directory / HEAD_FILE
         try:
             current = orjson.loads(head_path.read_bytes())
@@ -514,6 +543,16 @@ class AuditWriter:
                     self.sync()
                 except AuditUnavailable:
                     return
+            head = self._pending_head
+            if head is not None and self._durable_seq >= head.seq:
+                try:
+                    self._write_head(head)
+                except OSError as exc:
+                    self._failed = exc
+                    return
+                if self._pending_head is head:
+                    self._pending_head = None
+            self._flush_asked = False  # only now: appends made during the sync must not queue another at once
             with self._lock:  # after each group commit or quiet interval, let other writers in
                 self._release_lease()
 

@@ -255,3 +255,23 @@ def test_a_corrupted_tail_refuses_to_open(tmp_path: Path) -> None:
     path.write_bytes(b"".join(lines))
     with pytest.raises(AuditUnavailable, match="does not verify"):
         AuditWriter(directory, key)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"corr": "s-1", "payload": {"b": 1, "a": [{"z": None, "y": "é\u2028"}]}, "trace": None, "priority": "normal"},
+        {"corr": 'quote"d', "payload": {}, "trace": {"trace_id": "t", "span_id": "s"}, "priority": "high"},
+        {"corr": "x", "payload": {"id": ',"id":"', "𝄞": 1.5, "big": 2**62}, "trace": None, "priority": "low"},
+    ],
+)
+def test_fast_envelope_is_byte_identical_to_the_canonical_record(fields: dict) -> None:  # type: ignore[type-arg]
+    common = {
+        "log_id": "abcd",
+        "seq": 7,
+        "prev": "f" * 64,
+        "ts_ns": 1_795_000_000_123_456_789,
+        "kind": "decision",
+        "source": "adl-enforcer",
+    }
+    assert records.canonical_envelope(**common, **fields) == records.canonical(records.envelope(**common, **fields))
