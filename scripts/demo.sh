@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (if needed), then launch an example agent under an example policy: an allowed read, a denied
-# read, a denied exec, a denied shell, and the audit trail those sessions left. Needs root (Landlock
+# read, a denied file creation, a denied exec, a denied shell, and the audit trail those sessions left. Needs root (Landlock
 # works unprivileged, but the demo also creates cgroups and namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +23,11 @@ run $EXEC python3 $WS/main.py                                  # allowed: run th
 run $EXEC cat /tmp/adl-demo/reference/notes.txt                # allowed read
 run $EXEC cat $WS/.env                                          # denied path (masked)
 run $EXEC cat /etc/passwd /etc/shadow                           # outside the policy: shadow denied
+run $EXEC python3 -c "open('$WS/stolen.pem', 'w').write('x')"   # creating a denied name after launch
 run $EXEC python3 -c "import subprocess; subprocess.run(['curl', 'http://example.com'])"   # denied exec
 run $EXEC python3 -c "import os; os.execv('/bin/sh', ['sh', '-c', 'id'])"                 # no shells
 run $EXEC sh -c id                                              # refused before launch
 echo; echo "== the audit trail"
-run .venv/bin/adl-audit search --since -10m --type launch --type exit --type refused -n 30 --reverse
+run .venv/bin/adl-audit search --since -10m --type launch --type exit --type refused --type decision -n 30 --reverse
 run .venv/bin/adl-audit report --since -10m
 run .venv/bin/adl-audit verify

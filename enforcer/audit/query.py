@@ -184,7 +184,7 @@ def summarise(matching: Iterable[dict[str, Any]], top: int = 10) -> dict[str, An
                 by_rule[str(rule)] += 1
             if decision == "deny":
                 target = _target(payload)
-                first_rule = (payload.get("rules") or ["?"])[0]
+                first_rule = (payload.get("rules") or [payload.get("reason") or kind])[0]
                 denials[f"{first_rule} {target}".strip()] += 1
         if kind in (records.LAUNCH, records.EXIT, records.REFUSED):
             session = sessions.setdefault(str(record.get("corr")), {"session": record.get("corr")})

@@ -144,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             "exit_code": outcome.exit_code,
             "signal": outcome.signal,
             "duration_ms": int(outcome.duration_s * 1000),
+            "creations_refused": outcome.guard_refused_total,
         }
         if args.json:
             print(json.dumps(report), file=sys.stderr)
         else:
             extra = f", signal {outcome.signal}" if outcome.signal else ""
+            if outcome.guard_refused_total:
+                extra += f", {outcome.guard_refused_total} denied name(s) not created"
             print(
                 f"adl-exec: {session_id} ended: {outcome.reason} (exit code {outcome.exit_code}{extra}, "
                 f"{report['duration_ms']} ms)",

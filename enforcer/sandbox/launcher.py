@@ -6,8 +6,10 @@ Child order (each step needs the privileges the next one removes):
   3. private mounts, denied-path masks  (needs the new mount namespace)
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
   5. drop uid/gid and every capability
-  6. Landlock (sets no_new_privs)
-  7. seccomp                            (last: it forbids mount and unshare)
+  6. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
+     access to /proc, then the guard is forked, then the agent's own domain nested inside
+  7. seccomp                            (last: it forbids mount and unshare); its notification
+                                        listener is handed to the guard
 then exec. The parent is a child subreaper, so double-forked processes stay its children, and a
 guardian process removes the cgroup (killing everything in it) if the parent dies, even by SIGKILL.
 """
@@ -16,22 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from . import cgroups, landlock, namespaces, seccomp
+import orjson
+
+from . import cgroups, creation_guard, landlock, namespaces, seccomp
 from .plan import LaunchPlan
 
 Reason = Literal["exit", "signal", "oom", "timeout", "pids_limit"]
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -46,6 +54,18 @@ class Outcome:
     signal: int | None
     duration_s: float
     pid: int
+    guard_refusals: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    guard_refused_total: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+    """What the child needs to start the creation guard (prepared in the parent)."""
+
+    bpf: bytes
+    syscall_names: dict[int, str]
+    report_fd: int
+    denied: Callable[[str], str | None]
 
 
 def run(
@@ -61,9 +81,16 @@ def run(
         group.apply(plan.limits)
     except OSError as exc:
         raise LaunchError(f"cgroup setup failed: {exc}") from exc
+    bpf = seccomp.compile_filter(plan.seccomp)
     guardian_pid, guardian_pipe = _start_guardian(group)
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     err_read, err_write = os.pipe2(os.O_CLOEXEC)
+    report_read, report_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    guard = (
+        _Guard(bpf, seccomp.syscall_numbers(list(creation_guard.GUARDED)), report_write, plan.creation_denied)
+        if plan.seccomp.guard_creation and plan.creation_denied is not None
+        else None
+    )
     try:
         started = time.monotonic()
         try:
@@ -71,7 +98,7 @@ def run(
                 plan.argv,
                 executable=plan.executable,
                 env=plan.env,
-                preexec_fn=lambda: _child_setup(plan, group.join_files(), uid, gid, err_write),
+                preexec_fn=lambda: _child_setup(plan, bpf, guard, group.join_files(), uid, gid, err_write),
                 start_new_session=True,
                 close_fds=True,
             )
@@ -82,11 +109,16 @@ def run(
             raise LaunchError(f"sandbox setup failed in the child: {detail or exc}") from exc
         os.close(err_write)
         err_write = -1
+        os.close(report_write)
+        report_write = -1
         outcome = _wait(child, group, plan.timeout_s, started)
+        outcome = _with_guard_report(outcome, report_read)
     finally:
-        if err_write >= 0:
-            os.close(err_write)
+        for fd in (err_write, report_write):
+            if fd >= 0:
+                os.close(fd)
         os.close(err_read)
+        os.close(report_read)
         try:
             group.remove()
         finally:
@@ -130,6 +162,27 @@ def _wait(child: subprocess.Popen[bytes], group: cgroups.Cgroup, timeout_s: floa
     return Outcome(reason, code, sig, duration, child.pid)
 
 
+def _with_guard_report(outcome: Outcome, report_read: int) -> Outcome:
+    """Add what the creation guard refused (it is dead by now: the session's cgroup was killed)."""
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(report_read, 65536):
+            data += chunk
+    refusals: list[dict[str, object]] = []
+    total = 0
+    for line in data.splitlines():
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a line cut by the kill
+        if event.get("summary"):
+            total = max(total, int(event.get("refused", 0)))
+        else:
+            refusals.append(event)
+    total = max(total, len(refusals))
+    return dataclasses.replace(outcome, guard_refusals=refusals, guard_refused_total=total)
+
+
 def _signal_child(child: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(child.pid, signum)
@@ -165,7 +218,15 @@ def _start_guardian(group: cgroups.Cgroup) -> tuple[int, int]:
     return pid, write_end
 
 
-def _child_setup(plan: LaunchPlan, join_files: list[str], uid: int | None, gid: int | None, err_fd: int) -> None:
+def _child_setup(
+    plan: LaunchPlan,
+    bpf: bytes,
+    guard: _Guard | None,
+    join_files: list[str],
+    uid: int | None,
+    gid: int | None,
+    err_fd: int,
+) -> None:
     """Runs in the forked child, single-threaded, before exec. Any failure is written to err_fd and
     raised, so Popen fails and nothing runs unsandboxed."""
     step = "start"
@@ -187,19 +248,75 @@ def _child_setup(plan: LaunchPlan, join_files: list[str], uid: int | None, gid: 
         namespaces.loopback_up()
         step = "drop privileges"
         namespaces.drop_privileges(uid, gid)
+        rules = landlock.LandlockPlan(plan.landlock.abi, list(plan.landlock.rules))
+        if plan.landlock.abi and plan.baseline.proc_self:
+            rules.add(f"/proc/{os.getpid()}", landlock.READ)
+        guard_socket = None
+        if guard is not None:
+            step = "creation guard"
+            if plan.landlock.abi:  # the guard's domain: the agent's rules plus reading /proc
+                outer = dataclasses.replace(rules, rules=list(rules.rules))
+                outer.add("/proc", landlock.READ)
+                landlock.restrict(outer)
+            guard_socket = _fork_guard(guard)
         if plan.landlock.abi:
             step = "landlock"
-            rules = landlock.LandlockPlan(plan.landlock.abi, list(plan.landlock.rules))
-            if plan.baseline.proc_self:
-                rules.add(f"/proc/{os.getpid()}", landlock.READ)
             landlock.restrict(rules)
         else:
             _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # Landlock would have set it
         step = "seccomp"
-        seccomp.apply(plan.seccomp)
+        listener = seccomp.load(bpf, listener=guard_socket is not None)
+        if guard_socket is not None:
+            step = "creation guard"
+            socket.send_fds(guard_socket, [b"L"], [listener])
+            os.close(listener)
+            if guard_socket.recv(2) != b"ok":
+                raise OSError("the creation guard did not start")
+            guard_socket.close()
     except BaseException as exc:
         message = f"{step}: {exc}"
         if not isinstance(exc, OSError):
             message += " " + traceback.format_exc(limit=2)
         os.write(err_fd, message.encode()[:4000])
         raise
+
+
+def _fork_guard(guard: _Guard) -> socket.socket:
+    """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
+    the socket on which it waits for the seccomp listener."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            if os.fork() == 0:
+                _run_guard(theirs, guard)
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    os.waitpid(pid, 0)
+    return ours
+
+
+def _run_guard(sock: socket.socket, guard: _Guard) -> None:
+    code = 1
+    try:
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read or write its memory
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)  # never hold the agent's stdout open
+        keep = sorted({sock.fileno(), guard.report_fd})
+        os.closerange(3, keep[0])
+        for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
+            os.closerange(low + 1, high)  # the Popen error pipe among them
+        _, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        if not fds:
+            return
+        sock.send(b"ok")
+        sock.close()
+        creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, guard.report_fd).serve()
+        code = 0
+    finally:
+        os._exit(code)

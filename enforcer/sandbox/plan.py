@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +94,7 @@ class LaunchPlan:
     baseline: Baseline
     secrets: list[str]  # values of secret variables handed over: masked out of the audit log
     refusals: list[str]  # explain_only: why a real launch would be refused
+    creation_denied: Callable[[str], str | None] | None = None  # path -> denied pattern it matches
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,8 @@ def build_plan(
         layers.append(Layer("network", "new network namespace", status, [detail]))
 
     # -- syscalls and privileges
-    seccomp_plan = SeccompPlan()
+    creation_denied = _creation_matcher(fs)
+    seccomp_plan = SeccompPlan(guard_creation=creation_denied is not None)
     layers.append(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
     )
@@ -276,7 +279,21 @@ def build_plan(
         baseline=baseline,
         secrets=secrets,
         refusals=refusals,
+        creation_denied=creation_denied,
     )
+
+
+def _creation_matcher(fs: Any) -> Callable[[str], str | None] | None:
+    """Denied patterns the creation guard applies to new names (None: nothing to guard)."""
+    if fs is None or not fs.denied.patterns or not any(a != "read" for a in fs.access):
+        return None  # without a writable grant, Landlock already forbids creating files
+    denied = fs.denied
+
+    def match(path: str) -> str | None:
+        hit = denied.first(path)
+        return None if hit is None else denied.patterns[hit]
+
+    return match
 
 
 def _resolve(command: str, search_path: str, cwd: str) -> str | None:
@@ -368,8 +385,12 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
     layer.details.append(f"patterns: {', '.join(fs.denied.patterns)}")
     layer.details.append(f"masked at launch: {len(file_masks)} file(s), {len(dir_masks)} directorie(s)")
     layer.details.extend(f"  masked: {p}" for p in file_masks + dir_masks)
-    layer.details.append(
-        "NOT covered: a file matching a denied pattern created after launch inside a writable allowed "
-        "path can be read back by the agent (Landlock cannot match names)"
-    )
+    if any(a != "read" for a in fs.access):
+        layer.details.append(
+            "created after launch: every name-creating call (open with O_CREAT, mkdir, mknod, link, "
+            "symlink, rename) is checked by the creation guard against these patterns and refused "
+            "(EACCES, audited) when the new name matches"
+        )
+    else:
+        layer.details.append("created after launch: nothing can be created (no writable grant)")
     return layer

@@ -9,11 +9,17 @@ upper half of a register cannot slip past; a foreign architecture kills the proc
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
+import platform
 import socket
+import tempfile
 from dataclasses import dataclass
 
 import pyseccomp as sc
+
+from .creation_guard import GUARDED
 
 # Syscalls denied outright, grouped by why.
 DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
@@ -79,6 +85,7 @@ TIOCSTI = 0x5412
 @dataclass(frozen=True)
 class SeccompPlan:
     deny_unix_sockets: bool = True
+    guard_creation: bool = False  # send name-creating calls to the creation guard (denied_paths)
 
 
 def describe(plan: SeccompPlan) -> list[str]:
@@ -87,12 +94,56 @@ def describe(plan: SeccompPlan) -> list[str]:
     lines.append(f"sockets: {', '.join(families)}, SOCK_RAW of any family; socketpair(AF_UNIX) stays allowed")
     lines.append("clone with namespace flags; clone3 (flags not inspectable); ioctl TIOCSTI")
     lines.append("foreign architecture (32-bit syscall ABI): process killed")
+    if plan.guard_creation:
+        lines.append(
+            "name-creating calls (open/openat/creat with O_CREAT, mkdir, mknod, link, symlink, rename) "
+            "are checked and performed by the creation guard; openat2 answers ENOSYS (its flags are not "
+            "inspectable), so programs fall back to openat"
+        )
     return lines
 
 
-def apply(plan: SeccompPlan) -> None:
-    """Load the filter in the calling (single-threaded, forked) process. Never denies execve,
-    close_range or anything _posixsubprocess still needs after preexec_fn."""
+def compile_filter(plan: SeccompPlan) -> bytes:
+    """The BPF program, built in the parent (libseccomp's rule compiler is the slow part of loading)."""
+    f = _build(plan)
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+# <linux/seccomp.h>
+_SECCOMP_SET_MODE_FILTER = 1
+_FLAG_NEW_LISTENER = 1 << 3
+_FLAG_WAIT_KILLABLE_RECV = 1 << 5  # once the guard has the call, only a fatal signal interrupts it
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(platform.machine(), -1)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def load(bpf: bytes, *, listener: bool) -> int:
+    """Install a compiled program in the calling process (no_new_privs must be set). Returns the
+    notification listener descriptor when `listener`, else -1."""
+    if _SYS_SECCOMP < 0:
+        raise OSError(errno.ENOSYS, f"seccomp syscall number unknown on {platform.machine()}")
+    prog = _SockFprog(len(bpf) // 8, bpf)
+    flags = _FLAG_NEW_LISTENER | _FLAG_WAIT_KILLABLE_RECV if listener else 0
+    result = _libc.syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, ctypes.c_uint(flags), ctypes.byref(prog))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter not loaded: {os.strerror(err)}")
+    return result if listener else -1
+
+
+def syscall_numbers(names: list[str]) -> dict[int, str]:
+    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in names}
+
+
+def _build(plan: SeccompPlan) -> sc.SyscallFilter:
+    """Never denies execve, close_range or anything _posixsubprocess still needs after preexec_fn."""
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     eperm = sc.ERRNO(errno.EPERM)
@@ -109,7 +160,15 @@ def apply(plan: SeccompPlan) -> None:
     for sock_type in (socket.SOCK_RAW, 10):  # 10: SOCK_PACKET
         f.add_rule(eperm, "socket", sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
     f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, TIOCSTI))
-    f.load()
+    if plan.guard_creation:
+        for name in GUARDED:
+            if name in ("open", "openat"):
+                flags_arg = 1 if name == "open" else 2
+                f.add_rule(sc.NOTIFY, name, sc.Arg(flags_arg, sc.MASKED_EQ, os.O_CREAT, os.O_CREAT))
+            else:
+                f.add_rule(sc.NOTIFY, name)
+        f.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")
+    return f
 
 
 def _bits(mask: int) -> list[int]:

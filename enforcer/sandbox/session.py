@@ -84,6 +84,22 @@ def run_session(
     )
     outcome = launcher.run(plan, session, uid=uid, gid=gid)
     end_ns = time.time_ns()
+    for refusal in outcome.guard_refusals:
+        writer.append(
+            records.DECISION,
+            {
+                "agent": agent,
+                "decision": "deny",
+                "enforced_by": "creation guard (seccomp user notification)",
+                "syscall": refusal.get("syscall"),
+                "path": refusal.get("path"),
+                "pid": refusal.get("pid"),
+                "rules": ["fs.denied"],
+                "reasons": [{"rule": "fs.denied", "text": f"new name matches denied path '{refusal.get('pattern')}'"}],
+            },
+            corr=session,
+            priority="high",
+        )
     writer.append(
         records.EXIT,
         {
@@ -93,6 +109,8 @@ def run_session(
             "signal": outcome.signal,
             "duration_ms": int(outcome.duration_s * 1000),
             "pid": outcome.pid,
+            "creations_refused": outcome.guard_refused_total,
+            "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
         },
         corr=session,
         priority="normal" if outcome.reason == "exit" else "high",

@@ -46,6 +46,43 @@ def test_denied_paths_are_masked(sandbox: Sandbox) -> None:
     assert any("secret.txt" in d for d in masks["details"]) and any("key.pem" in d for d in masks["details"])
 
 
+def test_allowed_creation_works_through_the_creation_guard(sandbox: Sandbox) -> None:
+    """With denied patterns and a writable grant every creating call goes through the guard; the
+    ones the policy allows must behave exactly as without it."""
+    ws = str(sandbox.ws)
+    r = sandbox.python(
+        f"""
+import fcntl, os, stat
+ws = {ws!r}
+os.umask(0o027)
+open(ws + "/new.txt", "w").write("hello")
+print("mode", oct(stat.S_IMODE(os.stat(ws + "/new.txt").st_mode)))
+fd = os.open(ws + "/cloexec.txt", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+print("cloexec", bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC))
+os.write(fd, b"x"); os.close(fd)
+os.makedirs(ws + "/a/b/c")
+os.chdir(ws + "/a/b")
+open("rel.txt", "w").write("r")
+os.rename(ws + "/new.txt", ws + "/renamed.txt")
+os.link(ws + "/renamed.txt", ws + "/hard.txt")
+os.symlink("renamed.txt", ws + "/soft.txt")
+open("/dev/null", "w").write("discarded")
+with open("/dev/stdout", "w") as out:
+    out.write("via-dev-stdout\\n")
+try:
+    open("/proc/self/environ", "w")
+except OSError as exc:
+    print("proc", exc.errno)
+print("done", open(ws + "/soft.txt").read(), open(ws + "/a/b/rel.txt").read())
+"""
+    )
+    assert r.code == 0, r.err
+    assert "mode 0o640" in r.out and "cloexec True" in r.out and "via-dev-stdout" in r.out, r.out
+    assert "proc 13" in r.out and "done hello r" in r.out, r.out
+    assert (sandbox.ws / "hard.txt").read_text() == "hello"
+    assert r.record("exit")["payload"]["creations_refused"] == 0
+
+
 def test_exec_allowed_and_denied(sandbox: Sandbox) -> None:
     r = sandbox.python(
         f"import subprocess; print(subprocess.run(['ls', {str(sandbox.ref)!r}], capture_output=True, text=True).stdout)"
@@ -125,7 +162,7 @@ def test_explain_runs_nothing(sandbox: Sandbox) -> None:
     marker = sandbox.ws / "ran"
     r = sandbox.run("python3", "-c", f"open({str(marker)!r}, 'w')", args=("--explain",))
     assert r.code == 0 and not marker.exists() and r.records == []
-    assert "filesystem    active" in r.out and "NOT covered" in r.out
+    assert "filesystem    active" in r.out and "creation guard" in r.out
 
 
 def test_explain_shows_unavailable_layers(sandbox: Sandbox) -> None:

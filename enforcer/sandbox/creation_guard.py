@@ -1,0 +1,327 @@
+"""Denied paths created after launch: a seccomp user-notification supervisor.
+
+Masks cover files that exist at launch; Landlock cannot match names, so a writable allowed tree would
+let the agent create `.env` or `id_rsa` there and read it back. Every syscall that creates a name
+(open/openat/creat with O_CREAT, mkdir, mknod, link, symlink, rename) is sent to this supervisor
+instead of running. The supervisor reads the path from the caller's memory once, opens the parent
+directory, takes that directory's real path from the kernel, refuses names that match a denied
+pattern, and otherwise performs the operation itself and hands back the result (a new file
+descriptor is installed in the caller with SECCOMP_IOCTL_NOTIF_ADDFD). Nothing is ever sent back
+with SECCOMP_USER_NOTIF_FLAG_CONTINUE, so a thread rewriting the path after the check changes
+nothing: the checked string is the one used.
+
+The supervisor runs with the agent's uid, groups and mount namespace, inside a Landlock domain that
+is the agent's plus read access to /proc (to read callers' memory and descriptors); the agent's own
+domain is nested inside it, so the agent can neither signal nor trace the supervisor, while the
+supervisor can read the agent. It is not dumpable. If it dies, every guarded call fails (ENOSYS):
+creation stops, it is never let through unchecked. Paths under /proc are refused unless they name
+one of the caller's own descriptors (/dev/stdout and friends), so the extra /proc access is never
+lent to the agent.
+
+Refusals are reported as JSON lines on a pipe the launcher reads after the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import select
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+# Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
+# means relative to the cwd. open/openat are only sent here when O_CREAT is set (see seccomp.py).
+GUARDED: dict[str, tuple[tuple[int | None, int], ...]] = {
+    "open": ((None, 0),),
+    "creat": ((None, 0),),
+    "openat": ((0, 1),),
+    "mkdir": ((None, 0),),
+    "mkdirat": ((0, 1),),
+    "mknod": ((None, 0),),
+    "mknodat": ((0, 1),),
+    "symlink": ((None, 1),),
+    "symlinkat": ((1, 2),),
+    "link": ((None, 0), (None, 1)),
+    "linkat": ((0, 1), (2, 3)),
+    "rename": ((None, 0), (None, 1)),
+    "renameat": ((0, 1), (2, 3)),
+    "renameat2": ((0, 1), (2, 3)),
+}
+
+# <linux/seccomp.h>
+NOTIF_RECV = 0xC0502100
+NOTIF_SEND = 0xC0182101
+NOTIF_ID_VALID = 0x40082102
+NOTIF_ADDFD = 0x40182103
+ADDFD_FLAG_SEND = 2
+_NOTIF = struct.Struct("=QIIiIQ6Q")  # id, pid, flags, nr, arch, instruction pointer, args[6]
+_RESP = struct.Struct("=QqiI")  # id, val, error, flags
+_ADDFD = struct.Struct("=QIIII")  # id, flags, srcfd, newfd, newfd_flags
+
+AT_FDCWD = -100
+AT_SYMLINK_FOLLOW = 0x400
+AT_EMPTY_PATH = 0x1000
+RENAME_EXCHANGE = 2
+PATH_MAX = 4096
+MAX_SYMLINKS = 40
+MAX_REPORTED = 200  # refusals reported one by one; later ones are only counted
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+
+
+class Refused(Exception):
+    """The call is answered with an errno and nothing is done."""
+
+    def __init__(self, err: int, reason: str = "", path: str = "", pattern: str = "") -> None:
+        super().__init__(reason)
+        self.err, self.reason, self.path, self.pattern = err, reason, path, pattern
+
+
+@dataclass
+class Caller:
+    tid: int
+    tgid: int
+    umask: int
+
+
+def _int32(value: int) -> int:
+    return ctypes.c_int32(value & 0xFFFFFFFF).value
+
+
+class Supervisor:
+    def __init__(
+        self,
+        listener: int,
+        denied: Callable[[str], str | None],
+        syscall_names: dict[int, str],
+        report_fd: int = -1,
+    ) -> None:
+        """`denied(path)` returns the denied pattern a path matches, or None."""
+        self.listener = listener
+        self.denied = denied
+        self.names = syscall_names
+        self.report_fd = report_fd
+        self.refusals = 0
+        self.handled = 0
+
+    # -- loop -------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Answer notifications until no sandboxed process is left (the listener hangs up)."""
+        poller = select.poll()
+        poller.register(self.listener, select.POLLIN)
+        while True:
+            events = poller.poll()
+            if any(ev & (select.POLLHUP | select.POLLERR) for _, ev in events):
+                break
+            buf = bytearray(_NOTIF.size)
+            try:
+                fcntl.ioctl(self.listener, NOTIF_RECV, buf)
+            except OSError as exc:
+                if exc.errno in (errno.EINTR, errno.ENOENT):  # the caller died or was interrupted
+                    continue
+                raise
+            self.handle(buf)
+        self._report({"summary": True, "handled": self.handled, "refused": self.refusals})
+
+    def handle(self, buf: bytearray) -> None:
+        notif_id, tid, _flags, nr, _arch, _ip, *args = _NOTIF.unpack(buf)
+        name = self.names.get(nr, str(nr))
+        self.handled += 1
+        opened: list[int] = []
+        try:
+            caller = _caller(tid)
+            result = self._dispatch(notif_id, name, caller, args, opened)
+        except Refused as refusal:
+            if refusal.pattern:
+                self.refusals += 1
+                if self.refusals <= MAX_REPORTED:
+                    self._report(
+                        {
+                            "syscall": name,
+                            "path": refusal.path,
+                            "pattern": refusal.pattern,
+                            "pid": tid,
+                            "ts": time.time_ns(),
+                        }
+                    )
+            result = -refusal.err
+        except OSError as exc:
+            result = -(exc.errno or errno.EIO)
+        finally:
+            for fd in opened:
+                os.close(fd)
+        if isinstance(result, tuple):  # ("fd", fd, cloexec): install it in the caller
+            _, fd, cloexec = result
+            try:
+                fcntl.ioctl(self.listener, NOTIF_ADDFD, _ADDFD.pack(notif_id, ADDFD_FLAG_SEND, fd, 0, cloexec))
+            except OSError:
+                pass  # the caller died meanwhile
+            finally:
+                os.close(fd)
+            return
+        value, error = (result, 0) if result >= 0 else (0, result)
+        with contextlib.suppress(OSError):
+            fcntl.ioctl(self.listener, NOTIF_SEND, _RESP.pack(notif_id, value, error, 0))
+
+    def _report(self, event: dict[str, Any]) -> None:
+        if self.report_fd < 0:
+            return
+        # A full or closed pipe must not stop the guard; the count still reaches the summary.
+        with contextlib.suppress(OSError):
+            os.write(self.report_fd, orjson.dumps(event) + b"\n")
+
+    # -- one call ---------------------------------------------------------------------------------
+
+    def _dispatch(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
+        pairs = GUARDED.get(name)
+        if pairs is None:
+            raise Refused(errno.ENOSYS)
+        paths = [_read_string(caller.tid, args[p]) for _, p in pairs]
+        bases = [self._base(caller, None if d is None else _int32(args[d]), opened) for d, _ in pairs]
+        # The caller must still be waiting in this call: its pid (and so its /proc entries) are its own.
+        fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
+        os.umask(caller.umask)
+        if name in ("open", "openat", "creat"):
+            flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC if name == "creat" else _int32(args[pairs[0][1] + 1])
+            mode = args[1] if name == "creat" else args[pairs[0][1] + 2]
+            return self._open(caller, bases[0], paths[0], flags, mode & 0o7777, opened)
+        if name in ("mkdir", "mkdirat"):
+            parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
+            os.mkdir(leaf, args[pairs[0][1] + 1] & 0o7777, dir_fd=parent)
+            return 0
+        if name in ("mknod", "mknodat"):
+            parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
+            os.mknod(leaf, args[pairs[0][1] + 1] & 0xFFFFFFFF, args[pairs[0][1] + 2], dir_fd=parent)
+            return 0
+        if name in ("symlink", "symlinkat"):
+            target = _read_string(caller.tid, args[0])
+            parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
+            os.symlink(target, leaf, dir_fd=parent)
+            return 0
+        old_base, old_path = bases[0], _proc_view(paths[0], caller)
+        parent, leaf = self._creation_target(
+            caller, bases[1], paths[1], opened, name, moves_tree=name.startswith("rename")
+        )
+        if name.startswith("link"):
+            flags = _int32(args[4]) if name == "linkat" else 0
+            if flags & AT_EMPTY_PATH and not old_path:
+                old_base, old_path, flags = -1, f"/proc/{caller.tgid}/fd/{_int32(args[0])}", AT_SYMLINK_FOLLOW
+            os.link(
+                old_path,
+                leaf,
+                src_dir_fd=None if old_base < 0 else old_base,
+                dst_dir_fd=parent,
+                follow_symlinks=bool(flags & AT_SYMLINK_FOLLOW),
+            )
+            return 0
+        flags = _int32(args[4]) if name == "renameat2" else 0
+        if flags & RENAME_EXCHANGE:  # the old name receives the other file: it is created too
+            self._creation_target(caller, bases[0], paths[0], opened, name, moves_tree=True)
+        if _libc.renameat2(old_base, os.fsencode(old_path), parent, leaf.encode(), flags) != 0:
+            return -ctypes.get_errno()
+        return 0
+
+    def _base(self, caller: Caller, dirfd: int | None, opened: list[int]) -> int:
+        """A descriptor for the directory a relative path starts from, as the caller sees it."""
+        where = f"/proc/{caller.tid}/cwd" if dirfd is None or dirfd == AT_FDCWD else f"/proc/{caller.tid}/fd/{dirfd}"
+        fd = os.open(where, os.O_PATH | os.O_CLOEXEC)
+        opened.append(fd)
+        return fd
+
+    def _creation_target(
+        self, caller: Caller, base: int, path: str, opened: list[int], syscall: str, *, moves_tree: bool = False
+    ) -> tuple[int, str]:
+        """(parent directory descriptor, leaf name) for a name about to be created, after checking the
+        real path of the opened parent against the denied patterns. `moves_tree`: a directory may
+        arrive with contents, so a pattern matching anything beneath the name refuses it too."""
+        path = _proc_view(path, caller)
+        head, leaf = os.path.split(path.rstrip("/") or path)
+        if leaf in ("", ".", ".."):
+            raise Refused(errno.EEXIST)
+        parent = os.open(head or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=base)
+        opened.append(parent)
+        real_parent = os.readlink(f"/proc/self/fd/{parent}")
+        if real_parent == "/proc" or real_parent.startswith("/proc/"):
+            raise Refused(errno.EACCES)
+        full = real_parent.rstrip("/") + "/" + leaf
+        pattern = self.denied(full) or (self.denied(full + "/x") if moves_tree else None)
+        if pattern is not None:
+            raise Refused(errno.EACCES, f"{syscall} would create a denied path", full, pattern)
+        return parent, leaf
+
+    def _open(self, caller: Caller, base: int, path: str, flags: int, mode: int, opened: list[int]) -> Any:
+        cloexec = os.O_CLOEXEC if flags & os.O_CLOEXEC else 0
+        for _ in range(MAX_SYMLINKS):
+            viewed = _proc_view(path, caller)
+            own_fd = re.fullmatch(rf"/proc/{caller.tgid}(?:/task/{caller.tid})?/fd/\d+", viewed)
+            if own_fd:  # /dev/stdout and the like: reopen the caller's own descriptor, nothing is created
+                return ("fd", os.open(viewed, flags & ~os.O_CREAT | os.O_CLOEXEC), cloexec)
+            parent, leaf = self._creation_target(caller, base, path, opened, "open")
+            try:
+                return ("fd", os.open(leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent), cloexec)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP or flags & (os.O_NOFOLLOW | os.O_EXCL):
+                    raise
+            # The leaf is a symbolic link: the kernel would follow it and create its target.
+            target = os.readlink(leaf, dir_fd=parent)
+            base, path = parent, target
+        raise Refused(errno.ELOOP)
+
+
+def _caller(tid: int) -> Caller:
+    with open(f"/proc/{tid}/status", "rb") as f:
+        status = f.read()
+    tgid = int(re.search(rb"^Tgid:\s*(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    umask = re.search(rb"^Umask:\s*([0-7]+)", status, re.M)
+    return Caller(tid, tgid, int(umask.group(1), 8) if umask else 0o022)
+
+
+def _read_string(tid: int, address: int) -> str:
+    """A NUL-terminated path from the caller's memory, read once, page by page (a read must not
+    cross into an unmapped page)."""
+    if address == 0:
+        raise Refused(errno.EFAULT)
+    fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while len(data) <= PATH_MAX:
+            at = address + len(data)
+            chunk = os.pread(fd, 4096 - at % 4096, at)
+            if not chunk:
+                raise Refused(errno.EFAULT)
+            end = chunk.find(b"\0")
+            if end >= 0:
+                return os.fsdecode(data + chunk[:end])
+            data += chunk
+    except OSError:
+        raise Refused(errno.EFAULT) from None
+    finally:
+        os.close(fd)
+    raise Refused(errno.ENAMETOOLONG)
+
+
+def _proc_view(path: str, caller: Caller) -> str:
+    """Paths that name "self" mean the caller, not the supervisor."""
+    own = f"/proc/{caller.tgid}"
+    for prefix, replacement in (
+        ("/proc/self", own),
+        ("/proc/thread-self", f"{own}/task/{caller.tid}"),
+        ("/dev/fd", f"{own}/fd"),
+        ("/dev/stdin", f"{own}/fd/0"),
+        ("/dev/stdout", f"{own}/fd/1"),
+        ("/dev/stderr", f"{own}/fd/2"),
+    ):
+        if path == prefix or path.startswith(prefix + "/"):
+            return replacement + path[len(prefix) :]
+    return path
