@@ -145,6 +145,38 @@ check("openat2 (no inspectable flags)", lambda: libc_call("syscall", 437, -100, 
     assert (sandbox.ws / "notes.txt").exists()
 
 
+def test_the_agent_cannot_stop_the_creation_guard(sandbox: Sandbox) -> None:
+    """The guard is a sibling process the agent could find by pid; Landlock's signal scope keeps the
+    agent's SIGKILL away from it, and were it dead, guarded calls would fail rather than run."""
+    ws = str(sandbox.ws)
+    result = attempt(
+        sandbox,
+        f"""
+import os, signal
+me, parent = os.getpid(), os.getppid()
+refused = 0
+for pid in range(max(2, me - 20), me + 40):
+    if pid in (me, parent):
+        continue
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        refused += 1
+open({ws!r} + "/after-kill.txt", "w").write("ok")
+try:
+    open({ws!r} + "/after-kill.pem", "w")
+    print("ESCAPED")
+except OSError as exc:
+    print("BLOCKED", exc.errno, "refused kills", refused)
+""",
+    )
+    assert "BLOCKED 13" in result.out and "ESCAPED" not in result.out, result.out + result.err
+    assert int(result.out.split()[-1]) >= 1  # at least the guard itself refused the signal
+    assert (sandbox.ws / "after-kill.txt").exists() and not (sandbox.ws / "after-kill.pem").exists()
+
+
 def test_created_name_refusals_are_audited(sandbox: Sandbox) -> None:
     ws = str(sandbox.ws)
     code = f"try:\n    open({ws!r} + '/leak.pem', 'w')\nexcept OSError as e:\n    print(e)"
