@@ -6,7 +6,10 @@ Prints medians of N runs for:
   adl-exec     the adl-exec command, whole run (interpreter start-up, imports, audit log included)
   interpreter  python -c pass, and python -c 'import enforcer.cli.exec' (the import path adl-exec pays)
   setup        in-process: build the plan and run /bin/true in the sandbox (cgroup, guardian, namespaces,
-               masks, Landlock, seccomp, wait, cleanup): sandbox setup without interpreter start-up
+               masks, Landlock, seccomp, wait, cleanup): sandbox setup without interpreter start-up;
+               again with a denied pattern and a writable grant, which adds the creation guard
+  creation     inside a sandbox, the cost of creating a file (open O_CREAT + close) with and
+               without the creation guard, and of opening an existing file without O_CREAT
 
 Run: .venv/bin/python bench/launch.py [N]
 """
@@ -53,6 +56,44 @@ def median_ms(fn: Callable[[], object], n: int) -> float:
     return statistics.median(samples)
 
 
+CREATE_LOOP = """
+import os, time
+base = {base!r}
+n = {n}
+start = time.perf_counter()
+for i in range(n):
+    os.close(os.open(f"{{base}}/f{{i}}", os.O_CREAT | os.O_WRONLY, 0o600))
+created = time.perf_counter() - start
+start = time.perf_counter()
+for i in range(n):
+    os.close(os.open(f"{{base}}/f{{i}}", os.O_RDONLY))
+print((created / n) * 1e6, (time.perf_counter() - start) / n * 1e6)
+"""
+
+
+def creation_cost(tmp: str, env: dict[str, str], guarded: bool, n: int = 2000) -> tuple[float, float]:
+    """(µs per created file, µs per plain open) measured inside a sandbox."""
+    base = Path(tmp) / ("guarded" if guarded else "plain")
+    base.mkdir()
+    doc = json.loads(json.dumps(POLICY))
+    doc["permissions"]["execution"]["allowed_commands"] = ["python3"]
+    doc["permissions"]["filesystem"] = {
+        "allowed_paths": [{"path": f"{base}/**", "access": "read_write"}],
+        "denied_paths": [f"{base}/**/*.pem"] if guarded else [],
+    }
+    policy = base.with_suffix(".adl.json")
+    policy.write_text(json.dumps(doc))
+    code = CREATE_LOOP.format(base=str(base), n=n)
+    out = subprocess.run(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "python3", "-c", code],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return float(out[0]), float(out[1])
+
+
 def run(argv: list[str], env: dict[str, str] | None = None) -> None:
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
 
@@ -68,8 +109,17 @@ def main() -> None:
         baseline = load_baseline(REPO / "policies" / "runtime-baseline.yaml")
         features = host_features()
 
-        def setup() -> None:
-            plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=features)
+        guarded_doc = json.loads(json.dumps(POLICY))
+        guarded_doc["permissions"]["filesystem"] = {
+            "allowed_paths": [{"path": f"{tmp}/**", "access": "read_write"}],
+            "denied_paths": [f"{tmp}/**/*.pem"],
+        }
+        guarded_path = Path(tmp) / "guarded.adl.json"
+        guarded_path.write_text(json.dumps(guarded_doc))
+        guarded_policy = load_policy(guarded_path)
+
+        def setup(chosen=policy) -> None:  # type: ignore[no-untyped-def]
+            plan = build_plan(chosen, ["/bin/true"], baseline=baseline, environ={}, features=features)
             outcome = launcher.run(plan, new_session_id())
             assert outcome.exit_code == 0
 
@@ -84,11 +134,19 @@ def main() -> None:
                 lambda: run([sys.executable, "-c", "import enforcer.cli.exec"]), n
             ),
             "sandbox setup, in-process": median_ms(setup, n),
+            "sandbox setup with creation guard": median_ms(lambda: setup(guarded_policy), n),
         }
+        plain_create, plain_open = creation_cost(tmp, env, guarded=False)
+        guarded_create, guarded_open = creation_cost(tmp, env, guarded=True)
     bwrap = results["bwrap --unshare-all"]
     print(f"medians of {n} runs (ms); ratio against bwrap's whole run")
     for name, value in results.items():
         print(f"  {name:<40} {value:8.2f}  {value / bwrap:6.2f}x")
+    print("inside the sandbox, microseconds per call (2,000 files)")
+    print(f"  create (O_CREAT), no guard      {plain_create:8.1f}")
+    print(f"  create (O_CREAT), creation guard {guarded_create:7.1f}  {guarded_create / plain_create:6.1f}x")
+    print(f"  open existing, no guard         {plain_open:8.1f}")
+    print(f"  open existing, creation guard   {guarded_open:8.1f}  {guarded_open / plain_open:6.1f}x")
 
 
 if __name__ == "__main__":

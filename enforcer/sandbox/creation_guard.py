@@ -74,6 +74,7 @@ RENAME_EXCHANGE = 2
 PATH_MAX = 4096
 MAX_SYMLINKS = 40
 MAX_REPORTED = 200  # refusals reported one by one; later ones are only counted
+MAX_KEPT_MEM = 256
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
@@ -113,6 +114,7 @@ class Supervisor:
         self.report_fd = report_fd
         self.refusals = 0
         self.handled = 0
+        self._mem: dict[int, int] = {}  # tid -> its /proc/<tid>/mem
 
     # -- loop -------------------------------------------------------------------------------------
 
@@ -187,8 +189,11 @@ class Supervisor:
         pairs = GUARDED.get(name)
         if pairs is None:
             raise Refused(errno.ENOSYS)
-        paths = [_read_string(caller.tid, args[p]) for _, p in pairs]
-        bases = [self._base(caller, None if d is None else _int32(args[d]), opened) for d, _ in pairs]
+        paths = [self._read_string(caller.tid, args[p]) for _, p in pairs]
+        bases = [
+            AT_FDCWD if path.startswith("/") else self._base(caller, None if d is None else _int32(args[d]), opened)
+            for (d, _), path in zip(pairs, paths, strict=True)
+        ]
         # The caller must still be waiting in this call: its pid (and so its /proc entries) are its own.
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
         os.umask(caller.umask)
@@ -205,7 +210,7 @@ class Supervisor:
             os.mknod(leaf, args[pairs[0][1] + 1] & 0xFFFFFFFF, args[pairs[0][1] + 2], dir_fd=parent)
             return 0
         if name in ("symlink", "symlinkat"):
-            target = _read_string(caller.tid, args[0])
+            target = self._read_string(caller.tid, args[0])
             parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
             os.symlink(target, leaf, dir_fd=parent)
             return 0
@@ -231,6 +236,38 @@ class Supervisor:
         if _libc.renameat2(old_base, os.fsencode(old_path), parent, leaf.encode(), flags) != 0:
             return -ctypes.get_errno()
         return 0
+
+    def _read_string(self, tid: int, address: int) -> str:
+        """A NUL-terminated path from the caller's memory, read once, page by page (a read must not
+        cross into an unmapped page).
+
+        /proc/<tid>/mem descriptors are kept per thread: opening one costs a permission check that
+        dominated the guard's time. A kept descriptor is bound to the memory it was opened on; after
+        an exec, or when the thread is gone and its id reused, it reads nothing, and then it is
+        opened afresh, so it never yields another program's memory."""
+        if address == 0:
+            raise Refused(errno.EFAULT)
+        for attempt in range(2):
+            fd = self._mem.get(tid)
+            if fd is None:
+                if len(self._mem) >= MAX_KEPT_MEM:
+                    self._drop_mem()
+                try:
+                    fd = self._mem[tid] = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    raise Refused(errno.EFAULT) from None
+            try:
+                return _read_c_string(fd, address)
+            except OSError:
+                os.close(self._mem.pop(tid))
+                if attempt:
+                    raise Refused(errno.EFAULT) from None
+        raise Refused(errno.EFAULT)
+
+    def _drop_mem(self) -> None:
+        for fd in self._mem.values():
+            os.close(fd)
+        self._mem.clear()
 
     def _base(self, caller: Caller, dirfd: int | None, opened: list[int]) -> int:
         """A descriptor for the directory a relative path starts from, as the caller sees it."""
@@ -287,27 +324,18 @@ def _caller(tid: int) -> Caller:
     return Caller(tid, tgid, int(umask.group(1), 8) if umask else 0o022)
 
 
-def _read_string(tid: int, address: int) -> str:
-    """A NUL-terminated path from the caller's memory, read once, page by page (a read must not
-    cross into an unmapped page)."""
-    if address == 0:
-        raise Refused(errno.EFAULT)
-    fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b""
-        while len(data) <= PATH_MAX:
-            at = address + len(data)
-            chunk = os.pread(fd, 4096 - at % 4096, at)
-            if not chunk:
-                raise Refused(errno.EFAULT)
-            end = chunk.find(b"\0")
-            if end >= 0:
-                return os.fsdecode(data + chunk[:end])
-            data += chunk
-    except OSError:
-        raise Refused(errno.EFAULT) from None
-    finally:
-        os.close(fd)
+def _read_c_string(fd: int, address: int) -> str:
+    """Raises OSError when the memory cannot be read (unmapped, or the descriptor is stale)."""
+    data = b""
+    while len(data) <= PATH_MAX:
+        at = address + len(data)
+        chunk = os.pread(fd, 4096 - at % 4096, at)
+        if not chunk:
+            raise OSError(errno.EFAULT, "memory not readable")
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return os.fsdecode(data + chunk[:end])
+        data += chunk
     raise Refused(errno.ENAMETOOLONG)
 
 
