@@ -160,6 +160,8 @@ class Supervisor:
             result = -refusal.err
         except OSError as exc:
             result = -(exc.errno or errno.EIO)
+        except Exception:  # a bug here must deny the call, not kill the guard (which stops all creation)
+            result = -errno.EPERM
         finally:
             for fd in opened:
                 os.close(fd)
@@ -233,7 +235,7 @@ class Supervisor:
         flags = _int32(args[4]) if name == "renameat2" else 0
         if flags & RENAME_EXCHANGE:  # the old name receives the other file: it is created too
             self._creation_target(caller, bases[0], paths[0], opened, name, moves_tree=True)
-        if _libc.renameat2(old_base, os.fsencode(old_path), parent, leaf.encode(), flags) != 0:
+        if _libc.renameat2(old_base, os.fsencode(old_path), parent, os.fsencode(leaf), flags) != 0:
             return -ctypes.get_errno()
         return 0
 
