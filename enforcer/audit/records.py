@@ -126,12 +126,13 @@ def canonical_envelope(
     trace: dict[str, str] | None = None,
     priority: str = "normal",
 ) -> bytes:
-    """canonical(envelope(...)) for an unsigned record, assembled from its parts.
+    """The canonical bytes of an unsigned record (see the module docstring for the chain rule),
+    assembled from its parts.
 
-    Every decision is appended on the hot path; building the 17-member dict, sorting it and
+    Every decision is appended on the hot path; building the 17-member envelope dict, sorting it and
     re-encoding the strings that repeat in every record cost about a third of an append. The member
-    order below is the sorted order; a unit test holds this byte-for-byte equal to
-    canonical(envelope(...))."""
+    order below is the sorted order; a unit test holds this byte-for-byte equal to canonical() of
+    the same record built as a dict."""
     return b"".join(
         (
             b'{"corr":',
@@ -155,39 +156,3 @@ def canonical_envelope(
             b'","type":"event","v":"1"}',
         )
     )
-
-
-def envelope(
-    *,
-    log_id: str,
-    seq: int,
-    prev: str,
-    ts_ns: int,
-    kind: str,
-    source: str,
-    corr: str,
-    payload: dict[str, Any],
-    trace: dict[str, str] | None = None,
-    priority: str = "normal",
-    reply_to: str | None = None,
-    requires: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A record without its hash (and with sig null); see module docstring for the chain rule."""
-    return {
-        "v": "1",
-        "id": f"{log_id}.{seq}",
-        "ts": format_ts(ts_ns),
-        "type": "event",
-        "from": source,
-        "to": "audit",
-        "intent": INTENT_PREFIX + kind,
-        "corr": corr,
-        "reply_to": reply_to,
-        "trace": trace,
-        "priority": priority,
-        "requires": requires,
-        "payload": payload,
-        "sig": None,
-        "seq": seq,
-        "prev": prev,
-    }

@@ -369,22 +369,20 @@ class AuditWriter:
     ) -> Receipt:
         seq = self._seq + 1
         now = self._clock()
-        fields: dict[str, Any] = {
-            "log_id": self._log_id,
-            "seq": seq,
-            "prev": self._hash,
-            "ts_ns": now,
-            "kind": kind,
-            "source": self.source,
-            "corr": corr or self._default_corr,
-            "payload": payload,
-            "trace": trace,
-            "priority": priority,
-        }
-        if sig_fn is None:
-            body = records.canonical_envelope(**fields)
-        else:
-            record = records.envelope(**fields)
+        body = records.canonical_envelope(
+            log_id=self._log_id,
+            seq=seq,
+            prev=self._hash,
+            ts_ns=now,
+            kind=kind,
+            source=self.source,
+            corr=corr or self._default_corr,
+            payload=payload,
+            trace=trace,
+            priority=priority,
+        )
+        if sig_fn is not None:  # checkpoints only (one in thousands): parsing the body back is cheap enough
+            record = orjson.loads(body)
             record["sig"] = sig_fn(record)
             body = canonical(record)
         digest = hashlib.sha256(body).hexdigest()

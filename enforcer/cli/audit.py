@@ -161,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(directory, filters, args)
         return _follow(directory, filters, args)
-    except QueryError as exc:
-        print(f"adl-audit: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
+    except (QueryError, OSError) as exc:
         print(f"adl-audit: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -288,10 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 if f.severity == "error":
                     print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
         return EXIT_USAGE
-    except PolicyFileError as exc:
-        print(f"adl-policy: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
+    except (PolicyFileError, OSError) as exc:
         print(f"adl-policy: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE

@@ -85,7 +85,7 @@ class Refused(Exception):
 
     def __init__(self, err: int, reason: str = "", path: str = "", pattern: str = "") -> None:
         super().__init__(reason)
-        self.err, self.reason, self.path, self.pattern = err, reason, path, pattern
+        self.err, self.path, self.pattern = err, path, pattern
 
 
 @dataclass
@@ -243,28 +243,33 @@ class Supervisor:
         """A NUL-terminated path from the caller's memory, read once, page by page (a read must not
         cross into an unmapped page).
 
-        /proc/<tid>/mem descriptors are kept per thread: opening one costs a permission check that
-        dominated the guard's time. A kept descriptor is bound to the memory it was opened on; after
-        an exec, or when the thread is gone and its id reused, it reads nothing, and then it is
-        opened afresh, so it never yields another program's memory."""
+        /proc/<tid>/mem descriptors are kept per thread, which saves an open and its permission
+        check on every call. A kept descriptor is bound to the memory it was opened on: after an
+        exec, or once the thread is gone and its id reused, it reads nothing and is opened afresh,
+        so it never yields another program's memory."""
         if address == 0:
             raise Refused(errno.EFAULT)
-        for attempt in range(2):
-            fd = self._mem.get(tid)
-            if fd is None:
-                if len(self._mem) >= MAX_KEPT_MEM:
-                    self._drop_mem()
-                try:
-                    fd = self._mem[tid] = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    raise Refused(errno.EFAULT) from None
+        kept = self._mem.pop(tid, None)
+        if kept is not None:
             try:
-                return _read_c_string(fd, address)
+                text = _read_c_string(kept, address)
+                self._mem[tid] = kept
+                return text
             except OSError:
-                os.close(self._mem.pop(tid))
-                if attempt:
-                    raise Refused(errno.EFAULT) from None
-        raise Refused(errno.EFAULT)
+                os.close(kept)  # stale; try a fresh one
+        if len(self._mem) >= MAX_KEPT_MEM:
+            self._drop_mem()
+        try:
+            fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise Refused(errno.EFAULT) from None
+        try:
+            text = _read_c_string(fd, address)
+        except OSError as exc:
+            os.close(fd)
+            raise Refused(exc.errno if exc.errno == errno.ENAMETOOLONG else errno.EFAULT) from None
+        self._mem[tid] = fd
+        return text
 
     def _drop_mem(self) -> None:
         for fd in self._mem.values():
@@ -327,7 +332,8 @@ def _caller(tid: int) -> Caller:
 
 
 def _read_c_string(fd: int, address: int) -> str:
-    """Raises OSError when the memory cannot be read (unmapped, or the descriptor is stale)."""
+    """Raises OSError when the memory cannot be read (unmapped, or the descriptor is stale) or holds
+    no NUL within PATH_MAX bytes."""
     data = b""
     while len(data) <= PATH_MAX:
         at = address + len(data)
@@ -338,7 +344,7 @@ def _read_c_string(fd: int, address: int) -> str:
         if end >= 0:
             return os.fsdecode(data + chunk[:end])
         data += chunk
-    raise Refused(errno.ENAMETOOLONG)
+    raise OSError(errno.ENAMETOOLONG, "path too long")
 
 
 def _proc_view(path: str, caller: Caller) -> str:

@@ -62,7 +62,6 @@ class Outcome:
 class _Guard:
     """What the child needs to start the creation guard (prepared in the parent)."""
 
-    bpf: bytes
     syscall_names: dict[int, str]
     report_fd: int
     denied: Callable[[str], str | None]
@@ -87,7 +86,7 @@ def run(
     err_read, err_write = os.pipe2(os.O_CLOEXEC)
     report_read, report_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     guard = (
-        _Guard(bpf, seccomp.syscall_numbers(list(creation_guard.GUARDED)), report_write, plan.creation_denied)
+        _Guard(seccomp.guarded_syscall_numbers(), report_write, plan.creation_denied)
         if plan.seccomp.guard_creation and plan.creation_denied is not None
         else None
     )

@@ -185,6 +185,7 @@ def build_plan(
     file_masks: list[str] = []
     dir_masks: list[str] = []
     fs = policy.filesystem
+    creation_denied = _creation_matcher(fs)
     if fs is None:
         fs_layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
     else:
@@ -199,7 +200,7 @@ def build_plan(
             ll.add(prefix, rights)
             narrower = "" if pattern.rstrip("/") in (prefix, prefix + "/**") else f" (Landlock grants all of {prefix})"
             fs_layer.details.append(f"{access:<10} {pattern}{narrower}")
-        masks_layer = _denied_masks(fs, cwd, home, file_masks, dir_masks)
+        masks_layer = _denied_masks(fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None)
         layers.append(masks_layer)
     fs_layer.details.extend(base_details)
     layers.insert(0, fs_layer)
@@ -240,7 +241,6 @@ def build_plan(
         layers.append(Layer("network", "new network namespace", status, [detail]))
 
     # -- syscalls and privileges
-    creation_denied = _creation_matcher(fs)
     seccomp_plan = SeccompPlan(guard_creation=creation_denied is not None)
     layers.append(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
@@ -355,7 +355,7 @@ def _environment(
     return env, dropped, secrets
 
 
-def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks: list[str]) -> Layer:
+def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks: list[str], *, guarded: bool) -> Layer:
     layer = Layer("denied_paths", "mount namespace masks", "active")
     if not fs.denied.patterns:
         layer.status = "not declared"
@@ -385,7 +385,7 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
     layer.details.append(f"patterns: {', '.join(fs.denied.patterns)}")
     layer.details.append(f"masked at launch: {len(file_masks)} file(s), {len(dir_masks)} directorie(s)")
     layer.details.extend(f"  masked: {p}" for p in file_masks + dir_masks)
-    if any(a != "read" for a in fs.access):
+    if guarded:
         layer.details.append(
             "created after launch: every name-creating call (open with O_CREAT, mkdir, mknod, link, "
             "symlink, rename) is checked by the creation guard against these patterns and refused "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import socket
@@ -103,8 +104,10 @@ def describe(plan: SeccompPlan) -> list[str]:
     return lines
 
 
+@functools.cache
 def compile_filter(plan: SeccompPlan) -> bytes:
-    """The BPF program, built in the parent (libseccomp's rule compiler is the slow part of loading)."""
+    """The BPF program, built in the parent once per plan (libseccomp's rule compiler is the slow
+    part of loading)."""
     f = _build(plan)
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
@@ -138,8 +141,10 @@ def load(bpf: bytes, *, listener: bool) -> int:
     return result if listener else -1
 
 
-def syscall_numbers(names: list[str]) -> dict[int, str]:
-    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in names}
+@functools.cache
+def guarded_syscall_numbers() -> dict[int, str]:
+    """Syscall number -> name for the calls the creation guard answers."""
+    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in GUARDED}
 
 
 def _build(plan: SeccompPlan) -> sc.SyscallFilter:

@@ -73,11 +73,16 @@ try:
     open("/proc/self/environ", "w")
 except OSError as exc:
     print("proc", exc.errno)
+try:
+    open(ws + "/" + "n" * 5000, "w")
+except OSError as exc:
+    print("long", exc.errno)
 print("done", open(ws + "/soft.txt").read(), open(ws + "/a/b/rel.txt").read())
 """
     )
     assert r.code == 0, r.err
     assert "mode 0o640" in r.out and "cloexec True" in r.out and "via-dev-stdout" in r.out, r.out
+    assert "long 36" in r.out  # ENAMETOOLONG, as without the guard
     assert "proc 13" in r.out and "done hello r" in r.out, r.out
     assert (sandbox.ws / "hard.txt").read_text() == "hello"
     assert r.record("exit")["payload"]["creations_refused"] == 0

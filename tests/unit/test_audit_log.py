@@ -274,4 +274,22 @@ def test_fast_envelope_is_byte_identical_to_the_canonical_record(fields: dict) -
         "kind": "decision",
         "source": "adl-enforcer",
     }
-    assert records.canonical_envelope(**common, **fields) == records.canonical(records.envelope(**common, **fields))
+    as_dict = {  # the AEE v1 envelope, member by member
+        "v": "1",
+        "id": "abcd.7",
+        "ts": records.format_ts(common["ts_ns"]),
+        "type": "event",
+        "from": "adl-enforcer",
+        "to": "audit",
+        "intent": "adl.enforcer.decision",
+        "corr": fields["corr"],
+        "reply_to": None,
+        "trace": fields["trace"],
+        "priority": fields["priority"],
+        "requires": None,
+        "payload": fields["payload"],
+        "sig": None,
+        "seq": 7,
+        "prev": "f" * 64,
+    }
+    assert records.canonical_envelope(**common, **fields) == records.canonical(as_dict)
