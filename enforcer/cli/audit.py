@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -161,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(directory, filters, args)
         return _follow(directory, filters, args)
+    except BrokenPipeError:  # the reader went away (`| head`): not an error; before OSError, its base
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
     except (QueryError, OSError) as exc:
         print(f"adl-audit: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:
-        return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_OK
 

@@ -220,3 +220,25 @@ def test_session_evidence_validates_and_verifies(tmp_path: Path, spec: Path) -> 
     assert evidence_problem(evidence, key.public_key()) is None
     evidence["events"][0]["detail"] = {"rule": "rewritten"}
     assert evidence_problem(evidence, key.public_key()) == "signature does not verify"
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
+    """`adl-audit search | head -1`: the broken pipe ends the search quietly with exit 0. The log
+    prints far more than a pipe holds, so the writer is still writing when the reader leaves."""
+    import subprocess
+    import sys
+
+    directory = tmp_path / "audit"
+    with AuditWriter(directory, tmp_path / "k.pem") as writer:
+        for i in range(3000):
+            writer.append(records.DECISION, {"agent": "urn:adl:agent:acme:reader:1.0.0", "decision": "allow", "n": i})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enforcer.cli.audit", "--dir", str(directory), "search", "-n", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) == 0
+    assert proc.stderr.read() == b""
