@@ -11,6 +11,7 @@ import pytest
 
 from enforcer.policy import CompileOptions, SchemaSet, compile_policy, spec_root
 
+from .daemon_helpers import daemon  # noqa: F401  (fixture for tests/integration)
 from .sandbox_helpers import sandbox  # noqa: F401  (fixture for tests/integration and tests/attacks)
 
 REPO = Path(__file__).resolve().parent.parent

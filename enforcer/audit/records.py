@@ -35,6 +35,11 @@ LAUNCH = "launch"
 EXIT = "exit"
 REFUSED = "refused"
 EVIDENCE = "session.evidence"
+APPROVAL = "approval"
+POLICY_LOAD = "policy.load"
+DAEMON_START = "daemon.start"
+DAEMON_STOP = "daemon.stop"
+SESSION_REAPED = "session.reaped"
 
 
 class RecordError(ValueError):

@@ -30,6 +30,7 @@ examples:
   adl-exec --adl policies/examples/coding-agent.adl.json --explain -- python3 agent.py
   adl-exec --adl policies/examples/coding-agent.adl.json --report -- cat /tmp/adl-demo/workspace/notes.txt
   adl-exec --adl agent.adl.json --aaif agent.aaif.json --user nobody -- node agent.js
+  adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
@@ -44,7 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--adl", required=True, type=Path, help="the agent's ADL document (JSON or YAML)")
+    parser.add_argument("--adl", type=Path, help="the agent's ADL document (JSON or YAML)")
+    parser.add_argument(
+        "--daemon",
+        metavar="unix:PATH",
+        default=os.environ.get("ADL_ENFORCER_ADDR"),
+        help="ask adl-enforcerd to launch (its launch socket; default $ADL_ENFORCER_ADDR). The daemon runs "
+        "the policy it holds for the agent, as your uid, in cgroups it owns, and records the session in its log",
+    )
+    parser.add_argument("--agent", help="with --daemon: the agent's id or name (default: taken from --adl)")
+    parser.add_argument(
+        "--session-file",
+        type=Path,
+        help="with --daemon: write the session id and its Check token here (mode 0600) for the agent's runtime",
+    )
     parser.add_argument("--aaif", type=Path, help="the agent's AAIF document")
     parser.add_argument("--production", action="store_true", help="refuse draft lifecycle documents too")
     parser.add_argument("--regions", type=Path, help="region map (default: policies/regions.yaml)")
@@ -95,8 +109,15 @@ def _refuse(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.daemon and not args.explain:
+        from .exec_daemon import launch_via_daemon
+
+        return launch_via_daemon(parser, args, command)
+    if args.adl is None:
+        parser.error("--adl is required (or --daemon with --agent)")
     session_id = sessions.new_session_id()
     policy: Policy | None = None
     try:

@@ -196,29 +196,56 @@ def detect(root: Path = Path("/sys/fs/cgroup")) -> str:
     return "none"
 
 
-def create(session: str, root: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None) -> Cgroup:
-    """Create the session's cgroup below this process's own cgroup."""
+def _session_dirs(
+    session: str, root: Path, group: str, proc_cgroup: str | None
+) -> tuple[str, Path | None, list[Path], Path | None]:
+    """(kind, v2 directory, v1 memory/cpu/pids directories, v1 unified directory) of one session,
+    below this process's own cgroup in each hierarchy."""
     own = _own_paths(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
     kind = detect(root)
     if kind == "v2":
-        base = root / own.get("", "/").lstrip("/") / GROUP
-        base.mkdir(parents=True, exist_ok=True)
-        _enable_controllers(base.parent, base)
-        path = base / session
-        path.mkdir()
-        return CgroupV2(path)
+        return kind, root / own.get("", "/").lstrip("/") / group / session, [], None
     if kind == "v1":
-        made = []
-        for controller in ("memory", "cpu", "pids"):
-            d = root / controller / own.get(controller, "/").lstrip("/") / GROUP / session
-            d.mkdir(parents=True)
-            made.append(d)
+        v1 = [root / c / own.get(c, "/").lstrip("/") / group / session for c in ("memory", "cpu", "pids")]
         unified = None
         if (root / "unified" / "cgroup.procs").exists():
-            unified = root / "unified" / own.get("", "/").lstrip("/") / GROUP / session
-            unified.mkdir(parents=True)
-        return CgroupV1(made[0], made[1], made[2], unified)
+            unified = root / "unified" / own.get("", "/").lstrip("/") / group / session
+        return kind, None, v1, unified
     raise CgroupError(errno.ENOTSUP, f"no usable cgroup hierarchy under {root} (need memory, cpu and pids)")
+
+
+def create(
+    session: str, root: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None, group: str = GROUP
+) -> Cgroup:
+    """Create the session's cgroup below this process's own cgroup, in directory `group`."""
+    kind, v2, v1, unified = _session_dirs(session, root, group, proc_cgroup)
+    if kind == "v2" and v2 is not None:
+        v2.parent.mkdir(parents=True, exist_ok=True)
+        _enable_controllers(v2.parent.parent, v2.parent)
+        v2.mkdir()
+        return CgroupV2(v2)
+    for d in v1:
+        d.mkdir(parents=True)
+    if unified is not None:
+        unified.mkdir(parents=True)
+    return CgroupV1(v1[0], v1[1], v1[2], unified)
+
+
+def existing(
+    root: Path = Path("/sys/fs/cgroup"), group: str = GROUP, proc_cgroup: str | None = None
+) -> dict[str, Cgroup]:
+    """Session cgroups left in `group` (by session id): what a restarted daemon must deal with."""
+    _, v2, v1, _unified = _session_dirs("_", root, group, proc_cgroup)
+    parents = [v2.parent] if v2 is not None else [d.parent for d in v1]
+    names = sorted({d.name for p in parents if p.is_dir() for d in p.iterdir() if d.is_dir()})
+    found: dict[str, Cgroup] = {}
+    for name in names:
+        _, v2, v1, unified = _session_dirs(name, root, group, proc_cgroup)
+        if v2 is not None:
+            found[name] = CgroupV2(v2)
+        else:
+            found[name] = CgroupV1(*v1, unified if unified is not None and unified.is_dir() else None)
+    return found
 
 
 def _enable_controllers(parent: Path, base: Path) -> None:

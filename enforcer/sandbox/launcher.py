@@ -74,9 +74,10 @@ def run(
     uid: int | None = None,
     gid: int | None = None,
     cgroup_root: str = "/sys/fs/cgroup",
+    cgroup_group: str = cgroups.GROUP,
 ) -> Outcome:
     try:
-        group = cgroups.create(session, Path(cgroup_root))
+        group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
         group.apply(plan.limits)
     except OSError as exc:
         raise LaunchError(f"cgroup setup failed: {exc}") from exc

@@ -59,6 +59,7 @@ def run_session(
     uid: int | None = None,
     gid: int | None = None,
     governor: str | None = None,
+    cgroup_group: str = cgroups.GROUP,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome."""
     masker = Masker(plan.secrets)
@@ -82,7 +83,7 @@ def run_session(
         corr=session,
         sync=True,
     )
-    outcome = launcher.run(plan, session, uid=uid, gid=gid)
+    outcome = launcher.run(plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group)
     end_ns = time.time_ns()
     for refusal in outcome.guard_refusals:
         writer.append(

@@ -1,0 +1,104 @@
+"""adl-exec --daemon: hand the launch to adl-enforcerd over its launch socket.
+
+The daemon learns our uid from the kernel and receives our stdin, stdout and stderr; the agent runs
+under the policy the daemon holds (not a document we send), so a caller cannot bring its own rights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from ..daemon.framing import FrameError, recv_frame, send_frame
+from ..documents import PolicyFileError, read_document
+from ..v1 import enforcer_pb2 as pb
+
+EXIT_REFUSED = 125
+
+
+def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    if args.agent:
+        return str(args.agent)
+    if args.adl is None:
+        parser.error("--daemon needs --agent NAME or --adl FILE (to name the agent)")
+    try:
+        document = read_document(args.adl, "adl")
+    except PolicyFileError as exc:
+        parser.error(str(exc))
+    agent = document.get("id") or document.get("name")
+    if not isinstance(agent, str) or not agent:
+        parser.error(f"{args.adl}: the document names no agent (no id or name)")
+    return agent
+
+
+def _refused(message: str) -> int:
+    print(f"adl-exec: refused: {message}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _write_session_file(path: Path, reply: pb.LaunchReply) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"session": reply.session, "session_token": reply.session_token}, f)
+
+
+def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
+    if not command:
+        parser.error("give the command to run after --")
+    address = str(args.daemon)
+    if not address.startswith("unix:"):
+        parser.error(f"--daemon {address}: expected unix:PATH (the daemon's launch socket)")
+    request = pb.LaunchRequest(
+        agent=_agent(parser, args),
+        argv=command,
+        environ=dict(os.environ),
+        cwd=os.getcwd(),
+        accept_unenforced=args.accept_unenforced,
+        pids_max=args.pids_max,
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(address[len("unix:") :])
+            send_frame(conn, request.SerializeToString(), [0, 1, 2])
+            frame = recv_frame(conn)
+        except (OSError, FrameError) as exc:
+            return _refused(f"cannot reach adl-enforcerd at {address}: {exc}")
+        if frame is None:
+            return _refused("adl-enforcerd closed the connection without answering")
+        reply = pb.LaunchReply.FromString(frame[0])
+        if not reply.accepted:
+            return _refused(reply.refusal)
+        if args.session_file:
+            _write_session_file(args.session_file, reply)
+        try:
+            frame = recv_frame(conn)
+        except (OSError, FrameError):
+            frame = None
+    if frame is None:
+        print(f"adl-exec: {reply.session}: lost contact with adl-enforcerd; the session was ended", file=sys.stderr)
+        return EXIT_REFUSED
+    ended = pb.SessionEnded.FromString(frame[0])
+    if ended.reason == "refused":
+        return _refused(ended.detail)
+    if args.report:
+        report = {
+            "session": ended.session,
+            "reason": ended.reason,
+            "exit_code": ended.exit_code,
+            "signal": ended.signal or None,
+            "duration_ms": ended.duration_ms,
+            "creations_refused": ended.creations_refused,
+        }
+        if args.json:
+            print(json.dumps(report), file=sys.stderr)
+        else:
+            print(
+                f"adl-exec: {ended.session} ended: {ended.reason} "
+                f"(exit code {ended.exit_code}, {ended.duration_ms} ms)",
+                file=sys.stderr,
+            )
+    return ended.exit_code

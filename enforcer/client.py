@@ -1,0 +1,214 @@
+"""Client library for adl-enforcerd's decision API, sync (Client) and asyncio (AsyncClient).
+
+Every failure is a DENY: an unreachable daemon, a deadline, an UNAVAILABLE audit log, a bad request.
+A `Result` never raises and says why in `reasons` (rule `client.error` with the gRPC status).
+
+    client = Client(agent="invoice-processor")
+    result = client.check_tool("lookup_invoice", {"invoice_id": "INV-1"})
+    if result.decision == "ASK":
+        result = client.wait_approval(result)
+    if result.allowed:
+        ...run the tool...
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import orjson
+
+from .v1 import enforcer_pb2 as pb
+from .v1 import enforcer_pb2_grpc as pb_grpc
+
+DEFAULT_DEADLINE_S = 2.0
+_NAMES = {pb.ALLOW: "ALLOW", pb.DENY: "DENY", pb.ASK: "ASK"}
+
+
+def default_address() -> str:
+    return "unix:" + os.environ.get("ADL_ENFORCER_SOCKET", "/run/adl-enforcer/api.sock")
+
+
+@dataclass(frozen=True)
+class Result:
+    decision: str  # ALLOW | DENY | ASK
+    reasons: list[dict[str, str]] = field(default_factory=list)
+    obligations: dict[str, Any] = field(default_factory=dict)
+    decision_id: str = ""
+    approval_id: str = ""
+    approval_expires_unix_ms: int = 0
+    audit_seq: int = 0
+    error: str | None = None  # set when the DENY comes from a failed call, not from the policy
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision == "ALLOW"
+
+    @staticmethod
+    def from_response(response: pb.CheckResponse) -> Result:
+        return Result(
+            decision=_NAMES.get(response.decision, "DENY"),
+            reasons=[
+                {"rule": r.rule, "pointer": r.pointer, "document": r.document, "text": r.text} for r in response.reasons
+            ],
+            obligations=orjson.loads(response.obligations_json) if response.obligations_json else {},
+            decision_id=response.decision_id,
+            approval_id=response.approval_id,
+            approval_expires_unix_ms=response.approval_expires_unix_ms,
+            audit_seq=response.receipt.seq if response.HasField("receipt") else 0,
+        )
+
+    @staticmethod
+    def failure(error: str) -> Result:
+        return Result(
+            "DENY", [{"rule": "client.error", "pointer": "", "document": "enforcer", "text": error}], error=error
+        )
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code()  # type: ignore[attr-defined]
+        return f"{code.name if code else 'UNKNOWN'}: {exc.details()}"  # type: ignore[attr-defined]
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _Requests:
+    """Builds requests; shared by the sync and asyncio clients."""
+
+    def __init__(self, agent: str | None, session: str | None, session_token: str | None) -> None:
+        self.agent = agent or ""
+        self.session = session or ""
+        self.session_token = session_token or ""
+
+    def tool(
+        self, name: str, arguments: Any, request_id: str = "", traceparent: str = "", dry_run: bool = False
+    ) -> Any:
+        try:
+            args = orjson.dumps(arguments).decode()
+        except TypeError as exc:
+            raise ValueError(f"tool arguments are not JSON: {exc}") from None
+        return pb.CheckRequest(
+            request_id=request_id,
+            agent=self.agent,
+            session=self.session,
+            session_token=self.session_token,
+            tool=pb.ToolCall(name=name, arguments_json=args),
+            trace=pb.TraceContext(traceparent=traceparent) if traceparent else None,
+            mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
+        )
+
+    def wait(self, approval_id: str, wait_ms: int) -> pb.WaitApprovalRequest:
+        return pb.WaitApprovalRequest(
+            approval_id=approval_id, wait_ms=wait_ms, session=self.session, session_token=self.session_token
+        )
+
+
+def _remaining_ms(result: Result, limit_s: float | None) -> int:
+    remaining = result.approval_expires_unix_ms - int(time.time() * 1000) + 500
+    if limit_s is not None:
+        remaining = min(remaining, int(limit_s * 1000))
+    return max(remaining, 0)
+
+
+class Client:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        session_token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> None:
+        self._channel = grpc.insecure_channel(address or default_address())
+        self._stub = pb_grpc.EnforcerStub(self._channel)
+        self._requests = _Requests(agent, session, session_token)
+        self.deadline_s = deadline_s
+
+    def check(self, request: pb.CheckRequest) -> Result:
+        try:
+            return Result.from_response(self._stub.Check(request, timeout=self.deadline_s))
+        except Exception as exc:  # every failure is a denial
+            return Result.failure(_describe(exc))
+
+    def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
+        try:
+            request = self._requests.tool(name, {} if arguments is None else arguments, **kw)
+        except ValueError as exc:
+            return Result.failure(str(exc))
+        return self.check(request)
+
+    def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
+        """Wait for a human to decide an ASK (until it expires, or timeout_s); still pending -> ASK."""
+        if pending.decision != "ASK" or not pending.approval_id:
+            return pending
+        wait_ms = _remaining_ms(pending, timeout_s)
+        try:
+            response = self._stub.WaitApproval(
+                self._requests.wait(pending.approval_id, wait_ms), timeout=wait_ms / 1000 + self.deadline_s
+            )
+            return Result.from_response(response)
+        except Exception as exc:
+            return Result.failure(_describe(exc))
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        session_token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> None:
+        self._channel = grpc.aio.insecure_channel(address or default_address())
+        self._stub = pb_grpc.EnforcerStub(self._channel)
+        self._requests = _Requests(agent, session, session_token)
+        self.deadline_s = deadline_s
+
+    async def check(self, request: pb.CheckRequest) -> Result:
+        try:
+            return Result.from_response(await self._stub.Check(request, timeout=self.deadline_s))
+        except Exception as exc:
+            return Result.failure(_describe(exc))
+
+    async def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
+        try:
+            request = self._requests.tool(name, {} if arguments is None else arguments, **kw)
+        except ValueError as exc:
+            return Result.failure(str(exc))
+        return await self.check(request)
+
+    async def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
+        if pending.decision != "ASK" or not pending.approval_id:
+            return pending
+        wait_ms = _remaining_ms(pending, timeout_s)
+        try:
+            response = await self._stub.WaitApproval(
+                self._requests.wait(pending.approval_id, wait_ms), timeout=wait_ms / 1000 + self.deadline_s
+            )
+            return Result.from_response(response)
+        except Exception as exc:
+            return Result.failure(_describe(exc))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,1 @@
+"""adl-enforcerd: the daemon, its gRPC decision API, sessions and systemd integration."""

@@ -1,0 +1,103 @@
+"""adl-enforcerd configuration: defaults, then the TOML file, then ADL_ENFORCER_* environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from .. import paths
+
+DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
+REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+def _runtime_dir() -> Path:
+    return Path("/run/adl-enforcer") if os.geteuid() == 0 else paths.state_dir() / "run"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ADL_ENFORCER_", extra="forbid", validate_default=True)
+
+    policy_dir: Path = Field(default=Path("/etc/adl-enforcer/policies"), description="ADL/AAIF documents")
+    socket: Path = Field(default_factory=lambda: _runtime_dir() / "api.sock", description="API socket (Check)")
+    admin_socket: Path = Field(
+        default_factory=lambda: _runtime_dir() / "admin.sock", description="admin socket (approvals, reload), 0600"
+    )
+    launch_socket: Path = Field(
+        default_factory=lambda: _runtime_dir() / "launch.sock", description="launch socket used by adl-exec --daemon"
+    )
+    socket_group: str | None = Field(default=None, description="group owning the API and launch sockets (0660)")
+    audit_dir: Path = Field(default_factory=paths.audit_dir)
+    audit_key: Path = Field(default_factory=paths.audit_key_path)
+    audit_group_ms: float = Field(default=5.0, gt=0, le=1000, description="group commit interval")
+    audit_group_records: int = Field(default=64, ge=1, description="group commit after this many records")
+    baseline: Path = REPO_POLICIES / "runtime-baseline.yaml"
+    regions: Path = REPO_POLICIES / "regions.yaml"
+    production: bool = Field(default=False, description="refuse draft lifecycle documents too")
+    cgroup_group: str = Field(
+        default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
+    )
+    workers: int = Field(default=16, ge=1, le=256, description="gRPC worker threads per socket")
+    max_request_bytes: int = Field(default=1 << 20, ge=1024, description="larger requests get INVALID_ARGUMENT")
+    max_pending_approvals: int = Field(default=10_000, ge=1)
+    audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")
+
+    @field_validator("policy_dir", "socket", "admin_socket", "launch_socket", "audit_dir", "audit_key")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value if value.is_absolute() else Path.cwd() / value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file)
+        return (init_settings, env_settings, toml)
+
+
+_config_file: Path | None = None
+
+
+class ConfigError(Exception):
+    pass
+
+
+def config_file(explicit: Path | None = None) -> Path | None:
+    """--config, else $ADL_ENFORCER_CONFIG, else /etc/adl-enforcer/enforcer.toml when it exists."""
+    if explicit is not None:
+        return explicit
+    configured = os.environ.get("ADL_ENFORCER_CONFIG")
+    if configured:
+        return Path(configured)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+
+
+def load_settings(explicit: Path | None = None, **overrides: Any) -> Settings:
+    global _config_file
+    path = config_file(explicit)
+    if path is not None and not path.is_file():
+        raise ConfigError(f"{path}: no such configuration file")
+    _config_file = path
+    saved = os.environ.pop("ADL_ENFORCER_CONFIG", None)  # not a setting: it names the file
+    try:
+        return Settings(**overrides)
+    except ValueError as exc:  # pydantic.ValidationError and TOML syntax errors
+        raise ConfigError(f"{path or 'configuration'}: {exc}") from exc
+    finally:
+        _config_file = None
+        if saved is not None:
+            os.environ["ADL_ENFORCER_CONFIG"] = saved
+
+
+def as_plain(settings: Settings) -> dict[str, Any]:
+    """Settings as TOML/JSON-ready values (paths as strings, unset values left out)."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in settings.model_dump().items() if v is not None}

@@ -1,0 +1,387 @@
+"""adl-enforcerd wiring: audit log, leftover sessions, policy store, gRPC servers, launch socket,
+systemd notifications and the main loop (reload on SIGHUP, approvals expiry, audit recovery).
+
+Import only after spawner.start(): this module imports grpc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..audit import AuditUnavailable, WriterSettings, records
+from ..documents import PolicyFileError, load_regions, schema_set
+from ..policy import CompileOptions
+from ..sandbox import cgroups
+from ..v1 import enforcer_pb2 as pb
+from . import notify
+from .approvals import Approvals
+from .auditsink import AuditSink
+from .config import Settings, as_plain
+from .launch import LaunchServer
+from .registry import SessionRegistry
+from .service import AdminService, Core, EnforcerService, handlers
+from .spawner import SpawnerHandle
+from .store import PolicyStore, ReloadResult
+
+log = logging.getLogger("adl-enforcerd")
+VERSION = "0.1.0"
+SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
+TICK_S = 0.1
+
+
+class StartupError(Exception):
+    pass
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Daemon:
+    def __init__(self, settings: Settings, spawner: SpawnerHandle) -> None:
+        self.settings = settings
+        self.spawner = spawner
+        self.health = health.HealthServicer()
+        for name in ("", *SERVICES):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.registry = SessionRegistry()
+        self.approvals = Approvals(_now_ms, settings.max_pending_approvals)
+        self.sink = AuditSink(
+            settings.audit_dir,
+            settings.audit_key,
+            WriterSettings(
+                group_ms=settings.audit_group_ms,
+                group_records=settings.audit_group_records,
+                background_flush=True,
+            ),
+            on_change=lambda _ok: self._update_health(),
+            retry_s=settings.audit_retry_s,
+        )
+        try:
+            options = CompileOptions(production=settings.production, regions=load_regions(settings.regions))
+            self.store = PolicyStore(settings.policy_dir, schema_set(), options)
+        except PolicyFileError as exc:
+            raise StartupError(str(exc)) from exc
+        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms)
+        self._servers: list[grpc.Server] = []
+        self._launch: LaunchServer | None = None
+        self._reload_wanted = threading.Event()
+        self._stop_wanted = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._serving = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self.sink.open()
+        except AuditUnavailable as exc:
+            raise StartupError(str(exc)) from exc
+        self.sink.append(
+            records.DAEMON_START,
+            {"pid": os.getpid(), "version": VERSION, "config": as_plain(self.settings)},
+            priority="high",
+            sync=True,
+        )
+        self._reap_leftover_sessions()
+        self.reload()
+        group = self._socket_gid()
+        self._servers.append(self._grpc_server(self.settings.socket, 0o660, group, admin=False))
+        self._servers.append(self._grpc_server(self.settings.admin_socket, 0o600, None, admin=True))
+        self._launch = LaunchServer(
+            self.settings.launch_socket,
+            self.store,
+            self.registry,
+            self.sink,
+            self.spawner,
+            {},
+            lambda: self._serving,
+        )
+        self._launch.start(0o660, group)
+        threading.Thread(target=self._spawner_events, name="spawner-events", daemon=True).start()
+        self._update_health()
+        notify.send("READY=1", self._status_line())
+
+    def run_forever(self) -> None:
+        watchdog_s = notify.watchdog_interval()
+        last_ping = 0.0
+        last_sweep = 0.0
+        while not self._stop_wanted.wait(TICK_S):
+            now = time.monotonic()
+            if self._reload_wanted.is_set():
+                self._reload_wanted.clear()
+                notify.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+                self.reload()
+                notify.send("READY=1", self._status_line())
+            self.core.expire_due()
+            self.sink.tick()
+            if now - last_sweep > 60:
+                self.approvals.forget_resolved(older_than_ms=3_600_000)
+                last_sweep = now
+            if watchdog_s and now - last_ping >= watchdog_s / 2:
+                notify.send("WATCHDOG=1", self._status_line())
+                last_ping = now
+
+    def request_reload(self, *_: Any) -> None:
+        self._reload_wanted.set()
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop_wanted.set()
+
+    def stop(self) -> None:
+        notify.send("STOPPING=1")
+        self._serving = False
+        for name in ("", *SERVICES):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._launch is not None:
+            self._launch.stop()
+        ended = self._end_sessions(timeout_s=5.0)
+        for server in self._servers:
+            server.stop(grace=2).wait(3)
+        for path in (self.settings.socket, self.settings.admin_socket):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(AuditUnavailable):
+            self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
+        self.sink.close()
+        with contextlib.suppress(OSError):
+            self.spawner.sock.close()
+
+    # -- policies -------------------------------------------------------------------------------
+
+    def reload(self) -> pb.ReloadResponse:
+        with self._reload_lock:
+            result = self.store.reload()
+            self._audit_reload(result)
+        self._update_health()
+        snapshot = result.snapshot
+        return pb.ReloadResponse(
+            agents=len(snapshot.agents),
+            changed=list(result.changed),
+            problems=[pb.DocumentProblem(path=p.path, detail=p.detail, codes=list(p.codes)) for p in snapshot.problems],
+            generation=snapshot.generation,
+        )
+
+    def _audit_reload(self, result: ReloadResult) -> None:
+        snapshot = result.snapshot
+        with contextlib.suppress(AuditUnavailable):
+            for key in result.changed:
+                entry = snapshot.agents[key]
+                self.sink.append(
+                    records.POLICY_LOAD,
+                    {
+                        "agent": key,
+                        "decision": "allow",
+                        "policy_digest": entry.policy.digest,
+                        "path": str(entry.adl_path),
+                        "aaif_path": str(entry.aaif_path) if entry.aaif_path else None,
+                        "generation": snapshot.generation,
+                    },
+                )
+            for key in result.removed:
+                self.sink.append(
+                    records.POLICY_LOAD, {"agent": key, "removed": True, "generation": snapshot.generation}
+                )
+            for problem in snapshot.problems:
+                log.error("policy not loaded: %s: %s", problem.path, problem.detail)
+                self.sink.append(
+                    records.POLICY_LOAD,
+                    {
+                        "decision": "deny",
+                        "path": problem.path,
+                        "problem": problem.detail,
+                        "codes": list(problem.codes),
+                        "generation": snapshot.generation,
+                    },
+                    priority="high",
+                )
+            self.sink.sync()
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def _reap_leftover_sessions(self) -> None:
+        """Sessions of an instance that stopped uncleanly: their supervisor is gone, so nobody would
+        enforce the wall clock or record their end. Kill them and say so."""
+        try:
+            leftovers = cgroups.existing(group=self.settings.cgroup_group)
+        except OSError as exc:
+            log.warning("cannot look for leftover sessions: %s", exc)
+            return
+        for session, group in leftovers.items():
+            members = group.members()
+            try:
+                group.remove(timeout=5)
+                removed = True
+            except OSError as exc:
+                log.error("leftover session %s not removed: %s", session, exc)
+                removed = False
+            self.sink.append(
+                records.SESSION_REAPED,
+                {"session": session, "killed_pids": members, "removed": removed, "decision": "deny"},
+                corr=session,
+                priority="high",
+                sync=True,
+            )
+
+    def terminate(self, session: str) -> bool:
+        group = cgroups.existing(group=self.settings.cgroup_group).get(session)
+        if group is None:
+            return False
+        group.kill_all()
+        return True
+
+    def _end_sessions(self, timeout_s: float) -> int:
+        running = self.registry.all()
+        for record in running:
+            with contextlib.suppress(OSError):
+                self.terminate(record.session)
+        deadline = time.monotonic() + timeout_s
+        while self.registry.all() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return len(running)
+
+    def _spawner_events(self) -> None:
+        for event in self.spawner.events():
+            if event.get("event") == "started":
+                self.registry.set_pid(event["session"], event["pid"])
+            elif event.get("event") == "ended":
+                self.registry.end(event["session"])
+        if not self._stop_wanted.is_set():
+            log.error("the spawner stopped; launches are refused until the daemon restarts")
+            self._serving = False
+            self._update_health()
+
+    # -- status and health ----------------------------------------------------------------------
+
+    def status(self) -> pb.StatusResponse:
+        snapshot = self.store.snapshot
+        counts: dict[str, int] = {}
+        sessions = self.registry.all()
+        for s in sessions:
+            counts[s.agent] = counts.get(s.agent, 0) + 1
+        agents = []
+        for key, entry in sorted(snapshot.agents.items()):
+            limits = entry.policy.limits
+            agents.append(
+                pb.AgentStatus(
+                    key=key,
+                    name=entry.policy.agent_name,
+                    id=entry.policy.agent_id or "",
+                    policy_digest=entry.policy.digest,
+                    source=str(entry.adl_path),
+                    sessions=counts.get(key, 0),
+                    max_concurrent=limits.max_concurrent if limits and limits.max_concurrent is not None else -1,
+                )
+            )
+        return pb.StatusResponse(
+            version=VERSION,
+            serving=self._serving,
+            audit_log_id=self.sink.log_id,
+            audit_error=self.sink.error or "",
+            policy_generation=snapshot.generation,
+            agents=agents,
+            problems=[pb.DocumentProblem(path=p.path, detail=p.detail, codes=list(p.codes)) for p in snapshot.problems],
+            sessions=[
+                pb.SessionInfo(
+                    session=s.session,
+                    agent=s.agent,
+                    uid=s.uid,
+                    argv=list(s.argv),
+                    started_unix_ms=s.started_ms,
+                    pid=s.pid,
+                )
+                for s in sessions
+            ],
+            pending_approvals=len(self.approvals.pending()),
+        )
+
+    def _update_health(self) -> None:
+        spawner_alive = self.spawner.sock.fileno() >= 0
+        ok = self.sink.healthy and bool(self.store.snapshot.agents) and not self._stop_wanted.is_set()
+        self._serving = ok and spawner_alive
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *SERVICES):
+            self.health.set(name, status)
+        if self._servers:
+            notify.send(self._status_line())
+
+    def _status_line(self) -> str:
+        snapshot = self.store.snapshot
+        if not self.sink.healthy:
+            return f"STATUS=NOT SERVING: audit log unavailable: {self.sink.error}"
+        if not snapshot.agents:
+            return f"STATUS=NOT SERVING: no policy loaded from {self.settings.policy_dir}"
+        problems = f", {len(snapshot.problems)} document(s) with problems" if snapshot.problems else ""
+        return f"STATUS=serving {len(snapshot.agents)} agent(s){problems}, {len(self.registry.all())} session(s)"
+
+    # -- sockets --------------------------------------------------------------------------------
+
+    def _socket_gid(self) -> int | None:
+        if self.settings.socket_group is None:
+            return None
+        try:
+            return grp.getgrnam(self.settings.socket_group).gr_gid
+        except KeyError:
+            raise StartupError(f"socket_group {self.settings.socket_group!r}: no such group") from None
+
+    def _grpc_server(self, path: Path, mode: int, gid: int | None, *, admin: bool) -> grpc.Server:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        path.unlink(missing_ok=True)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.settings.workers, thread_name_prefix="admin" if admin else "api"
+            ),
+            options=[
+                ("grpc.max_receive_message_length", max(self.settings.max_request_bytes * 4, 4 << 20)),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        limit = self.settings.max_request_bytes
+        server.add_generic_rpc_handlers((handlers(EnforcerService(self.core, self.status), "Enforcer", limit),))
+        if admin:
+            admin_service = AdminService(self.core, self.reload, self.terminate, self.status)
+            server.add_generic_rpc_handlers((handlers(admin_service, "Admin", limit),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = [*(SERVICES if admin else SERVICES[:1]), health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, server)
+        old = os.umask(0o177)  # the socket appears with no access for others, then gets its mode
+        try:
+            if server.add_insecure_port(f"unix:{path}") == 0:
+                raise StartupError(f"cannot listen on {path}")
+            server.start()
+        finally:
+            os.umask(old)
+        os.chmod(path, mode)
+        if gid is not None:
+            os.chown(path, -1, gid)
+        return server
+
+
+def serve(settings: Settings, spawner: SpawnerHandle) -> int:
+    daemon = Daemon(settings, spawner)
+    signal.signal(signal.SIGHUP, daemon.request_reload)
+    signal.signal(signal.SIGTERM, daemon.request_stop)
+    signal.signal(signal.SIGINT, daemon.request_stop)
+    try:
+        daemon.start()
+    except StartupError:
+        daemon.sink.close()
+        raise
+    log.info("serving on %s (admin %s, launch %s)", settings.socket, settings.admin_socket, settings.launch_socket)
+    try:
+        daemon.run_forever()
+    finally:
+        daemon.stop()
+    return 0

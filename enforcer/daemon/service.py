@@ -1,0 +1,447 @@
+"""The gRPC services: Enforcer (Check, CheckBatch, Explain, WaitApproval, Status) and Admin.
+
+Every answer is sent after its audit record is appended; a record that cannot be written makes the
+call fail with UNAVAILABLE (the client library turns that into DENY). A policy denial is a
+successful call. Requests are parsed by a tolerant deserializer so that a malformed or oversized
+message gets INVALID_ARGUMENT from us rather than an INTERNAL error from the framework.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import orjson
+
+from ..audit import AuditUnavailable, Receipt, records
+from ..audit.events import decision_payload
+from ..explain import policy_summary
+from ..policy import decide
+from ..policy.model import (
+    Action,
+    Decision,
+    EnvVar,
+    FileAccess,
+    NetworkConnect,
+    ProcessExec,
+    Reason,
+    ToolCall,
+)
+from ..v1 import enforcer_pb2 as pb
+from .approvals import Approval, ApprovalError, Approvals
+from .auditsink import AuditSink
+from .registry import SessionRegistry
+from .store import AgentEntry, PolicyStore
+
+MAX_BATCH = 256
+MAX_WAIT_MS = 600_000
+VERDICTS = {"ALLOW": pb.ALLOW, "DENY": pb.DENY, "ASK": pb.ASK}
+_STATUS = grpc.StatusCode
+
+
+class ApiError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Malformed:
+    """Stands in for a request that could not be parsed (see tolerant())."""
+
+    detail: str
+
+
+def tolerant(message_type: Any, max_bytes: int) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        if len(data) > max_bytes:
+            return Malformed(f"request of {len(data)} bytes exceeds the limit of {max_bytes}")
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # DecodeError and friends: the bytes are not this message
+            return Malformed(f"request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
+
+    return parse
+
+
+def _text(value: str, what: str, limit: int = 4096) -> str:
+    if len(value) > limit:
+        raise ApiError(_STATUS.INVALID_ARGUMENT, f"{what} is longer than {limit} characters")
+    return value
+
+
+def to_action(request: pb.CheckRequest) -> Action:
+    which = request.WhichOneof("action")
+    if which == "tool":
+        name = _text(request.tool.name, "tool.name", 256)
+        if not name:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "tool.name is empty")
+        raw = request.tool.arguments_json
+        try:
+            arguments = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, f"tool.arguments_json is not JSON: {exc}") from None
+        return ToolCall(name, arguments)
+    if which == "network":
+        net = request.network
+        if not net.host or not 0 < net.port < 65536:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "network needs a host and a port in 1..65535")
+        return NetworkConnect(
+            _text(net.host, "network.host", 253), net.port, net.protocol or "tcp", net.address or None
+        )
+    if which == "file":
+        mode = request.file.mode or "read"
+        if mode not in ("read", "write", "read_write") or not request.file.path:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "file needs a path and mode read | write | read_write")
+        return FileAccess(_text(request.file.path, "file.path"), mode)  # type: ignore[arg-type]
+    if which == "exec":
+        if not request.exec.argv:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "exec.argv is empty")
+        return ProcessExec(tuple(request.exec.argv), request.exec.resolved_path or None)
+    if which == "env":
+        if not request.env.name:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "env.name is empty")
+        return EnvVar(_text(request.env.name, "env.name", 256))
+    raise ApiError(_STATUS.INVALID_ARGUMENT, "the request names no action (tool, network, file, exec or env)")
+
+
+def _reasons(reasons: tuple[Reason, ...]) -> list[pb.Reason]:
+    return [pb.Reason(rule=r.rule, pointer=r.pointer, document=r.document, text=r.text) for r in reasons]
+
+
+def _receipt(receipt: Receipt | None, log_id: str) -> pb.AuditReceipt | None:
+    if receipt is None:
+        return None
+    return pb.AuditReceipt(seq=receipt.seq, hash=receipt.hash, log_id=log_id)
+
+
+class Core:
+    """Identity, decisions, approvals and their audit records: everything both services share."""
+
+    def __init__(
+        self,
+        store: PolicyStore,
+        sink: AuditSink,
+        registry: SessionRegistry,
+        approvals: Approvals,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.store, self.sink, self.registry, self.approvals = store, sink, registry, approvals
+        self.clock_ms = clock_ms
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def caller(self, agent: str, session: str, token: str) -> tuple[AgentEntry, str]:
+        """The policy entry a request speaks for, and its session ('' for none)."""
+        snapshot = self.store.snapshot
+        if not snapshot.agents:
+            raise ApiError(_STATUS.FAILED_PRECONDITION, "no policy is loaded")
+        if session:
+            record = self.registry.authenticate(session, token)
+            if record is None:
+                raise ApiError(_STATUS.UNAUTHENTICATED, f"unknown session {session!r} or wrong session token")
+            entry = snapshot.resolve(record.agent)
+            if entry is None:
+                raise ApiError(_STATUS.FAILED_PRECONDITION, f"the policy of agent {record.agent!r} is no longer loaded")
+            if agent and snapshot.resolve(agent) is not entry:
+                raise ApiError(_STATUS.PERMISSION_DENIED, f"session {session} belongs to agent {record.agent!r}")
+            return entry, session
+        if not agent:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "name the agent (or a session with its token)")
+        entry = snapshot.resolve(_text(agent, "agent", 256))
+        if entry is None:
+            raise ApiError(_STATUS.FAILED_PRECONDITION, f"no policy is loaded for agent {agent!r}")
+        return entry, ""
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def check(self, request: pb.CheckRequest, force_dry_run: bool = False) -> pb.CheckResponse:
+        entry, session = self.caller(request.agent, request.session, request.session_token)
+        action = to_action(request)
+        dry_run = force_dry_run or request.mode == pb.DRY_RUN
+        started = time.perf_counter_ns()
+        decision = decide(entry.policy, action)
+        eval_us = (time.perf_counter_ns() - started) // 1000
+        decision_id = "dec-" + secrets.token_hex(8)
+        approval: Approval | None = None
+        extra: dict[str, Any] = {"decision_id": decision_id, "eval_us": eval_us}
+        if request.request_id:
+            extra["request_id"] = _text(request.request_id, "request_id", 256)
+        if session:
+            extra["session"] = session
+        if dry_run:
+            extra["mode"] = "dry_run"
+        payload = decision_payload(entry.policy, action, decision, entry.masker, **extra)
+        if decision.verdict == "ASK" and not dry_run:
+            approval = self._open_approval(entry, session, decision_id, action, payload, decision)
+            payload["approval_id"] = approval.approval_id
+            payload["approval_expires_ms"] = approval.expires_ms
+        trace = None
+        if request.HasField("trace") and request.trace.traceparent:
+            trace = {"traceparent": _text(request.trace.traceparent, "traceparent", 512)}
+            if request.trace.tracestate:
+                trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
+        try:
+            receipt = self.sink.append(
+                records.DECISION,
+                payload,
+                corr=session or decision_id,
+                trace=trace,
+                priority="normal" if decision.verdict == "ALLOW" else "high",
+            )
+        except AuditUnavailable as exc:
+            if approval is not None:  # never leave an approval open for an answer nobody received
+                self.approvals.resolve(
+                    approval.approval_id, "rejected", "adl-enforcerd", "audit failed", lambda a: None
+                )
+            raise ApiError(
+                _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
+            ) from None
+        return self._response(request.request_id, entry, decision, decision_id, receipt, eval_us, approval, dry_run)
+
+    def _response(
+        self,
+        request_id: str,
+        entry: AgentEntry,
+        decision: Decision,
+        decision_id: str,
+        receipt: Receipt,
+        eval_us: int,
+        approval: Approval | None,
+        dry_run: bool,
+    ) -> pb.CheckResponse:
+        response = pb.CheckResponse(
+            request_id=request_id,
+            decision=VERDICTS[decision.verdict],
+            reasons=_reasons(decision.reasons),
+            obligations_json=orjson.dumps(dict(decision.obligations)).decode() if decision.obligations else "",
+            decision_id=decision_id,
+            receipt=_receipt(receipt, self.sink.log_id),
+            policy_digest=decision.policy_digest,
+            eval_us=eval_us,
+            agent=entry.key,
+            mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
+        )
+        if approval is not None:
+            response.approval_id = approval.approval_id
+            response.approval_expires_unix_ms = approval.expires_ms
+        return response
+
+    def _open_approval(
+        self,
+        entry: AgentEntry,
+        session: str,
+        decision_id: str,
+        action: Action,
+        payload: dict[str, Any],
+        decision: Decision,
+    ) -> Approval:
+        timeout_s = int(decision.obligations.get("approval_timeout_s") or 300)
+        try:
+            return self.approvals.open(
+                decision_id=decision_id,
+                agent=entry.key,
+                session=session,
+                tool=action.name if isinstance(action, ToolCall) else "",
+                arguments=payload.get("args"),
+                reasons=decision.reasons,
+                expires_ms=self.clock_ms() + timeout_s * 1000,
+            )
+        except ApprovalError as exc:
+            raise ApiError(_STATUS.RESOURCE_EXHAUSTED, str(exc)) from None
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    def resolve(self, approval_id: str, outcome: str, approver: str, note: str) -> Approval:
+        def record(approval: Approval) -> Receipt:
+            return self.sink.append(
+                records.APPROVAL,
+                {
+                    "agent": approval.agent,
+                    "decision": "allow" if outcome == "approved" else "deny",
+                    "outcome": outcome,
+                    "approval_id": approval.approval_id,
+                    "decision_id": approval.decision_id,
+                    "tool": approval.tool,
+                    "approver": approver,
+                    "note": note,
+                    "rules": [f"hitl.{outcome}"],
+                },
+                corr=approval.session or approval.decision_id,
+                priority="high",
+                sync=True,
+            )
+
+        try:
+            return self.approvals.resolve(approval_id, outcome, approver, note, record)  # type: ignore[arg-type]
+        except ApprovalError as exc:
+            code = _STATUS.NOT_FOUND if exc.code == "not_found" else _STATUS.FAILED_PRECONDITION
+            raise ApiError(code, str(exc)) from None
+        except AuditUnavailable as exc:
+            raise ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable: {exc}") from None
+
+    def expire_due(self) -> None:
+        for approval in self.approvals.due():
+            try:
+                self.resolve(approval.approval_id, "expired", "", "no decision before the approval timeout")
+            except ApiError:
+                continue  # resolved meanwhile, or the audit log is down: retried on the next tick
+
+    def approval_response(self, approval: Approval) -> pb.CheckResponse:
+        if approval.outcome == "approved":
+            verdict, rule, text = pb.ALLOW, "hitl.approved", f"approved by {approval.approver}"
+        elif approval.outcome == "pending":
+            verdict, rule, text = pb.ASK, "hitl.pending", "waiting for a human decision"
+        else:
+            verdict = pb.DENY
+            rule = f"hitl.{approval.outcome}"
+            text = f"rejected by {approval.approver}" if approval.outcome == "rejected" else "approval timed out"
+        if approval.note:
+            text += f": {approval.note}"
+        return pb.CheckResponse(
+            decision=verdict,
+            reasons=[pb.Reason(rule=rule, document="enforcer", text=text)],
+            decision_id=approval.decision_id,
+            approval_id=approval.approval_id,
+            approval_expires_unix_ms=approval.expires_ms,
+            agent=approval.agent,
+            receipt=_receipt(approval.receipt, self.sink.log_id),
+        )
+
+
+def approval_message(approval: Approval) -> pb.Approval:
+    return pb.Approval(
+        approval_id=approval.approval_id,
+        decision_id=approval.decision_id,
+        agent=approval.agent,
+        session=approval.session,
+        tool=approval.tool,
+        arguments_json=orjson.dumps(approval.arguments).decode(),
+        reasons=_reasons(approval.reasons),
+        created_unix_ms=approval.created_ms,
+        expires_unix_ms=approval.expires_ms,
+    )
+
+
+class EnforcerService:
+    """enforcer.v1.Enforcer"""
+
+    def __init__(self, core: Core, status: Callable[[], pb.StatusResponse]) -> None:
+        self.core = core
+        self._status = status
+
+    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
+        return self.core.check(request)
+
+    def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext) -> pb.CheckBatchResponse:
+        if len(request.requests) > MAX_BATCH:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, f"at most {MAX_BATCH} requests in a batch")
+        return pb.CheckBatchResponse(responses=[self.core.check(r) for r in request.requests])
+
+    def Explain(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
+        decision = self.core.check(request, force_dry_run=True)
+        entry, _ = self.core.caller(request.agent, request.session, request.session_token)
+        return pb.ExplainResponse(decision=decision, policy_json=orjson.dumps(policy_summary(entry.policy)).decode())
+
+    def WaitApproval(self, request: pb.WaitApprovalRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
+        approval = self.core.approvals.get(request.approval_id)
+        if approval is None:
+            raise ApiError(_STATUS.NOT_FOUND, f"no approval {request.approval_id!r}")
+        if approval.session and (
+            request.session != approval.session
+            or self.core.registry.authenticate(request.session, request.session_token) is None
+        ):
+            raise ApiError(_STATUS.UNAUTHENTICATED, "this approval belongs to a session; give its id and token")
+        wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, max(remaining - 0.05, 0))
+        if wait_s > 0:
+            approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+        return self.core.approval_response(approval)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        return self._status()
+
+
+class AdminService:
+    """enforcer.v1.Admin"""
+
+    def __init__(
+        self,
+        core: Core,
+        reload: Callable[[], pb.ReloadResponse],
+        terminate: Callable[[str], bool],
+        status: Callable[[], pb.StatusResponse],
+    ) -> None:
+        self.core = core
+        self._reload = reload
+        self._terminate = terminate
+        self._status = status
+
+    def ListPending(self, request: pb.ListPendingRequest, context: grpc.ServicerContext) -> pb.ListPendingResponse:
+        return pb.ListPendingResponse(
+            pending=[approval_message(a) for a in self.core.approvals.pending(request.agent or None)]
+        )
+
+    def _decide(self, request: pb.ApprovalDecision, outcome: str) -> pb.ApprovalResult:
+        if not request.approver.strip():
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "approver is required: the audit log records who decided")
+        approval = self.core.resolve(
+            request.approval_id, outcome, _text(request.approver, "approver", 256), _text(request.note, "note")
+        )
+        return pb.ApprovalResult(
+            decision=pb.ALLOW if outcome == "approved" else pb.DENY,
+            receipt=_receipt(approval.receipt, self.core.sink.log_id),
+        )
+
+    def Approve(self, request: pb.ApprovalDecision, context: grpc.ServicerContext) -> pb.ApprovalResult:
+        return self._decide(request, "approved")
+
+    def Reject(self, request: pb.ApprovalDecision, context: grpc.ServicerContext) -> pb.ApprovalResult:
+        return self._decide(request, "rejected")
+
+    def ReloadPolicies(self, request: pb.ReloadRequest, context: grpc.ServicerContext) -> pb.ReloadResponse:
+        return self._reload()
+
+    def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.ServicerContext) -> pb.ListSessionsResponse:
+        return pb.ListSessionsResponse(sessions=self._status().sessions)
+
+    def TerminateSession(
+        self, request: pb.TerminateSessionRequest, context: grpc.ServicerContext
+    ) -> pb.TerminateSessionResponse:
+        if self.core.registry.get(request.session) is None:
+            raise ApiError(_STATUS.NOT_FOUND, f"no session {request.session!r}")
+        return pb.TerminateSessionResponse(terminated=self._terminate(request.session))
+
+
+def handlers(service: Any, service_name: str, max_request_bytes: int) -> grpc.GenericRpcHandler:
+    """Unary handlers for every method of `service_name` found on `service`, with tolerant parsing
+    and ApiError -> status code."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service_name]
+    methods = {}
+    for method in descriptor.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        methods[method.name] = grpc.unary_unary_rpc_method_handler(
+            _guarded(getattr(service, method.name)),
+            request_deserializer=tolerant(request_type, max_request_bytes),
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, methods)
+
+
+def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def call(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            context.abort(_STATUS.INVALID_ARGUMENT, request.detail)
+        try:
+            return method(request, context)
+        except ApiError as exc:
+            context.abort(exc.code, str(exc))
+
+    return call

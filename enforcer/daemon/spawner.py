@@ -1,0 +1,230 @@
+"""The single-threaded spawner: forked by adl-enforcerd before any gRPC code is imported.
+
+Forking from a process that runs gRPC threads crashes children, so every session is launched from
+here. The daemon sends a launch order (JSON) with the caller's stdin, stdout, stderr and launch
+connection attached; the spawner forks one supervisor per session, which compiles the policy again
+from the very documents the daemon checked (and refuses if the digest differs), runs it with the
+same launcher as embedded adl-exec, audits it with its own writer on the same log, and reports
+SessionEnded straight to the caller. The spawner tells the daemon when each supervisor ends.
+
+Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG); a supervisor's
+death releases the launcher's guardian, which kills the session's cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .framing import FrameError, recv_frame, send_frame
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(expected_parent: int) -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != expected_parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@dataclass
+class SpawnerHandle:
+    pid: int
+    sock: socket.socket
+    lock: threading.Lock
+
+    def launch(self, order: dict[str, Any], fds: list[int]) -> None:
+        with self.lock:
+            send_frame(self.sock, json.dumps(order).encode(), fds)
+
+    def events(self) -> Any:
+        """Yield the spawner's reports ({"event": "started"|"ended", ...}) until it goes away."""
+        while True:
+            try:
+                frame = recv_frame(self.sock)
+            except (OSError, FrameError):
+                return
+            if frame is None:
+                return
+            yield json.loads(frame[0])
+
+
+def start(config: dict[str, Any]) -> SpawnerHandle:
+    """Fork the spawner. Call before importing grpc, with no other threads running."""
+    if "grpc" in sys.modules or threading.active_count() > 1:
+        raise RuntimeError("the spawner must be started before gRPC is imported and before any thread")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            ours.close()
+            _die_with_parent(parent)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _serve(theirs, config)
+        except BaseException as exc:  # report, never fall back into the daemon's code
+            print(f"adl-enforcerd spawner: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+        finally:
+            os._exit(code)
+    theirs.close()
+    return SpawnerHandle(pid, ours, threading.Lock())
+
+
+def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
+    # Imported here, once, so each supervisor forks with the launcher already loaded.
+    from ..sandbox import session as sessions  # noqa: F401
+
+    children: dict[int, str] = {}
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.2)
+        _reap(children, sock)
+        if not ready:
+            continue
+        try:
+            frame = recv_frame(sock, max_fds=4)
+        except (OSError, FrameError):
+            return
+        if frame is None:  # the daemon went away
+            return
+        data, fds = frame
+        order = json.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _die_with_parent(os.getppid())
+            code = 1
+            try:
+                code = _supervise(order, fds, config)
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        children[pid] = order["session"]
+        send_frame(sock, json.dumps({"event": "started", "session": order["session"], "pid": pid}).encode())
+
+
+def _reap(children: dict[int, str], sock: socket.socket) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        session = children.pop(pid, None)
+        if session is not None:
+            event = {"event": "ended", "session": session, "status": os.waitstatus_to_exitcode(status)}
+            send_frame(sock, json.dumps(event).encode())
+
+
+def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) -> int:
+    """One session, in its own process: compile, plan, audit, run, report to the caller."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from ..audit import AuditUnavailable, AuditWriter, WriterSettings
+    from ..documents import PolicyFileError, load_regions, schema_set
+    from ..policy import CompileOptions, DocumentRejected, compile_policy
+    from ..sandbox import cgroups
+    from ..sandbox import session as sessions
+    from ..sandbox.launcher import LaunchError
+    from ..sandbox.plan import PlanError, build_plan, load_baseline
+    from ..v1 import enforcer_pb2 as pb
+
+    session = order["session"]
+    stdin, stdout, stderr, client_fd = fds
+    for target, fd in enumerate((stdin, stdout, stderr)):
+        os.dup2(fd, target)
+        os.close(fd)
+    client = socket.socket(fileno=client_fd)
+
+    def report(**fields: Any) -> None:
+        with contextlib.suppress(OSError):
+            send_frame(client, pb.SessionEnded(session=session, **fields).SerializeToString())
+
+    try:
+        writer = AuditWriter(
+            config["audit_dir"],
+            config["audit_key"],
+            source="adl-enforcerd",
+            settings=WriterSettings(group_ms=config["audit_group_ms"], group_records=config["audit_group_records"]),
+        )
+    except AuditUnavailable as exc:
+        report(reason="refused", exit_code=125, detail=f"audit log unavailable, nothing runs unrecorded: {exc}")
+        return 1
+    uid, gid = order["uid"], order["gid"]
+    policy = None
+    try:
+        options = CompileOptions(production=config["production"], regions=load_regions(config["regions"]))
+        policy = compile_policy(order["adl"], order["aaif"], schema_set(), datetime.now(UTC), options)
+        if policy.digest != order["policy_digest"]:
+            raise PlanError("the agent's policy changed while it was being launched; try again")
+        with contextlib.suppress(OSError):
+            os.chdir(order["cwd"])
+        plan = build_plan(
+            policy,
+            order["argv"],
+            baseline=load_baseline(Path(config["baseline"])),
+            environ=order["environ"],
+            features=sessions.host_features(),
+            accept_unenforced=frozenset(order["accept_unenforced"]),
+            cwd=order["cwd"],
+            pids_max=order["pids_max"],
+        )
+    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
+        with contextlib.suppress(AuditUnavailable):
+            sessions.record_refusal(writer, policy, session, str(exc), order["argv"])
+        writer.close()
+        report(reason="refused", exit_code=125, detail=str(exc))
+        return 1
+
+    def stop_when_caller_leaves() -> None:
+        # adl-exec going away (Ctrl-C, SIGKILL) ends its session, as in embedded mode.
+        with contextlib.suppress(OSError):
+            while client.recv(4096):
+                pass
+        group = cgroups.existing(group=config["cgroup_group"]).get(session)
+        if group is not None:
+            with contextlib.suppress(OSError):
+                group.kill_all()
+
+    threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    try:
+        outcome = sessions.run_session(
+            policy,
+            plan,
+            writer,
+            session,
+            uid=None if uid == os.getuid() else uid,
+            gid=None if uid == os.getuid() else gid,
+            cgroup_group=config["cgroup_group"],
+        )
+    except (LaunchError, AuditUnavailable) as exc:
+        with contextlib.suppress(AuditUnavailable):
+            sessions.record_refusal(writer, policy, session, str(exc), order["argv"])
+        writer.close()
+        report(reason="refused", exit_code=125, detail=str(exc))
+        return 1
+    writer.close()
+    report(
+        reason=outcome.reason,
+        exit_code=outcome.exit_code,
+        signal=outcome.signal or 0,
+        duration_ms=int(outcome.duration_s * 1000),
+        creations_refused=outcome.guard_refused_total,
+    )
+    return 0

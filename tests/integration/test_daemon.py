@@ -1,0 +1,416 @@
+"""adl-enforcerd end to end: a real daemon on temporary sockets, real clients, the real audit log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from enforcer.audit.verify import verify_directory
+from enforcer.client import AsyncClient, Client
+from enforcer.v1 import enforcer_pb2 as pb
+
+from ..daemon_helpers import RunningDaemon, tool_request
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)")
+
+
+def by_decision_id(d: RunningDaemon, decision_id: str) -> dict:
+    return next(r for r in d.records() if r["payload"].get("decision_id") == decision_id)
+
+
+def test_check_allow_deny_ask_with_reasons_and_audit_receipts(daemon: RunningDaemon) -> None:
+    stub = daemon.enforcer()
+    allow = stub.Check(tool_request("Sandboxed", "read_note", {"name": "a", "count": 2}, request_id="r-1"))
+    assert allow.decision == pb.ALLOW and allow.reasons[0].rule == "tool.allowed"
+    assert allow.request_id == "r-1" and allow.agent == "Sandboxed" and allow.policy_digest
+    record = by_decision_id(daemon, allow.decision_id)
+    assert record["seq"] == allow.receipt.seq and record["hash"] == allow.receipt.hash  # audited before answered
+    assert record["payload"]["decision"] == "allow" and record["payload"]["request_id"] == "r-1"
+
+    wrong_type = stub.Check(tool_request("Sandboxed", "read_note", {"name": "a", "count": 2.5}))
+    assert wrong_type.decision == pb.DENY and wrong_type.reasons[0].rule == "tool.args_invalid"
+    assert wrong_type.reasons[0].pointer == "/tools/0/parameters"  # integers stay integers end to end
+    undeclared = stub.Check(tool_request("Sandboxed", "rm_rf", {}))
+    assert undeclared.decision == pb.DENY and "not declared" in undeclared.reasons[0].text
+    ask = stub.Check(tool_request("Sandboxed", "delete_note", {"name": "a"}))
+    assert ask.decision == pb.ASK and ask.approval_id and ask.reasons[0].rule == "tool.requires_confirmation"
+    assert ask.approval_expires_unix_ms > time.time() * 1000 + 200_000  # the 300 s default
+
+    dry = stub.Check(tool_request("Sandboxed", "delete_note", {"name": "a"}, mode=pb.DRY_RUN))
+    assert dry.decision == pb.ASK and not dry.approval_id  # a dry run opens no approval
+    assert by_decision_id(daemon, dry.decision_id)["payload"]["mode"] == "dry_run"
+
+    batch = stub.CheckBatch(
+        pb.CheckBatchRequest(
+            requests=[tool_request("Sandboxed", "read_note", {"name": "x"}), tool_request("Sandboxed", "nope", {})]
+        )
+    )
+    assert [r.decision for r in batch.responses] == [pb.ALLOW, pb.DENY]
+
+    file_deny = stub.Check(pb.CheckRequest(agent="Sandboxed", file=pb.FileAccess(path="/etc/shadow", mode="read")))
+    assert file_deny.decision == pb.DENY
+    explain = stub.Explain(tool_request("Sandboxed", "pay", {"amount": 1}))
+    assert explain.decision.decision == pb.ALLOW and explain.decision.mode == pb.DRY_RUN
+    assert json.loads(explain.policy_json)["agent"]["name"] == "Sandboxed"
+
+
+def test_approval_flow_approve_reject_and_expiry(daemon: RunningDaemon) -> None:
+    client = Client(f"unix:{daemon.api}", agent="Sandboxed")
+    admin = daemon.admin_stub()
+    asked = client.check_tool("delete_note", {"name": "old"})
+    assert asked.decision == "ASK"
+    pending = admin.ListPending(pb.ListPendingRequest()).pending
+    assert [p.approval_id for p in pending] == [asked.approval_id] and pending[0].tool == "delete_note"
+
+    result: dict[str, object] = {}
+    waiter = threading.Thread(target=lambda: result.update(final=client.wait_approval(asked, timeout_s=10)))
+    waiter.start()
+    time.sleep(0.2)
+    with pytest.raises(grpc.RpcError) as no_approver:
+        admin.Approve(pb.ApprovalDecision(approval_id=asked.approval_id))
+    assert no_approver.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    approved = admin.Approve(pb.ApprovalDecision(approval_id=asked.approval_id, approver="alice", note="ok"))
+    waiter.join(10)
+    final = result["final"]
+    assert final.decision == "ALLOW" and "alice" in final.reasons[0]["text"]  # type: ignore[attr-defined]
+    record = next(r for r in daemon.records() if r["seq"] == approved.receipt.seq)
+    assert record["payload"]["approver"] == "alice" and record["payload"]["outcome"] == "approved"
+    with pytest.raises(grpc.RpcError) as twice:
+        admin.Reject(pb.ApprovalDecision(approval_id=asked.approval_id, approver="bob"))
+    assert twice.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    second = client.check_tool("delete_note", {"name": "other"})
+    admin.Reject(pb.ApprovalDecision(approval_id=second.approval_id, approver="bob", note="no"))
+    rejected = client.wait_approval(second, timeout_s=5)
+    assert rejected.decision == "DENY" and rejected.reasons[0]["rule"] == "hitl.rejected"
+
+    fast = Client(f"unix:{daemon.api}", agent="Fast")
+    small = fast.check_tool("pay", {"amount": 5})
+    assert small.decision == "ALLOW"
+    big = fast.check_tool("pay", {"amount": 500})
+    assert big.decision == "ASK" and big.obligations["approval_timeout_s"] == 1
+    started = time.monotonic()
+    expired = fast.wait_approval(big, timeout_s=10)
+    assert expired.decision == "DENY" and expired.reasons[0]["rule"] == "hitl.expired"
+    assert time.monotonic() - started < 5
+    outcomes = [r["payload"].get("outcome") for r in daemon.records() if r["intent"].endswith(".approval")]
+    assert outcomes == ["approved", "rejected", "expired"]
+    client.close()
+    fast.close()
+
+
+def test_reload_under_concurrent_checks_never_fails_and_keeps_the_last_good_version(daemon: RunningDaemon) -> None:
+    stop = threading.Event()
+    failures: list[str] = []
+    counts = [0] * 6
+
+    def hammer(i: int) -> None:
+        stub = daemon.enforcer()
+        while not stop.is_set():
+            try:
+                reply = stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=5)
+                if reply.decision != pb.ALLOW:
+                    failures.append(f"decision {reply.decision}: {reply.reasons}")
+            except grpc.RpcError as exc:
+                failures.append(f"{exc.code()}: {exc.details()}")
+            counts[i] += 1
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(len(counts))]
+    for t in threads:
+        t.start()
+    admin = daemon.admin_stub()
+    try:
+        for round_ in range(10):
+            daemon.write_adl("extra", f"Extra {round_}", {})
+            if round_ % 2:
+                daemon.proc.send_signal(1)  # SIGHUP  # type: ignore[union-attr]
+                time.sleep(0.1)
+            else:
+                reply = admin.ReloadPolicies(pb.ReloadRequest())
+                assert not reply.problems
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert failures == [] and sum(counts) > 100, (failures[:3], counts)
+
+    generation = admin.ReloadPolicies(pb.ReloadRequest()).generation
+    (daemon.policies / "sandboxed.adl.json").write_text('{"adl_spec": "0.3.0", "name": "Sandboxed"')  # broken
+    reply = admin.ReloadPolicies(pb.ReloadRequest())
+    assert reply.generation == generation + 1
+    assert reply.problems and "previous version kept" in reply.problems[0].detail
+    still = daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"}))
+    assert still.decision == pb.ALLOW
+    status = daemon.enforcer().Status(pb.StatusRequest())
+    assert status.problems and status.serving
+    problems = [r for r in daemon.records() if r["intent"].endswith(".policy.load") and r["payload"].get("problem")]
+    assert problems and problems[-1]["payload"]["path"].endswith("sandboxed.adl.json")
+
+
+def test_bad_input_gets_invalid_argument_and_the_daemon_keeps_serving(daemon: RunningDaemon) -> None:
+    channel = daemon.channel()
+    raw = channel.unary_unary("/enforcer.v1.Enforcer/Check")
+    with pytest.raises(grpc.RpcError) as garbage:
+        raw(b"\xff\xff\xff\xff\x0f not a protobuf", timeout=5)
+    assert garbage.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    big = tool_request("Sandboxed", "read_note", {"name": "x" * (2 << 20)})
+    with pytest.raises(grpc.RpcError) as oversized:
+        daemon.enforcer().Check(big, timeout=10)
+    assert oversized.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "exceeds" in oversized.value.details()
+    for request, needle in [
+        (pb.CheckRequest(agent="Sandboxed"), "no action"),
+        (pb.CheckRequest(agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json="{nope")), "not JSON"),
+        (pb.CheckRequest(tool=pb.ToolCall(name="read_note")), "name the agent"),
+        (pb.CheckRequest(agent="Sandboxed", network=pb.NetworkConnect(host="a.test", port=0)), "port"),
+    ]:
+        with pytest.raises(grpc.RpcError) as bad:
+            daemon.enforcer().Check(request, timeout=5)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in bad.value.details()
+    with pytest.raises(grpc.RpcError) as unknown:
+        daemon.enforcer().Check(tool_request("Nobody", "read_note", {}), timeout=5)
+    assert unknown.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.RpcError) as not_here:  # admin calls are not served on the API socket
+        pb_admin = __import__("enforcer.v1.enforcer_pb2_grpc", fromlist=["AdminStub"]).AdminStub(daemon.channel())
+        pb_admin.ReloadPolicies(pb.ReloadRequest(), timeout=5)
+    assert not_here.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+    assert oct(daemon.api.stat().st_mode & 0o777) == "0o660" and oct(daemon.admin.stat().st_mode & 0o777) == "0o600"
+
+
+def test_client_library_turns_every_failure_into_deny(daemon: RunningDaemon, tmp_path: Path) -> None:
+    nowhere = Client(f"unix:{tmp_path}/missing.sock", agent="Sandboxed", deadline_s=0.5)
+    down = nowhere.check_tool("read_note", {"name": "n"})
+    assert down.decision == "DENY" and down.error and down.reasons[0]["rule"] == "client.error"
+    unserialisable = Client(f"unix:{daemon.api}", agent="Sandboxed").check_tool("read_note", {"x": object()})
+    assert unserialisable.decision == "DENY" and "not JSON" in str(unserialisable.error)
+
+    import asyncio
+
+    async def use_async() -> tuple[str, str]:
+        async with AsyncClient(f"unix:{daemon.api}", agent="Sandboxed") as client:
+            ok = await client.check_tool("read_note", {"name": "n"})
+        async with AsyncClient(f"unix:{tmp_path}/missing.sock", agent="Sandboxed", deadline_s=0.3) as client:
+            bad = await client.check_tool("read_note", {"name": "n"})
+        return ok.decision, bad.decision
+
+    assert asyncio.run(use_async()) == ("ALLOW", "DENY")
+
+
+def test_launch_through_the_daemon_enforces_and_records_the_session(daemon: RunningDaemon) -> None:
+    box = daemon.box
+    ok = daemon.adl_exec("cat", str(box.ws / "notes.txt"))
+    assert ok.returncode == 0 and ok.stdout == "workspace notes\n", ok.stderr
+    assert "ended: exit" in ok.stderr
+    denied = daemon.adl_exec("cat", str(box.outside / "private.txt"))
+    assert denied.returncode == 1 and "OUTSIDE-CONTENT" not in denied.stdout
+    refused = daemon.adl_exec("sh", "-c", "echo hi")
+    assert refused.returncode == 125 and "refused" in refused.stderr
+    unknown = daemon.adl_exec("cat", "/etc/hostname", agent="Nobody")
+    assert unknown.returncode == 125 and "no policy is loaded" in unknown.stderr
+    kinds = [r["intent"].rsplit(".", 1)[-1] for r in daemon.records()]
+    assert kinds.count("launch") == 2 and kinds.count("exit") == 2 and kinds.count("refused") == 2
+    launch = next(r for r in daemon.records() if r["intent"].endswith(".launch"))
+    assert launch["payload"]["agent"] == "Sandboxed" and launch["from"] == "adl-enforcerd"
+
+
+def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon, tmp_path: Path) -> None:
+    session_file = tmp_path / "session.json"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--daemon",
+            f"unix:{daemon.launch}",
+            "--agent",
+            "Sandboxed",
+            "--session-file",
+            str(session_file),
+            "--",
+            "python3",
+            "-c",
+            "import time; time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (session_file.exists() and session_file.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert oct(session_file.stat().st_mode & 0o777) == "0o600"
+        session = json.loads(session_file.read_text())
+        second = daemon.adl_exec("cat", str(daemon.box.ws / "notes.txt"))
+        assert second.returncode == 125 and "max_concurrent is 1" in second.stderr
+
+        stub = daemon.enforcer()
+        bound = stub.Check(
+            pb.CheckRequest(
+                session=session["session"],
+                session_token=session["session_token"],
+                tool=pb.ToolCall(name="read_note", arguments_json='{"name": "n"}'),
+            )
+        )
+        assert bound.decision == pb.ALLOW and bound.agent == "Sandboxed"
+        assert by_decision_id(daemon, bound.decision_id)["corr"] == session["session"]
+        for request, code in [
+            (
+                pb.CheckRequest(session=session["session"], session_token="guess", tool=pb.ToolCall(name="x")),
+                "UNAUTHENTICATED",
+            ),
+            (
+                pb.CheckRequest(
+                    session=session["session"],
+                    session_token=session["session_token"],
+                    agent="Fast",
+                    tool=pb.ToolCall(name="pay"),
+                ),
+                "PERMISSION_DENIED",
+            ),
+        ]:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Check(request)
+            assert err.value.code().name == code
+        status = stub.Status(pb.StatusRequest())
+        assert [s.session for s in status.sessions] == [session["session"]]
+        assert next(a for a in status.agents if a.key == "Sandboxed").sessions == 1
+        assert daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=session["session"])).terminated
+        first.wait(timeout=20)
+        assert first.returncode == 137, first.stderr  # SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_daemon_killed_mid_session_restarts_clean_with_a_continuous_audit_chain(daemon: RunningDaemon) -> None:
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--daemon",
+            f"unix:{daemon.launch}",
+            "--agent",
+            "Sandboxed",
+            "--",
+            "python3",
+            "-c",
+            "import time; print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline() == "up\n"
+        assert daemon.sessions_left()  # the session's cgroup exists
+        daemon.kill()
+        client.wait(timeout=20)
+        assert client.returncode == 125 and "lost contact" in client.stderr.read()  # type: ignore[union-attr]
+        deadline = time.monotonic() + 15
+        while daemon.sessions_left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon.sessions_left() == []  # the guardian killed the agent with its supervisor
+        daemon.start()
+        assert daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    daemon.stop()
+    report = verify_directory(daemon.audit)
+    assert report.intact and report.unsealed == 0, report
+    gaps = [r for r in daemon.records() if r["intent"].endswith(".gap")]
+    assert gaps and all(g["payload"]["reason"] == "writer_stopped_uncleanly" for g in gaps)
+    assert len([r for r in daemon.records() if r["intent"].endswith(".daemon.start")]) == 2
+
+
+def test_leftover_session_cgroups_are_killed_and_recorded_on_start(daemon: RunningDaemon) -> None:
+    from enforcer.sandbox import cgroups
+
+    daemon.stop()
+    group = cgroups.create("session-leftover", group=daemon.group)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        for f in group.join_files():
+            Path(f).write_text(str(sleeper.pid))
+        daemon.start()
+        assert sleeper.wait(timeout=10) == -9
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+    reaped = [r for r in daemon.records() if r["intent"].endswith(".session.reaped")]
+    assert reaped and reaped[0]["payload"]["session"] == "session-leftover"
+    assert reaped[0]["payload"]["killed_pids"] == [sleeper.pid] and reaped[0]["payload"]["removed"]
+
+
+def test_audit_failure_makes_checks_unavailable_and_flips_health(daemon: RunningDaemon, tmp_path: Path) -> None:
+    daemon.stop()
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
+    try:
+        daemon.audit = mount / "audit"
+        daemon.start()
+        stub = daemon.enforcer()
+        assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+        filler = mount / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        with pytest.raises(OSError):
+            for _ in range(1024):
+                os.write(fd, b"\0" * 4096)
+        os.close(fd)
+        codes = []
+        for _ in range(200):  # the next page of the log cannot be allocated
+            try:
+                stub.Check(tool_request("Sandboxed", "read_note", {"name": "n" * 2000}), timeout=5)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+                break
+        assert codes == [grpc.StatusCode.UNAVAILABLE]
+        assert daemon.health() == "NOT_SERVING"
+        with pytest.raises(grpc.RpcError) as again:
+            stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=5)
+        assert again.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "audit" in stub.Status(pb.StatusRequest()).audit_error
+        filler.unlink()
+        deadline = time.monotonic() + 10
+        while daemon.health() != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert daemon.health() == "SERVING"
+        assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+        gaps = [r for r in daemon.records() if r["intent"].endswith(".gap")]
+        assert any(g["payload"]["reason"] == "audit_write_failed" for g in gaps)
+        daemon.stop()
+        assert verify_directory(daemon.audit).intact
+    finally:
+        daemon.stop()
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_print_config_layers_defaults_toml_and_environment(tmp_path: Path) -> None:
+    config = tmp_path / "enforcer.toml"
+    config.write_text('policy_dir = "/srv/policies"\nworkers = 4\nsocket = "/srv/api.sock"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADL_ENFORCER_")}
+    env["ADL_ENFORCER_SOCKET"] = "/env/api.sock"
+    run = [sys.executable, "-m", "enforcer.cli.enforcerd", "--config", str(config), "--print-config"]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, env=env, check=True).stdout
+    effective = json.loads(out)
+    assert effective["policy_dir"] == "/srv/policies" and effective["workers"] == 4
+    assert effective["socket"] == "/env/api.sock"  # environment beats the file
+    toml = subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout
+    assert 'socket = "/env/api.sock"' in toml
+    config.write_text("wokers = 4\n")
+    typo = subprocess.run(run, capture_output=True, text=True, env=env)
+    assert typo.returncode == 2 and "wokers" in typo.stderr
