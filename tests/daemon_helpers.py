@@ -91,6 +91,7 @@ class RunningDaemon:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = root / "daemon.log"
         self._channels: list[grpc.Channel] = []
+        self.extra_env: dict[str, str] = {}
 
     # -- policies -------------------------------------------------------------------------------
 
@@ -133,6 +134,7 @@ class RunningDaemon:
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
             "ADL_ENFORCER_CGROUP_GROUP": self.group,
             "ADL_ENFORCER_AUDIT_RETRY_S": "0.2",
+            **self.extra_env,
         }
 
     def start(self, wait: bool = True) -> None:

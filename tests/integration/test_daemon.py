@@ -414,3 +414,29 @@ def test_print_config_layers_defaults_toml_and_environment(tmp_path: Path) -> No
     config.write_text("wokers = 4\n")
     typo = subprocess.run(run, capture_output=True, text=True, env=env)
     assert typo.returncode == 2 and "wokers" in typo.stderr
+
+
+def test_systemd_notifications_ready_reloading_status_watchdog(daemon: RunningDaemon, tmp_path: Path) -> None:
+    import socket
+
+    daemon.stop()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify.sock"))
+        notify.settimeout(10)
+        daemon.extra_env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "400000"}
+        daemon.start()
+
+        def until(field: str) -> str:
+            for _ in range(50):
+                message = notify.recv(4096).decode()
+                if field in message.split("\n"):
+                    return message
+            raise AssertionError(f"no {field}")
+
+        assert "STATUS=serving 2 agent(s)" in until("READY=1")
+        until("WATCHDOG=1")
+        daemon.proc.send_signal(1)  # type: ignore[union-attr]  # SIGHUP
+        assert any(f.startswith("MONOTONIC_USEC=") for f in until("RELOADING=1").split("\n"))
+        until("READY=1")
+        daemon.proc.terminate()  # type: ignore[union-attr]
+        until("STOPPING=1")
