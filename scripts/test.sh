@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check enforcer tests bench
+.venv/bin/ruff check enforcer tests bench examples setup.py
 .venv/bin/python -m pytest tests "$@"

@@ -440,3 +440,40 @@ def test_systemd_notifications_ready_reloading_status_watchdog(daemon: RunningDa
         until("READY=1")
         daemon.proc.terminate()  # type: ignore[union-attr]
         until("STOPPING=1")
+
+
+def test_example_runtime_integration_runs_tools_only_when_allowed(daemon: RunningDaemon) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "guarded_tools", Path(__file__).parents[2] / "examples" / "guarded_tools.py"
+    )
+    assert spec and spec.loader
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    client = Client(f"unix:{daemon.api}", agent="Sandboxed")
+    ran: list[str] = []
+
+    @example.guarded(client, "read_note")
+    def read_note(name: str) -> str:
+        ran.append(name)
+        return name.upper()
+
+    asked: list[str] = []
+    admin = daemon.admin_stub()
+
+    def approve_later(result: object) -> None:
+        asked.append(result.approval_id)  # type: ignore[attr-defined]
+        threading.Timer(0.3, lambda: admin.Approve(pb.ApprovalDecision(approval_id=asked[0], approver="carol"))).start()
+
+    @example.guarded(client, "delete_note", on_ask=approve_later)
+    def delete_note(name: str) -> str:
+        ran.append("deleted " + name)
+        return "gone"
+
+    assert read_note(name="a") == "A"
+    with pytest.raises(example.ToolDenied, match=r"tool\.args_invalid"):
+        read_note(name=7)
+    assert delete_note(name="b") == "gone" and asked
+    assert ran == ["a", "deleted b"]  # the denied call never ran
+    client.close()

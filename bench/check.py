@@ -1,0 +1,165 @@
+"""Check over the unix socket against a bare gRPC echo on the same server stack, in one run.
+
+Both servers are grpcio sync servers with the daemon's thread pool size, on unix sockets, each in
+its own process; the daemon decides and appends an audit record (group commit) before answering.
+Clients are separate processes (one per concurrent caller), each with its own channel, so the
+client side's GIL is not what is measured. Prints p50/p99 latency and calls/s at 1 and 16 callers,
+and the ratio Check / echo.
+
+Targets: Check p50 within 1.3x of the echo round trip; at least 5,000 checks/s with 16 callers.
+
+Run (as root): .venv/bin/python bench/check.py [SECONDS_PER_CASE]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent import futures
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ECHO_METHOD = "/bench.Echo/Echo"
+
+
+def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: int) -> None:  # type: ignore[name-defined]
+    import grpc
+
+    def echo(request: bytes, context: object) -> bytes:
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix:{path}")
+    server.start()
+    ready.set()
+    server.wait_for_termination()
+
+
+def caller(kind: str, path: str, payload: bytes, seconds: float, start_at: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    import grpc
+
+    channel = grpc.insecure_channel(f"unix:{path}")
+    call = channel.unary_unary(ECHO_METHOD if kind == "echo" else "/enforcer.v1.Enforcer/Check")
+    for _ in range(50):  # warm the connection
+        call(payload, timeout=5)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    latencies = []
+    errors = 0
+    end = start_at + seconds
+    while (now := time.perf_counter()) and time.time() < end:
+        try:
+            call(payload, timeout=5)
+        except grpc.RpcError:
+            errors += 1
+        latencies.append(time.perf_counter() - now)
+    out.put((latencies, errors))
+    channel.close()
+
+
+def measure(kind: str, path: str, payload: bytes, callers: int, seconds: float) -> dict[str, float]:
+    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    start_at = time.time() + 1.5
+    args = (kind, path, payload, seconds, start_at, out)
+    procs = [multiprocessing.Process(target=caller, args=args) for _ in range(callers)]
+    for p in procs:
+        p.start()
+    latencies: list[float] = []
+    errors = 0
+    for _ in procs:
+        got, err = out.get(timeout=seconds + 60)
+        latencies += got
+        errors += err
+    for p in procs:
+        p.join()
+    latencies.sort()
+    return {
+        "p50_us": statistics.median(latencies) * 1e6,
+        "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6,
+        "per_s": len(latencies) / seconds,
+        "errors": errors,
+    }
+
+
+def start_daemon(tmp: Path) -> subprocess.Popen[bytes]:
+    policies = tmp / "policies"
+    policies.mkdir()
+    shutil.copy(REPO / "policies" / "examples" / "coding-agent.adl.json", policies)
+    env = {
+        **os.environ,
+        "ADL_ENFORCER_POLICY_DIR": str(policies),
+        "ADL_ENFORCER_SOCKET": str(tmp / "api.sock"),
+        "ADL_ENFORCER_ADMIN_SOCKET": str(tmp / "admin.sock"),
+        "ADL_ENFORCER_LAUNCH_SOCKET": str(tmp / "launch.sock"),
+        "ADL_ENFORCER_AUDIT_DIR": str(tmp / "audit"),
+        "ADL_ENFORCER_AUDIT_KEY": str(tmp / "key.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": "adl-bench",
+    }
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "enforcer.cli.enforcerd", "--log-level", "WARNING"], env=env, stdin=subprocess.DEVNULL
+    )
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if (tmp / "api.sock").exists():
+            with grpc.insecure_channel(f"unix:{tmp / 'api.sock'}") as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return daemon
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.1)
+    daemon.kill()
+    raise SystemExit("adl-enforcerd did not start")
+
+
+def main() -> None:
+    from enforcer.v1 import enforcer_pb2 as pb
+
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    request = pb.CheckRequest(
+        agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json='{"path": "src/app.py"}')
+    ).SerializeToString()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        ready = multiprocessing.Event()
+        echo = multiprocessing.Process(target=echo_server, args=(str(tmp / "echo.sock"), ready, 16), daemon=True)
+        echo.start()
+        ready.wait(30)
+        daemon = start_daemon(tmp)
+        try:
+            print(f"{seconds:.0f} s per case; Check is read_file on the coding agent example (ALLOW, audited)")
+            print(f"{'callers':>7} {'service':>6} {'p50 µs':>8} {'p99 µs':>8} {'calls/s':>9} {'errors':>6}")
+            for callers in (1, 16):
+                results = {}
+                for kind, path in (("echo", tmp / "echo.sock"), ("check", tmp / "api.sock")):
+                    results[kind] = r = measure(kind, str(path), request, callers, seconds)
+                    print(
+                        f"{callers:>7} {kind:>6} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} {r['per_s']:>9.0f} "
+                        f"{r['errors']:>6.0f}"
+                    )
+                ratio = results["check"]["p50_us"] / results["echo"]["p50_us"]
+                share = results["check"]["per_s"] / results["echo"]["per_s"]
+                print(f"{callers:>7}  check/echo: p50 x{ratio:.2f}, throughput {share:.0%} of echo")
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(20)
+            echo.terminate()
+
+
+if __name__ == "__main__":
+    main()
