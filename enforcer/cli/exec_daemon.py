@@ -49,6 +49,24 @@ def _write_session_file(path: Path, reply: pb.LaunchReply) -> None:
 def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
     if not command:
         parser.error("give the command to run after --")
+    ignored = [
+        flag
+        for flag, value in (
+            ("--user", args.user),
+            ("--audit-dir", args.audit_dir),
+            ("--audit-key", args.audit_key),
+            ("--baseline", args.baseline),
+            ("--aaif", args.aaif),
+            ("--regions", args.regions),
+            ("--production", args.production),
+        )
+        if value
+    ]
+    if ignored:
+        parser.error(
+            f"{', '.join(ignored)}: not with --daemon (the agent runs as you, under the daemon's own "
+            "policy, baseline and audit log)"
+        )
     address = str(args.daemon)
     if not address.startswith("unix:"):
         parser.error(f"--daemon {address}: expected unix:PATH (the daemon's launch socket)")

@@ -107,7 +107,6 @@ class Daemon:
             self.registry,
             self.sink,
             self.spawner,
-            {},
             lambda: self._serving,
         )
         self._launch.start(0o660, group)
@@ -260,7 +259,8 @@ class Daemon:
                 self.registry.end(event["session"])
         if not self._stop_wanted.is_set():
             log.error("the spawner stopped; launches are refused until the daemon restarts")
-            self._serving = False
+            with contextlib.suppress(OSError):
+                self.spawner.sock.close()  # fileno() is now -1: _update_health keeps launches off
             self._update_health()
 
     # -- status and health ----------------------------------------------------------------------

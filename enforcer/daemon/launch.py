@@ -37,12 +37,10 @@ class LaunchServer:
         registry: SessionRegistry,
         sink: AuditSink,
         spawner: SpawnerHandle,
-        spawner_config: dict[str, object],
         serving: Callable[[], bool],
     ) -> None:
         self.path = path
         self.store, self.registry, self.sink, self.spawner = store, registry, sink, spawner
-        self.config = spawner_config
         self._serving = serving
         self._listener: socket.socket | None = None
         self._stop = threading.Event()

@@ -72,7 +72,3 @@ class SessionRegistry:
     def all(self) -> list[SessionRecord]:
         with self._lock:
             return list(self._sessions.values())
-
-    def count(self, agent: str) -> int:
-        with self._lock:
-            return sum(1 for s in self._sessions.values() if s.agent == agent)
