@@ -75,21 +75,32 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _Requests:
-    """Builds requests; shared by the sync and asyncio clients."""
+class _Base:
+    """What the sync and asyncio clients share: identity, deadline and request building."""
 
-    def __init__(self, agent: str | None, session: str | None, session_token: str | None) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        agent: str | None,
+        session: str | None,
+        session_token: str | None,
+        deadline_s: float,
+    ) -> None:
+        self._channel = channel
+        self._stub = pb_grpc.EnforcerStub(channel)
         self.agent = agent or ""
         self.session = session or ""
         self.session_token = session_token or ""
+        self.deadline_s = deadline_s
 
-    def tool(
+    def _tool_request(
         self, name: str, arguments: Any, request_id: str = "", traceparent: str = "", dry_run: bool = False
-    ) -> Any:
+    ) -> pb.CheckRequest | Result:
+        """The request, or the DENY to return when the arguments cannot be sent."""
         try:
-            args = orjson.dumps(arguments).decode()
+            args = orjson.dumps({} if arguments is None else arguments).decode()
         except TypeError as exc:
-            raise ValueError(f"tool arguments are not JSON: {exc}") from None
+            return Result.failure(f"tool arguments are not JSON: {exc}")
         return pb.CheckRequest(
             request_id=request_id,
             agent=self.agent,
@@ -100,20 +111,23 @@ class _Requests:
             mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
         )
 
-    def wait(self, approval_id: str, wait_ms: int) -> pb.WaitApprovalRequest:
-        return pb.WaitApprovalRequest(
-            approval_id=approval_id, wait_ms=wait_ms, session=self.session, session_token=self.session_token
+    def _wait_request(self, pending: Result, limit_s: float | None) -> tuple[pb.WaitApprovalRequest, float]:
+        """WaitApproval until the approval expires (or limit_s), and the call's deadline."""
+        wait_ms = pending.approval_expires_unix_ms - int(time.time() * 1000) + 500
+        if limit_s is not None:
+            wait_ms = min(wait_ms, int(limit_s * 1000))
+        wait_ms = max(wait_ms, 0)
+        request = pb.WaitApprovalRequest(
+            approval_id=pending.approval_id, wait_ms=wait_ms, session=self.session, session_token=self.session_token
         )
+        return request, wait_ms / 1000 + self.deadline_s
 
 
-def _remaining_ms(result: Result, limit_s: float | None) -> int:
-    remaining = result.approval_expires_unix_ms - int(time.time() * 1000) + 500
-    if limit_s is not None:
-        remaining = min(remaining, int(limit_s * 1000))
-    return max(remaining, 0)
+def _is_pending(result: Result) -> bool:
+    return result.decision == "ASK" and bool(result.approval_id)
 
 
-class Client:
+class Client(_Base):
     def __init__(
         self,
         address: str | None = None,
@@ -123,10 +137,7 @@ class Client:
         session_token: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
-        self._channel = grpc.insecure_channel(address or default_address())
-        self._stub = pb_grpc.EnforcerStub(self._channel)
-        self._requests = _Requests(agent, session, session_token)
-        self.deadline_s = deadline_s
+        super().__init__(grpc.insecure_channel(address or default_address()), agent, session, session_token, deadline_s)
 
     def check(self, request: pb.CheckRequest) -> Result:
         try:
@@ -135,22 +146,16 @@ class Client:
             return Result.failure(_describe(exc))
 
     def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
-        try:
-            request = self._requests.tool(name, {} if arguments is None else arguments, **kw)
-        except ValueError as exc:
-            return Result.failure(str(exc))
-        return self.check(request)
+        request = self._tool_request(name, arguments, **kw)
+        return request if isinstance(request, Result) else self.check(request)
 
     def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
         """Wait for a human to decide an ASK (until it expires, or timeout_s); still pending -> ASK."""
-        if pending.decision != "ASK" or not pending.approval_id:
+        if not _is_pending(pending):
             return pending
-        wait_ms = _remaining_ms(pending, timeout_s)
+        request, deadline = self._wait_request(pending, timeout_s)
         try:
-            response = self._stub.WaitApproval(
-                self._requests.wait(pending.approval_id, wait_ms), timeout=wait_ms / 1000 + self.deadline_s
-            )
-            return Result.from_response(response)
+            return Result.from_response(self._stub.WaitApproval(request, timeout=deadline))
         except Exception as exc:
             return Result.failure(_describe(exc))
 
@@ -164,7 +169,7 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_Base):
     def __init__(
         self,
         address: str | None = None,
@@ -174,10 +179,8 @@ class AsyncClient:
         session_token: str | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
-        self._channel = grpc.aio.insecure_channel(address or default_address())
-        self._stub = pb_grpc.EnforcerStub(self._channel)
-        self._requests = _Requests(agent, session, session_token)
-        self.deadline_s = deadline_s
+        channel = grpc.aio.insecure_channel(address or default_address())
+        super().__init__(channel, agent, session, session_token, deadline_s)
 
     async def check(self, request: pb.CheckRequest) -> Result:
         try:
@@ -186,21 +189,15 @@ class AsyncClient:
             return Result.failure(_describe(exc))
 
     async def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
-        try:
-            request = self._requests.tool(name, {} if arguments is None else arguments, **kw)
-        except ValueError as exc:
-            return Result.failure(str(exc))
-        return await self.check(request)
+        request = self._tool_request(name, arguments, **kw)
+        return request if isinstance(request, Result) else await self.check(request)
 
     async def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
-        if pending.decision != "ASK" or not pending.approval_id:
+        if not _is_pending(pending):
             return pending
-        wait_ms = _remaining_ms(pending, timeout_s)
+        request, deadline = self._wait_request(pending, timeout_s)
         try:
-            response = await self._stub.WaitApproval(
-                self._requests.wait(pending.approval_id, wait_ms), timeout=wait_ms / 1000 + self.deadline_s
-            )
-            return Result.from_response(response)
+            return Result.from_response(await self._stub.WaitApproval(request, timeout=deadline))
         except Exception as exc:
             return Result.failure(_describe(exc))
 

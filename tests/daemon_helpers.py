@@ -180,12 +180,9 @@ class RunningDaemon:
         with contextlib.suppress(OSError):
             for group in cgroups.existing(group=self.group).values():
                 group.remove(timeout=5)
-            for base in self.cgroup_parents():
+            for base in cgroups.group_directories(group=self.group):
                 with contextlib.suppress(FileNotFoundError):
                     base.rmdir()
-
-    def cgroup_parents(self) -> list[Path]:
-        return [p for p in _group_dirs(self.group) if p.exists()]
 
     def sessions_left(self) -> list[str]:
         return sorted(cgroups.existing(group=self.group))
@@ -214,35 +211,14 @@ class RunningDaemon:
     def records(self) -> list[dict[str, Any]]:
         return list(iter_records(self.audit)) if self.audit.exists() else []
 
-    def adl_exec(self, *command: str, agent: str = "Sandboxed", timeout: float = 60, **kw: Any) -> Any:
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "enforcer.cli.exec",
-                "--daemon",
-                f"unix:{self.launch}",
-                "--agent",
-                agent,
-                "--report",
-                *list(kw.pop("args", ())),
-                "--",
-                *command,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=kw.pop("cwd", None),
-        )
+    def exec_argv(self, *command: str, agent: str = "Sandboxed", options: tuple[str, ...] = ()) -> list[str]:
+        """adl-exec --daemon for this daemon's launch socket."""
+        launch = ["--daemon", f"unix:{self.launch}", "--agent", agent]
+        return [sys.executable, "-m", "enforcer.cli.exec", *launch, *options, "--", *command]
 
-
-def _group_dirs(group: str) -> list[Path]:
-    root = Path("/sys/fs/cgroup")
-    own = cgroups._own_paths(Path("/proc/self/cgroup").read_text())
-    return [
-        root / c / own.get("" if c == "unified" else c, "/").lstrip("/") / group
-        for c in ("memory", "cpu", "pids", "unified")
-    ] + [root / own.get("", "/").lstrip("/") / group]
+    def adl_exec(self, *command: str, agent: str = "Sandboxed", timeout: float = 60) -> Any:
+        argv = self.exec_argv(*command, agent=agent, options=("--report",))
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
 def tool_request(agent: str, name: str, arguments: Any, **kw: Any) -> pb.CheckRequest:

@@ -118,17 +118,9 @@ class Sandbox:
         return list(iter_records(self.audit)) if self.audit.exists() else []
 
 
-def session_cgroups() -> list[Path]:
-    """Session directories left under the enforcer's cgroup in any hierarchy."""
-    root = Path("/sys/fs/cgroup")
-    own = cgroups._own_paths(Path("/proc/self/cgroup").read_text())
-    found = []
-    for controller in ("memory", "cpu", "pids", "unified"):
-        key = "" if controller == "unified" else controller
-        base = root / controller / own.get(key, "/").lstrip("/") / cgroups.GROUP
-        if base.is_dir():
-            found += [p for p in base.iterdir() if p.is_dir()]
-    return found
+def session_cgroups() -> list[str]:
+    """Sessions left under the enforcer's cgroup in any hierarchy."""
+    return sorted(cgroups.existing())
 
 
 @pytest.fixture

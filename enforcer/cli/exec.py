@@ -8,6 +8,7 @@ import os
 import pwd
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
@@ -159,26 +160,33 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         writer.close()
     if args.report:
-        report = {
-            "session": session_id,
-            "reason": outcome.reason,
-            "exit_code": outcome.exit_code,
-            "signal": outcome.signal,
-            "duration_ms": int(outcome.duration_s * 1000),
-            "creations_refused": outcome.guard_refused_total,
-        }
-        if args.json:
-            print(json.dumps(report), file=sys.stderr)
-        else:
-            extra = f", signal {outcome.signal}" if outcome.signal else ""
-            if outcome.guard_refused_total:
-                extra += f", {outcome.guard_refused_total} denied name(s) not created"
-            print(
-                f"adl-exec: {session_id} ended: {outcome.reason} (exit code {outcome.exit_code}{extra}, "
-                f"{report['duration_ms']} ms)",
-                file=sys.stderr,
-            )
+        print_report(
+            {
+                "session": session_id,
+                "reason": outcome.reason,
+                "exit_code": outcome.exit_code,
+                "signal": outcome.signal,
+                "duration_ms": int(outcome.duration_s * 1000),
+                "creations_refused": outcome.guard_refused_total,
+            },
+            args.json,
+        )
     return outcome.exit_code
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """--report: the session's typed outcome on stderr (embedded and daemon mode alike)."""
+    if as_json:
+        print(json.dumps(report), file=sys.stderr)
+        return
+    extra = f", signal {report['signal']}" if report["signal"] else ""
+    if report["creations_refused"]:
+        extra += f", {report['creations_refused']} denied name(s) not created"
+    print(
+        f"adl-exec: {report['session']} ended: {report['reason']} (exit code {report['exit_code']}{extra}, "
+        f"{report['duration_ms']} ms)",
+        file=sys.stderr,
+    )
 
 
 def _open_writer(args: argparse.Namespace) -> AuditWriter:

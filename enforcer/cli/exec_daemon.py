@@ -103,20 +103,17 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if ended.reason == "refused":
         return _refused(ended.detail)
     if args.report:
-        report = {
-            "session": ended.session,
-            "reason": ended.reason,
-            "exit_code": ended.exit_code,
-            "signal": ended.signal or None,
-            "duration_ms": ended.duration_ms,
-            "creations_refused": ended.creations_refused,
-        }
-        if args.json:
-            print(json.dumps(report), file=sys.stderr)
-        else:
-            print(
-                f"adl-exec: {ended.session} ended: {ended.reason} "
-                f"(exit code {ended.exit_code}, {ended.duration_ms} ms)",
-                file=sys.stderr,
-            )
+        from .exec import print_report
+
+        print_report(
+            {
+                "session": ended.session,
+                "reason": ended.reason,
+                "exit_code": ended.exit_code,
+                "signal": ended.signal or None,
+                "duration_ms": ended.duration_ms,
+                "creations_refused": ended.creations_refused,
+            },
+            args.json,
+        )
     return ended.exit_code

@@ -17,7 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..audit import AuditUnavailable, Masker, records
+from ..audit import AuditUnavailable
+from ..policy import Policy
+from ..sandbox.session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
 from .framing import FrameError, peer_credentials, recv_frame, send_frame
@@ -86,7 +88,7 @@ class LaunchServer:
             try:
                 request = pb.LaunchRequest.FromString(data)
             except Exception:
-                self._refuse(conn, "", "the launch request is not a valid LaunchRequest", [])
+                self._refuse(conn, "the launch request is not a valid LaunchRequest", [])
                 return
             conn.settimeout(None)
             self._launch(conn, request, fds, uid, gid)
@@ -101,17 +103,17 @@ class LaunchServer:
     def _launch(self, conn: socket.socket, request: pb.LaunchRequest, fds: list[int], uid: int, gid: int) -> None:
         argv = list(request.argv)
         if len(fds) != 3:
-            self._refuse(conn, "", "attach stdin, stdout and stderr to the launch request", argv)
+            self._refuse(conn, "attach stdin, stdout and stderr to the launch request", argv)
             return
         if not argv or len(argv) > MAX_ARGV:
-            self._refuse(conn, "", f"argv must hold 1 to {MAX_ARGV} arguments", argv)
+            self._refuse(conn, f"argv must hold 1 to {MAX_ARGV} arguments", argv)
             return
         if not self._serving():
-            self._refuse(conn, "", "the daemon is not serving (audit log or policies unavailable)", argv)
+            self._refuse(conn, "the daemon is not serving (audit log or policies unavailable)", argv)
             return
         entry = self.store.snapshot.resolve(request.agent)
         if entry is None:
-            self._refuse(conn, "", f"no policy is loaded for agent {request.agent!r}", argv)
+            self._refuse(conn, f"no policy is loaded for agent {request.agent!r}", argv)
             return
         limits = entry.policy.limits
         try:
@@ -119,7 +121,7 @@ class LaunchServer:
                 entry.key, limits.max_concurrent if limits else None, uid, gid, tuple(argv), int(time.time() * 1000)
             )
         except SessionLimit as exc:
-            self._refuse(conn, "", str(exc), argv, entry.key)
+            self._refuse(conn, str(exc), argv, entry.policy)
             return
         order = {
             "session": session.session,
@@ -156,11 +158,8 @@ class LaunchServer:
                     ).SerializeToString(),
                 )
 
-    def _refuse(self, conn: socket.socket, session: str, reason: str, argv: list[str], agent: str = "") -> None:
-        payload = {"decision": "deny", "reason": "refused", "refusal": reason, "argv": Masker().mask(argv).value}
-        if agent:
-            payload["agent"] = agent
+    def _refuse(self, conn: socket.socket, reason: str, argv: list[str], policy: Policy | None = None) -> None:
         with contextlib.suppress(AuditUnavailable):
-            self.sink.append(records.REFUSED, payload, corr=session or "launch", priority="high", sync=True)
+            record_refusal(self.sink, policy, "launch", reason, argv)
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

@@ -164,10 +164,15 @@ class Core:
 
     # -- decisions ----------------------------------------------------------------------------
 
-    def check(self, request: pb.CheckRequest, force_dry_run: bool = False) -> pb.CheckResponse:
+    def check(self, request: pb.CheckRequest) -> pb.CheckResponse:
         entry, session = self.caller(request.agent, request.session, request.session_token)
+        return self.decide_for(entry, session, request, dry_run=request.mode == pb.DRY_RUN)
+
+    def decide_for(
+        self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
+    ) -> pb.CheckResponse:
+        """Decide for an identified caller, record the decision, and answer."""
         action = to_action(request)
-        dry_run = force_dry_run or request.mode == pb.DRY_RUN
         started = time.perf_counter_ns()
         decision = decide(entry.policy, action)
         eval_us = (time.perf_counter_ns() - started) // 1000
@@ -348,8 +353,8 @@ class EnforcerService:
         return pb.CheckBatchResponse(responses=[self.core.check(r) for r in request.requests])
 
     def Explain(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
-        decision = self.core.check(request, force_dry_run=True)
-        entry, _ = self.core.caller(request.agent, request.session, request.session_token)
+        entry, session = self.core.caller(request.agent, request.session, request.session_token)
+        decision = self.core.decide_for(entry, session, request, dry_run=True)
         return pb.ExplainResponse(decision=decision, policy_json=orjson.dumps(policy_summary(entry.policy)).decode())
 
     def WaitApproval(self, request: pb.WaitApprovalRequest, context: grpc.ServicerContext) -> pb.CheckResponse:

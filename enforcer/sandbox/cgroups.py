@@ -231,12 +231,19 @@ def create(
     return CgroupV1(v1[0], v1[1], v1[2], unified)
 
 
+def group_directories(
+    root: Path = Path("/sys/fs/cgroup"), group: str = GROUP, proc_cgroup: str | None = None
+) -> list[Path]:
+    """The directories that hold sessions of `group`, one per hierarchy (they may not exist yet)."""
+    _, v2, v1, unified = _session_dirs("_", root, group, proc_cgroup)
+    return [d.parent for d in (v2, *v1, unified) if d is not None]
+
+
 def existing(
     root: Path = Path("/sys/fs/cgroup"), group: str = GROUP, proc_cgroup: str | None = None
 ) -> dict[str, Cgroup]:
     """Session cgroups left in `group` (by session id): what a restarted daemon must deal with."""
-    _, v2, v1, _unified = _session_dirs("_", root, group, proc_cgroup)
-    parents = [v2.parent] if v2 is not None else [d.parent for d in v1]
+    parents = group_directories(root, group, proc_cgroup)
     names = sorted({d.name for p in parents if p.is_dir() for d in p.iterdir() if d.is_dir()})
     found: dict[str, Cgroup] = {}
     for name in names:

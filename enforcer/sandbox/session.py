@@ -7,7 +7,7 @@ import secrets
 import socket
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from ..audit import AuditWriter, Masker, records
 from ..audit.events import agent_of
@@ -38,7 +38,13 @@ def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
     return [asdict(layer) for layer in plan.layers]
 
 
-def record_refusal(writer: AuditWriter, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
+class Appender(Protocol):
+    """An AuditWriter, or the daemon's AuditSink around one."""
+
+    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> Any: ...
+
+
+def record_refusal(writer: Appender, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
     payload: dict[str, Any] = {
         "decision": "deny",  # a refused launch is a denied action: `adl-audit search --decision deny` finds it
         "reason": "refused",

@@ -224,21 +224,7 @@ def test_launch_through_the_daemon_enforces_and_records_the_session(daemon: Runn
 def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon, tmp_path: Path) -> None:
     session_file = tmp_path / "session.json"
     first = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "enforcer.cli.exec",
-            "--daemon",
-            f"unix:{daemon.launch}",
-            "--agent",
-            "Sandboxed",
-            "--session-file",
-            str(session_file),
-            "--",
-            "python3",
-            "-c",
-            "import time; time.sleep(30)",
-        ],
+        daemon.exec_argv("python3", "-c", "import time; time.sleep(30)", options=("--session-file", str(session_file))),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -294,19 +280,7 @@ def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon, tm
 
 def test_daemon_killed_mid_session_restarts_clean_with_a_continuous_audit_chain(daemon: RunningDaemon) -> None:
     client = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "enforcer.cli.exec",
-            "--daemon",
-            f"unix:{daemon.launch}",
-            "--agent",
-            "Sandboxed",
-            "--",
-            "python3",
-            "-c",
-            "import time; print('up', flush=True); time.sleep(60)",
-        ],
+        daemon.exec_argv("python3", "-c", "import time; print('up', flush=True); time.sleep(60)"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
