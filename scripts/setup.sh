@@ -7,9 +7,16 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   echo "setup: Python 3.11 or newer is required (found $("$PYTHON" --version 2>&1))" >&2
   exit 1
 fi
-# libseccomp for the seccomp baseline; bubblewrap only for bench/launch.py's baseline.
-if ! ldconfig -p | grep -q 'libseccomp\.so\.2' && command -v apt-get >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libseccomp2 >/dev/null
+# libseccomp for the seccomp baseline.
+# nftables and iproute2 for the egress filter (the agent namespace's capture rules and routes).
+missing=()
+ldconfig -p | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
+PATH="$PATH:/usr/sbin:/sbin" command -v nft >/dev/null || missing+=(nftables)
+PATH="$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${missing[*]} with apt-get" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; }
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip

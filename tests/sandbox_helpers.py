@@ -40,6 +40,8 @@ class Sandbox:
         self.ref = root / "reference"
         self.outside = root / "outside"
         self.audit = root / "audit"
+        self.wrap: list[str] = []  # a prefix for adl-exec (the network lab's nsenter)
+        self.env: dict[str, str] = {}  # extra environment for adl-exec
         for d in (self.ws, self.ref, self.outside):
             d.mkdir(parents=True)
         (self.ws / "notes.txt").write_text("workspace notes\n")
@@ -88,11 +90,13 @@ class Sandbox:
             **os.environ,
             "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
+            **self.env,
             **(env or {}),
         }
         before = {r["seq"] for r in self._records()}
         proc = subprocess.run(
             [
+                *self.wrap,
                 sys.executable,
                 "-m",
                 "enforcer.cli.exec",

@@ -99,6 +99,7 @@ class AuditWriter:
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self.directory = Path(directory)
+        self.key_path = Path(key_path)
         self.settings = settings or WriterSettings()
         self.source = source
         self._clock = clock

@@ -59,6 +59,7 @@ def _spawner_config(settings: Settings) -> dict[str, object]:
         "regions": str(settings.regions),
         "baseline": str(settings.baseline),
         "cgroup_group": settings.cgroup_group,
+        "egress": settings.egress_config(),
     }
 
 

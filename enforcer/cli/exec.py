@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
 from ..documents import PolicyFileError, load_policy, load_regions
+from ..egress.settings import EgressSettings
 from ..policy import CompileOptions, DocumentRejected, Policy
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,
+            egress=_egress_settings(),
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
@@ -172,6 +176,14 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
         )
     return outcome.exit_code
+
+
+def _egress_settings() -> EgressSettings:
+    try:
+        return EgressSettings()
+    except ValidationError as exc:
+        problems = "; ".join(f"ADL_ENFORCER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise PlanError(f"egress settings: {problems}") from None
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .. import paths
+from ..egress.settings import EgressSettings
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -19,7 +20,9 @@ def _runtime_dir() -> Path:
     return Path("/run/adl-enforcer") if os.geteuid() == 0 else paths.state_dir() / "run"
 
 
-class Settings(BaseSettings):
+class Settings(EgressSettings):
+    """The daemon's settings; the egress filter's (upstream_dns, public_test_ranges, ...) are inherited."""
+
     model_config = SettingsConfigDict(env_prefix="ADL_ENFORCER_", extra="forbid", validate_default=True)
 
     policy_dir: Path = Field(default=Path("/etc/adl-enforcer/policies"), description="ADL/AAIF documents")

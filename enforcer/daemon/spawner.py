@@ -138,6 +138,7 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
 
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..documents import PolicyFileError, load_regions, schema_set
+    from ..egress.settings import EgressSettings
     from ..policy import CompileOptions, DocumentRejected, compile_policy
     from ..sandbox import cgroups
     from ..sandbox import session as sessions
@@ -184,6 +185,7 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
             accept_unenforced=frozenset(order["accept_unenforced"]),
             cwd=order["cwd"],
             pids_max=order["pids_max"],
+            egress=EgressSettings(**config["egress"]),
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):

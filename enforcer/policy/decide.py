@@ -20,6 +20,7 @@ from .model import (
     EnvVar,
     FileAccess,
     NetworkConnect,
+    NetworkRules,
     Policy,
     ProcessExec,
     Reason,
@@ -49,6 +50,15 @@ DEFAULT_PORTS = {
     "tls": (443,),
 }
 _TCP_CARRIED = {"http", "https", "tls", "ws", "wss", "grpc", "tcp"}
+# What the egress filter observes on the wire -> the declared protocols that traffic satisfies.
+# Opaque TCP (ssh, postgres, ...) cannot be told apart, so it satisfies any protocol the filter
+# could not have recognised; recognisable traffic must match a protocol that carries it.
+_RECOGNISABLE = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "smtps", "imaps"})
+_SATISFIES = {
+    "http": frozenset({"http", "ws"}),
+    "https": frozenset({"https", "wss", "grpc", "tls"}),
+    "tls": frozenset({"tls", "grpc", "smtps", "imaps"}),
+}
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -195,22 +205,15 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
             f"{protocol.upper()} is not relayed (only TCP and DNS)",
             "enforcer",
         )
-    if (
-        rules.protocols is not None
-        and protocol not in rules.protocols
-        and not ("tcp" in rules.protocols and protocol in _TCP_CARRIED)
-    ):
+    if rules.protocols is not None and not _protocol_allowed(protocol, rules.protocols):
         return _deny(
             policy,
             "net.protocol_not_allowed",
             "/permissions/network/allowed_protocols",
             f"protocol '{protocol}' is not in allowed_protocols ({', '.join(sorted(rules.protocols))})",
         )
-    if rules.ports is not None:
-        ports, ports_ptr = rules.ports, "/permissions/network/allowed_ports"
-    else:
-        ports = frozenset(p for proto in (rules.protocols or ()) for p in DEFAULT_PORTS.get(proto, ()))
-        ports_ptr = "/permissions/network/allowed_protocols"
+    ports = granted_ports(rules)
+    ports_ptr = "/permissions/network/allowed_" + ("ports" if rules.ports is not None else "protocols")
     if conn.port not in ports:
         granted = ", ".join(map(str, sorted(ports))) or "none"
         return _deny(policy, "net.port_not_allowed", ports_ptr, f"port {conn.port} is not allowed (allowed: {granted})")
@@ -270,6 +273,21 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
         _EMPTY,
         policy.digest,
     )
+
+
+def granted_ports(rules: NetworkRules) -> frozenset[int]:
+    """allowed_ports, else the default ports of allowed_protocols."""
+    if rules.ports is not None:
+        return rules.ports
+    return frozenset(p for proto in (rules.protocols or ()) for p in DEFAULT_PORTS.get(proto, ()))
+
+
+def _protocol_allowed(protocol: str, allowed: frozenset[str]) -> bool:
+    if protocol in allowed or ("tcp" in allowed and protocol in _TCP_CARRIED):
+        return True
+    if protocol == "tcp":
+        return any(p not in _RECOGNISABLE for p in allowed)
+    return bool(_SATISFIES.get(protocol, frozenset()) & allowed)
 
 
 # ---- filesystem ------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Child order (each step needs the privileges the next one removes):
   1. join the session cgroup            (needs write access to cgroup.procs)
-  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN)
+  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
+     network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks  (needs the new mount namespace)
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
   5. drop uid/gid and every capability
@@ -75,7 +76,10 @@ def run(
     gid: int | None = None,
     cgroup_root: str = "/sys/fs/cgroup",
     cgroup_group: str = cgroups.GROUP,
+    netns_fd: int | None = None,
 ) -> Outcome:
+    """Run the plan's command in a new session cgroup. With netns_fd the agent joins that network
+    namespace (the egress filter's); without it, it gets a new, empty one."""
     try:
         group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
         group.apply(plan.limits)
@@ -98,7 +102,7 @@ def run(
                 plan.argv,
                 executable=plan.executable,
                 env=plan.env,
-                preexec_fn=lambda: _child_setup(plan, bpf, guard, group.join_files(), uid, gid, err_write),
+                preexec_fn=lambda: _child_setup(plan, bpf, guard, group.join_files(), uid, gid, err_write, netns_fd),
                 start_new_session=True,
                 close_fds=True,
             )
@@ -226,6 +230,7 @@ def _child_setup(
     uid: int | None,
     gid: int | None,
     err_fd: int,
+    netns_fd: int | None,
 ) -> None:
     """Runs in the forked child, single-threaded, before exec. Any failure is written to err_fd and
     raised, so Popen fails and nothing runs unsandboxed."""
@@ -237,7 +242,12 @@ def _child_setup(
                 f.write("0")
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         step = "unshare"
-        namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+        if netns_fd is None:
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+        else:
+            namespaces.unshare(namespaces.CLONE_NEWNS)
+            step = "join the egress namespace"
+            namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
         step = "mounts"
         namespaces.make_mounts_private()
         for path in plan.file_masks:
@@ -248,7 +258,7 @@ def _child_setup(
         namespaces.loopback_up()
         step = "drop privileges"
         namespaces.drop_privileges(uid, gid)
-        rules = landlock.LandlockPlan(plan.landlock.abi, list(plan.landlock.rules))
+        rules = dataclasses.replace(plan.landlock, rules=list(plan.landlock.rules))
         if plan.landlock.abi and plan.baseline.proc_self:
             rules.add(f"/proc/{os.getpid()}", landlock.READ)
         guard_socket = None

@@ -18,8 +18,9 @@ from typing import Any, Literal
 
 from ruamel.yaml import YAML
 
+from ..egress.settings import EgressSettings
 from ..policy import EnvVar, Policy, ProcessExec, decide
-from ..policy.decide import SHELLS
+from ..policy.decide import SHELLS, granted_ports
 from . import landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
@@ -95,12 +96,14 @@ class LaunchPlan:
     secrets: list[str]  # values of secret variables handed over: masked out of the audit log
     refusals: list[str]  # explain_only: why a real launch would be refused
     creation_denied: Callable[[str], str | None] | None = None  # path -> denied pattern it matches
+    egress: EgressSettings | None = None  # None: an empty network namespace, nothing leaves
 
 
 @dataclass(frozen=True)
 class HostFeatures:
     landlock_abi: int
     cgroups: str  # v2 | v1 | none
+    egress_tools_missing: tuple[str, ...] = ()  # programs the egress filter needs (nft, ip) not installed
 
 
 def literal_prefix(pattern: str, cwd: str, home: str) -> str:
@@ -127,6 +130,7 @@ def build_plan(
     cwd: str | None = None,
     pids_max: int = DEFAULT_PIDS_MAX,
     explain_only: bool = False,
+    egress: EgressSettings | None = None,
 ) -> LaunchPlan:
     """Raises PlanError for anything that must be refused; with explain_only, layers that cannot be
     enforced are reported as unavailable (and in `refusals`) instead."""
@@ -233,12 +237,28 @@ def build_plan(
 
     # -- network
     net = policy.network
+    egress_settings = None
     if net is None or not net.hosts.patterns:
         layers.append(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]))
     else:
-        status = unenforceable("network", "the policy grants network access and the egress filter is not available")
-        detail = f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"
-        layers.append(Layer("network", "new network namespace", status, [detail]))
+        net_layer = Layer("network", "network namespace + egress host filter", "active", _network_details(policy))
+        if features.egress_tools_missing:
+            missing = ", ".join(features.egress_tools_missing)
+            net_layer.status = unenforceable("network", f"the egress filter needs {missing}, not installed here")
+            net_layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
+        else:
+            egress_settings = egress or EgressSettings()
+            ll.connect_ports = sorted(granted_ports(net) | {53})  # 53: DNS over TCP, to the stub
+            net_layer.details.append(f"Landlock: TCP connect only to ports {', '.join(map(str, ll.connect_ports))}")
+            resolver = egress_settings.resolver()
+            net_layer.details.append(
+                "upstream resolver: " + ("{}:{}".format(*resolver) if resolver else "none configured: names fail")
+            )
+            if egress_settings.public_test_ranges:
+                net_layer.details.append(
+                    f"public test ranges (audited): {', '.join(egress_settings.public_test_ranges)}"
+                )
+        layers.append(net_layer)
 
     # -- syscalls and privileges
     seccomp_plan = SeccompPlan(guard_creation=creation_denied is not None)
@@ -280,7 +300,31 @@ def build_plan(
         secrets=secrets,
         refusals=refusals,
         creation_denied=creation_denied,
+        egress=egress_settings,
     )
+
+
+def _network_details(policy: Policy) -> list[str]:
+    net = policy.network
+    assert net is not None
+    ports = ", ".join(map(str, sorted(net.ports))) if net.ports is not None else "from protocols"
+    protocols = ", ".join(sorted(net.protocols)) if net.protocols is not None else "any"
+    private = "denied" if net.deny_private else "allowed (deny_private: false)"
+    details = [
+        "capture (nftables in the agent's namespace): every TCP connection to the filter, DNS (UDP/TCP 53) "
+        "to the stub; other UDP and QUIC dropped and counted",
+        f"hosts: {', '.join(net.hosts.patterns)} (other names: NXDOMAIN, never sent upstream)",
+        f"ports: {ports}; protocols: {protocols}",
+        f"private, loopback, link-local and host addresses: {private}; metadata addresses: always denied",
+        "TLS SNI and HTTP Host must match the name connected to; the filter dials the address it checked",
+    ]
+    for r in policy.residency:
+        source = "AAIF data_residency" if r.document == "aaif" else "ADL cross_border_restricted"
+        unknown = (
+            "allowed (safety_level minimal)" if policy.safety_level == "minimal" and r.document == "aaif" else "denied"
+        )
+        details.append(f"residency: {r.region} ({source}); hosts of unknown region {unknown}")
+    return details
 
 
 def _creation_matcher(fs: Any) -> Callable[[str], str | None] | None:

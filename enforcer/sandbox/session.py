@@ -13,6 +13,8 @@ from ..audit import AuditWriter, Masker, records
 from ..audit.events import agent_of
 from ..audit.evidence import EvidenceEvent, build_evidence
 from ..audit.records import format_ts
+from ..egress import netns
+from ..egress import process as egress
 from ..policy import Policy
 from . import cgroups, landlock, launcher
 from .plan import HostFeatures, LaunchPlan
@@ -27,7 +29,9 @@ _EVIDENCE = {
 
 
 def host_features() -> HostFeatures:
-    return HostFeatures(landlock_abi=landlock.abi_version(), cgroups=cgroups.detect())
+    return HostFeatures(
+        landlock_abi=landlock.abi_version(), cgroups=cgroups.detect(), egress_tools_missing=tuple(netns.missing_tools())
+    )
 
 
 def new_session_id() -> str:
@@ -89,7 +93,22 @@ def run_session(
         corr=session,
         sync=True,
     )
-    outcome = launcher.run(plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group)
+    network: dict[str, Any] | None = None
+    if plan.egress is not None:
+        try:
+            filter_process = egress.start(
+                policy, plan.egress, egress.AuditTarget(writer.directory, writer.key_path, writer.settings), session
+            )
+        except egress.EgressError as exc:
+            raise launcher.LaunchError(str(exc)) from exc
+        try:
+            outcome = launcher.run(
+                plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group, netns_fd=filter_process.netns_fd
+            )
+        finally:
+            network = filter_process.stop()
+    else:
+        outcome = launcher.run(plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group)
     end_ns = time.time_ns()
     for refusal in outcome.guard_refusals:
         writer.append(
@@ -118,6 +137,7 @@ def run_session(
             "pid": outcome.pid,
             "creations_refused": outcome.guard_refused_total,
             "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
+            **({"network": network} if network is not None else {}),
         },
         corr=session,
         priority="normal" if outcome.reason == "exit" else "high",

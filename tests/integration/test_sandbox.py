@@ -152,15 +152,9 @@ def test_evidence_record_is_written(sandbox: Sandbox, spec: Path) -> None:
 
 
 def test_refusals(sandbox: Sandbox) -> None:
-    net = sandbox.policy(permissions={"network": {"allowed_hosts": ["api.example.com"]}})
-    r = sandbox.run("ls", policy=net)
-    assert r.code == 125 and "egress filter is not available" in r.err and "refused" in r.kinds()
-    r = sandbox.run("ls", str(sandbox.ws), policy=net, args=("--accept-unenforced", "network"))
-    assert r.code == 0 and r.record("launch")["payload"]["accepted_unenforced"] == ["network"]
-    assert "NOT enforced" in r.err
     retired = sandbox.policy(lifecycle={"status": "retired"})
     r = sandbox.run("ls", policy=retired)
-    assert r.code == 125 and "retired" in r.err
+    assert r.code == 125 and "retired" in r.err and "refused" in r.kinds()
 
 
 def test_explain_runs_nothing(sandbox: Sandbox) -> None:
@@ -170,11 +164,13 @@ def test_explain_runs_nothing(sandbox: Sandbox) -> None:
     assert "filesystem    active" in r.out and "creation guard" in r.out
 
 
-def test_explain_shows_unavailable_layers(sandbox: Sandbox) -> None:
-    net = sandbox.policy(permissions={"network": {"allowed_hosts": ["api.example.com"]}})
-    r = sandbox.run("ls", policy=net, args=("--explain",))
+def test_explain_shows_the_network_layer_active_with_its_rules(sandbox: Sandbox) -> None:
+    net = sandbox.policy(permissions={"network": {"allowed_hosts": ["api.example.com"], "allowed_ports": [443]}})
+    r = sandbox.run("ls", policy=net, args=("--explain",), env={"ADL_ENFORCER_UPSTREAM_DNS": "192.0.2.53:5353"})
     assert r.code == 0 and r.records == []
-    assert "network       unavailable" in r.out and "a launch would be refused" in r.out
+    assert "network       active" in r.out and "egress host filter" in r.out
+    assert "hosts: api.example.com" in r.out and "ports: 443" in r.out and "192.0.2.53:5353" in r.out
+    assert "TCP connect only to ports 53, 443" in r.out
 
 
 def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:

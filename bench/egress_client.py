@@ -1,0 +1,45 @@
+"""The measuring client of bench/egress.py, run once directly and once inside a sandbox.
+
+Setup latency: a new connection, one 'PING' line, until 'PONG' arrives (connect + first byte), by
+name, so a filtered run includes what the filter adds. Throughput: one connection reading BYTES.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+
+def main() -> None:
+    host, port, connections, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4]
+    setup_us = []
+    for _ in range(connections):
+        started = time.perf_counter_ns()
+        with socket.create_connection(address, timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(b"PING\n")
+            if sock.recv(16) != b"PONG\n":
+                raise SystemExit("bad PONG")
+            setup_us.append((time.perf_counter_ns() - started) / 1000)
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        started = time.perf_counter_ns()
+        sock.sendall(f"BULK {size}\n".encode())
+        received = 0
+        while received < size:
+            n = sock.recv_into(view)
+            if n == 0:
+                break
+            received += n
+        elapsed = (time.perf_counter_ns() - started) / 1e9
+    print(json.dumps({"setup_us": setup_us, "bytes": received, "seconds": elapsed}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The connection filter: every TCP connection the agent opens arrives here (nftables redirect).
+
+For each one it works out the host the agent meant (the name behind the synthetic address the DNS
+stub gave, else the literal address), reads the first bytes for the TLS SNI or HTTP Host and refuses
+a mismatch (domain fronting), resolves the name itself, checks every candidate address with the
+policy (host, port, protocol, deny_private, residency), dials exactly the address it checked, and
+relays. Each decision is audited before a byte moves; each connection's totals when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..policy import Decision, NetworkConnect, Policy, decide
+from ..policy.patterns import PatternError, normalize_host
+from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver
+from .relay import relay
+from .sniff import NEED_MORE, Sniffed, protocol_name, sniff
+
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
+Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when it cannot be written
+
+
+@dataclass
+class Verdict:
+    decision: str  # allow | deny
+    rule: str
+    text: str
+    address: IPAddress | None = None
+    pointer: str = ""
+
+
+def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
+    """Where the agent tried to connect before nftables redirected it here."""
+    if sock.family == socket.AF_INET6:
+        raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        return ipaddress.IPv6Address(raw[8:24]), struct.unpack_from("!H", raw, 2)[0]
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    return ipaddress.IPv4Address(raw[4:8]), struct.unpack_from("!H", raw, 2)[0]
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with RST so the agent sees 'connection reset' at once, not a hang."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class ConnectionFilter:
+    def __init__(
+        self,
+        policy: Policy,
+        resolver: UpstreamResolver,
+        synthetic: SyntheticAddresses,
+        record: Record,
+        *,
+        listen_port: int,
+        connect_timeout_s: float,
+        sniff_timeout_s: float,
+    ) -> None:
+        self.policy = policy
+        self.resolver = resolver
+        self.synthetic = synthetic
+        self.record = record
+        self.listen_port = listen_port
+        self.connect_timeout_s = connect_timeout_s
+        self.sniff_timeout_s = sniff_timeout_s
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.active: set[socket.socket] = set()
+        self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
+
+    # -- per connection, in its own thread
+
+    def handle(self, client: socket.socket) -> None:
+        started = time.monotonic()
+        conn_id = next(self._ids)
+        with self._lock:
+            self.stats["connections"] += 1
+            self.active.add(client)
+        upstream: socket.socket | None = None
+        try:
+            try:
+                target, port = original_destination(client)
+            except OSError:
+                target, port = None, 0
+            event: dict[str, Any] = {"connection": conn_id, "port": port, "destination": str(target)}
+            if target is None or (target.is_loopback and port == self.listen_port):
+                self._deny(client, event, Verdict("deny", "net.not_captured", "direct connection to the egress filter"))
+                return
+            name = self.synthetic.name_for(target) if self.synthetic.is_synthetic(target) else None
+            host = name or str(target)
+            event["host"] = host
+            sniffed = self._sniff(client)
+            protocol = protocol_name(sniffed, port)
+            event["protocol"] = protocol
+            if sniffed.server_name:
+                event["sni" if sniffed.protocol == "tls" else "http_host"] = sniffed.server_name
+            verdict = self._verdict(host, name, port, protocol, sniffed, target)
+            if verdict.address is not None:
+                event["address"] = str(verdict.address)
+            if verdict.decision == "deny":
+                self._deny(client, event, verdict, http=protocol == "http")
+                return
+            assert verdict.address is not None
+            try:
+                upstream = socket.create_connection((str(verdict.address), port), timeout=self.connect_timeout_s)
+            except OSError as exc:
+                self._deny(
+                    client,
+                    event,
+                    Verdict("deny", "net.dial_failed", f"{verdict.address} port {port}: {exc}"),
+                    http=protocol == "http",
+                )
+                return
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            event["setup_us"] = round((time.monotonic() - started) * 1e6)
+            with self._lock:
+                self.active.add(upstream)
+            self._emit("net.connect", event, verdict)  # audited before a byte moves
+            with self._lock:
+                self.stats["allowed"] += 1
+            sent, received = relay(client, upstream)
+            with self._lock:
+                self.stats["bytes_out"] += sent
+                self.stats["bytes_in"] += received
+            self.record(
+                "net.close",
+                {
+                    "connection": conn_id,
+                    "host": host,
+                    "port": port,
+                    "address": str(verdict.address),
+                    "bytes_out": sent,
+                    "bytes_in": received,
+                    "duration_ms": round((time.monotonic() - started) * 1000, 3),
+                },
+            )
+        except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
+            reset(client)
+            with contextlib.suppress(Exception):
+                self.record(
+                    "net.connect",
+                    {
+                        "connection": conn_id,
+                        "decision": "deny",
+                        "rules": ["net.filter_error"],
+                        "reasons": [{"rule": "net.filter_error", "text": f"{type(exc).__name__}: {exc}"}],
+                    },
+                )
+        finally:
+            with self._lock:
+                self.active.discard(client)
+                if upstream is not None:
+                    self.active.discard(upstream)
+            for sock in (client, upstream):
+                if sock is not None:
+                    sock.close()
+
+    def _sniff(self, client: socket.socket) -> Sniffed:
+        """Peek (the bytes stay queued for the relay) until the first bytes say enough, the client
+        waits for the server to speak first, or the time is up."""
+        deadline = time.monotonic() + self.sniff_timeout_s
+        result = NEED_MORE
+        size = 4096
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return result if result.complete else Sniffed(result.protocol)
+            client.settimeout(remaining)
+            try:
+                data = client.recv(size, socket.MSG_PEEK)
+            except TimeoutError:
+                return result if result.complete else Sniffed(result.protocol)
+            except OSError as exc:
+                return Sniffed("tcp", malformed=f"client went away: {exc}")
+            if not data:
+                return Sniffed("tcp", malformed="client closed before sending anything")
+            result = sniff(data)
+            if result.complete or result.malformed:
+                return result
+            if len(data) < size:
+                time.sleep(0.0005)  # wait for the rest of a segmented ClientHello / request head
+            size = min(size * 2, 65536)
+
+    def _verdict(
+        self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
+    ) -> Verdict:
+        if sniffed.malformed:
+            return Verdict("deny", "net.unreadable", sniffed.malformed)
+        if sniffed.server_name and not _same_host(sniffed.server_name, host):
+            what = "TLS SNI" if sniffed.protocol == "tls" else "HTTP Host"
+            return Verdict(
+                "deny",
+                "net.host_mismatch",
+                f"{what} '{sniffed.server_name}' does not match the host the agent connected to ('{host}')",
+            )
+        if name is None:
+            candidates: list[IPAddress] = [target]  # a literal address: decided as itself, dialled as itself
+        else:
+            try:
+                candidates = self.resolver.addresses(name)
+            except ResolveError as exc:
+                return Verdict("deny", "net.resolve_failed", str(exc))
+            if not candidates:
+                return Verdict("deny", "net.resolve_failed", f"'{name}' has no address upstream")
+        first_denial: Verdict | None = None
+        for address in candidates:
+            decision = decide(self.policy, NetworkConnect(host, port, protocol, str(address)))
+            verdict = _from_decision(decision, address)
+            if verdict.decision == "allow":
+                return verdict
+            first_denial = first_denial or verdict
+        assert first_denial is not None
+        return first_denial
+
+    def _deny(self, client: socket.socket, event: dict[str, Any], verdict: Verdict, *, http: bool = False) -> None:
+        with self._lock:
+            self.stats["denied"] += 1
+        try:
+            self._emit("net.connect", event, verdict)
+        finally:
+            if http:
+                _http_refusal(client, verdict)
+                client.close()
+            else:
+                reset(client)
+
+    def _emit(self, kind: str, event: dict[str, Any], verdict: Verdict) -> None:
+        reason: dict[str, Any] = {"rule": verdict.rule, "text": verdict.text}
+        if verdict.pointer:
+            reason["pointer"] = verdict.pointer
+        self.record(kind, {**event, "decision": verdict.decision, "rules": [verdict.rule], "reasons": [reason]})
+
+    def shutdown_all(self) -> None:
+        with self._lock:
+            socks = list(self.active)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _same_host(claimed: str, host: str) -> bool:
+    try:
+        return normalize_host(claimed) == normalize_host(host)
+    except (PatternError, UnicodeError):
+        with contextlib.suppress(ValueError):
+            return ipaddress.ip_address(claimed) == ipaddress.ip_address(host)
+        return False
+
+
+def _from_decision(decision: Decision, address: IPAddress) -> Verdict:
+    reason = decision.reasons[0] if decision.reasons else None
+    return Verdict(
+        "allow" if decision.verdict == "ALLOW" else "deny",
+        reason.rule if reason else "net.default_deny",
+        reason.text if reason else "denied",
+        address,
+        reason.pointer if reason else "",
+    )
+
+
+def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
+    """A plain-HTTP client gets a readable answer instead of a bare reset."""
+    body = f"adl-enforcer: connection denied ({verdict.rule}): {verdict.text}\n".encode()
+    head = (
+        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"X-ADL-Enforcer-Rule: {verdict.rule}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with contextlib.suppress(OSError):
+        client.settimeout(1.0)
+        client.recv(65536)  # consume the request: closing with unread bytes would send a reset
+        client.sendall(head + body)
+        client.shutdown(socket.SHUT_WR)
+        while client.recv(65536):  # until the client closes (bounded by the timeout)
+            pass

@@ -1,0 +1,262 @@
+"""The egress filter's process, one per session that is granted network access.
+
+Forked by the launching process before the agent: it creates the agent's network namespace with its
+listeners (netns.py), hands the namespace to the launcher over a socketpair (SCM_RIGHTS), then serves
+DNS and TCP until the launcher says stop (or dies: PDEATHSIG). It writes its own records to the same
+audit log with its own writer, like every other process that writes there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import ipaddress
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..audit import AuditUnavailable, AuditWriter, WriterSettings
+from ..audit.events import agent_of
+from ..policy import Policy
+from . import netns
+from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
+from .filter import ConnectionFilter
+from .settings import EgressSettings
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+class EgressError(Exception):
+    """The filter could not be set up: the session must not start."""
+
+
+@dataclass
+class AuditTarget:
+    """Where the filter's own writer appends: the session's log."""
+
+    directory: Path
+    key_path: Path
+    settings: WriterSettings
+
+
+@dataclass
+class EgressProcess:
+    pid: int
+    netns_fd: int
+    control: socket.socket
+    started: dict[str, Any]
+
+    def stop(self) -> dict[str, Any]:
+        """End the filter (open connections are cut) and return its summary."""
+        summary: dict[str, Any] = {}
+        try:
+            self.control.settimeout(STOP_TIMEOUT_S)
+            with contextlib.suppress(OSError):
+                self.control.send(b"stop")
+                reply = self.control.recv(65536)
+                if reply:
+                    summary = json.loads(reply)
+        finally:
+            self.control.close()
+            os.close(self.netns_fd)
+            with contextlib.suppress(ChildProcessError):  # a subreaper launcher may have collected it
+                os.waitpid(self.pid, 0)
+        return summary
+
+
+def host_addresses() -> list[str]:
+    """The enforcer's own addresses (in the namespace it dials from): never reachable for an agent."""
+    found = []
+    for entries in psutil.net_if_addrs().values():
+        for entry in entries:
+            if entry.family in (socket.AF_INET, socket.AF_INET6):
+                found.append(entry.address.split("%")[0])
+    return sorted(set(found))
+
+
+def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> EgressProcess:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            code = _serve(theirs, policy, settings, audit, session)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                theirs.send(b"error " + traceback.format_exc(limit=3).encode()[-3000:])
+        finally:
+            os._exit(code)
+    theirs.close()
+    ours.settimeout(START_TIMEOUT_S)
+    try:
+        message, fds, _, _ = socket.recv_fds(ours, 65536, 1)
+    except OSError as exc:
+        message, fds = f"error no answer from the egress filter: {exc}".encode(), []
+    if not message.startswith(b"ready ") or not fds:
+        for fd in fds:
+            os.close(fd)
+        ours.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        detail = message.decode(errors="replace").removeprefix("error ").strip() or "it exited"
+        raise EgressError(f"the egress filter did not start: {detail}")
+    return EgressProcess(pid, fds[0], ours, json.loads(message[6:]))
+
+
+def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> int:
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # the terminal's signals are for the agent; the launcher stops us
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # failures are audited; the agent's terminal is the agent's
+    os.closerange(3, control.fileno())
+    os.closerange(control.fileno() + 1, 1 << 16)
+
+    own = host_addresses()
+    test_ranges = [ipaddress.ip_network(n, strict=False) for n in settings.public_test_ranges]
+    policy = dataclasses.replace(
+        policy,
+        host_ips=tuple(ipaddress.ip_address(a) for a in own),
+        public_test_networks=tuple(test_ranges) + tuple(policy.public_test_networks),
+    )
+    space = netns.create()
+    writer = AuditWriter(audit.directory, audit.key_path, source="adl-egress", settings=audit.settings)
+    agent = agent_of(policy)
+
+    def record(kind: str, payload: dict[str, Any]) -> None:
+        high = payload.get("decision") == "deny"
+        writer.append(kind, {"agent": agent, **payload}, corr=session, priority="high" if high else "normal")
+
+    resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
+    synthetic = SyntheticAddresses()
+    stub = DnsStub(policy, resolver, synthetic)
+    connections = ConnectionFilter(
+        policy,
+        resolver,
+        synthetic,
+        record,
+        listen_port=netns.FILTER_PORT,
+        connect_timeout_s=settings.connect_timeout_s,
+        sniff_timeout_s=settings.sniff_timeout_ms / 1000,
+    )
+    started = {
+        "upstream_dns": "{}:{}".format(*resolver.server) if resolver.server else None,
+        "public_test_ranges": [str(n) for n in test_ranges],
+        "ipv6": space.ipv6,
+        "host_addresses": own,
+    }
+    start_payload: dict[str, Any] = {"decision": "allow", **started}
+    if test_ranges:
+        start_payload["warning"] = (
+            "ADL_ENFORCER_PUBLIC_TEST_RANGES treats documentation ranges as public addresses (test networks only)"
+        )
+    record("net.start", start_payload)
+    writer.sync()
+    socket.send_fds(control, [b"ready " + json.dumps(started).encode()], [space.netns_fd])
+
+    dns_stats = {"queries": 0, "denied": 0}
+    dns_lock = threading.Lock()
+
+    def answer(wire: bytes) -> bytes | None:
+        outcome = stub.answer(wire)
+        with dns_lock:
+            dns_stats["queries"] += 1
+            dns_stats["denied"] += outcome.event.get("decision") == "deny"
+        try:
+            record("net.dns", outcome.event)
+        except AuditUnavailable:
+            return None  # unrecorded means unanswered
+        return outcome.response
+
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="egress-dns")
+    threads: list[threading.Thread] = []
+
+    def udp_query(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            wire, peer = sock.recvfrom(65535)
+            pool.submit(lambda: (r := answer(wire)) is not None and sock.sendto(r, peer))
+
+    def tcp_dns(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError, struct.error):
+            conn.settimeout(10)
+            while head := _read_exact(conn, 2):
+                wire = _read_exact(conn, struct.unpack("!H", head)[0])
+                if wire is None:
+                    return
+                response = answer(wire)
+                if response is None:
+                    return
+                conn.sendall(struct.pack("!H", len(response)) + response)
+
+    def spawn(target: Any, conn: socket.socket) -> None:
+        thread = threading.Thread(target=target, args=(conn,), daemon=True)
+        thread.start()
+        threads.append(thread)
+        if len(threads) > 256:
+            threads[:] = [t for t in threads if t.is_alive()]
+
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ, "control")
+    for sock in space.tcp:
+        selector.register(sock, selectors.EVENT_READ, "tcp")
+    for sock in space.dns_tcp:
+        selector.register(sock, selectors.EVENT_READ, "dns_tcp")
+    for sock in space.dns_udp:
+        selector.register(sock, selectors.EVENT_READ, "dns_udp")
+    running = True
+    while running:
+        for key, _ in selector.select():
+            if key.data == "control":
+                running = False
+            elif key.data == "dns_udp":
+                udp_query(key.fileobj)  # type: ignore[arg-type]
+            else:
+                with contextlib.suppress(OSError):
+                    conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    spawn(connections.handle if key.data == "tcp" else tcp_dns, conn)
+
+    connections.shutdown_all()
+    for thread in threads:
+        thread.join(timeout=2)
+    pool.shutdown(wait=True, cancel_futures=True)
+    try:
+        dropped = netns.read_counters(space.netns_fd)
+    except OSError as exc:
+        dropped = {"error": str(exc)}  # type: ignore[dict-item]
+    summary = {"connections": dict(connections.stats), "dns": dict(dns_stats), "dropped_packets": dropped}
+    rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
+    record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
+    writer.close()
+    with contextlib.suppress(OSError):
+        control.send(json.dumps(summary).encode())
+    space.close()
+    return 0
+
+
+def _read_exact(conn: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data

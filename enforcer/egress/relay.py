@@ -1,0 +1,51 @@
+"""Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
+bytes never enter Python (one thread per direction; the GIL is released inside splice)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import threading
+
+CHUNK = 1 << 20
+_PIPE_SIZE = 1 << 20
+_FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket (200 ms for a small request)
+
+
+def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    try:
+        src_fd, dst_fd = src.fileno(), dst.fileno()
+        while True:
+            moved = os.splice(src_fd, write_end, CHUNK, flags=_FLAGS)
+            if moved == 0:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                return
+            counter[index] += moved
+            while moved:
+                moved -= os.splice(read_end, dst_fd, moved, flags=_FLAGS)
+    except OSError:
+        # One side reset: end both directions (shutdown wakes the other thread's blocking splice).
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def relay(client: socket.socket, upstream: socket.socket) -> tuple[int, int]:
+    """Relay until both directions are done. Returns (bytes agent -> upstream, upstream -> agent)."""
+    counts = [0, 0]
+    for sock in (client, upstream):
+        sock.settimeout(None)
+    back = threading.Thread(target=_pump, args=(upstream, client, counts, 1), name="egress-relay", daemon=True)
+    back.start()
+    _pump(client, upstream, counts, 0)
+    back.join()
+    return counts[0], counts[1]

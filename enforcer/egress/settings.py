@@ -1,0 +1,106 @@
+"""Egress filter settings (pydantic-settings, ADL_ENFORCER_* environment). adl-enforcerd's own
+settings extend these, so its TOML file can set them too."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+RESOLV_CONF = Path("/etc/resolv.conf")
+
+
+def system_resolver(resolv_conf: Path = RESOLV_CONF) -> str | None:
+    """The first nameserver of resolv.conf as IP:PORT (None when it names none)."""
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            address = fields[1].split("%")[0]
+            return f"[{address}]:53" if ":" in address else f"{address}:53"
+    return None
+
+
+def parse_endpoint(value: str) -> tuple[str, int]:
+    """'IP:PORT' or '[IPv6]:PORT' (port optional, 53 by default) -> (ip, port)."""
+    text = value.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    ip = ipaddress.ip_address(host)  # ValueError for names: the resolver must be an address
+    port = int(port_text) if port_text else 53
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range")
+    return str(ip), port
+
+
+class EgressSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ADL_ENFORCER_", extra="ignore", validate_default=True)
+
+    upstream_dns: str | None = Field(
+        default=None,
+        description="resolver the egress filter asks (IP:PORT or [IPv6]:PORT); default: the first "
+        "nameserver in /etc/resolv.conf",
+    )
+    public_test_ranges: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="documentation ranges (198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32) to treat as public "
+        "addresses, for test networks only; comma-separated; every session that uses it says so in its audit",
+    )
+    dns_timeout_s: float = Field(default=2.0, gt=0, le=30, description="upstream DNS timeout")
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=120, description="dial timeout for allowed connections")
+    sniff_timeout_ms: int = Field(
+        default=250,
+        ge=10,
+        le=5000,
+        description="how long to wait for a client's first bytes (TLS SNI, HTTP Host) before treating it as plain TCP",
+    )
+
+    @field_validator("upstream_dns")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        try:
+            parse_endpoint(value)
+        except ValueError as exc:
+            raise ValueError(f"upstream_dns must be IP:PORT or [IPv6]:PORT, not {value!r} ({exc})") from None
+        return value
+
+    @field_validator("public_test_ranges", mode="before")
+    @classmethod
+    def _ranges(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            for item in value:
+                network = ipaddress.ip_network(str(item), strict=False)
+                if not any(network.subnet_of(doc) for doc in _DOCUMENTATION if doc.version == network.version):
+                    raise ValueError(
+                        f"{item} is not inside a documentation range "
+                        f"({', '.join(map(str, _DOCUMENTATION))}); only those can be made public for tests"
+                    )
+        return value
+
+    def resolver(self) -> tuple[str, int] | None:
+        configured = self.upstream_dns or system_resolver()
+        return parse_endpoint(configured) if configured else None
+
+    def egress_config(self) -> dict[str, object]:
+        """What a session's egress filter needs, as plain data (crosses the daemon's spawner pipe)."""
+        return self.model_dump(include=set(EgressSettings.model_fields))
+
+
+_DOCUMENTATION = tuple(
+    ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)

@@ -1,0 +1,209 @@
+"""The egress filter's pure parts: sniffing, the nftables rules, settings, the DNS stub's answers,
+the protocol mapping, and the plan's refusal when the filter's tools are missing."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import threading
+from pathlib import Path
+from typing import Any
+
+import dns.message
+import dns.rcode
+import pytest
+
+from enforcer.egress import netns
+from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
+from enforcer.egress.settings import EgressSettings, parse_endpoint, system_resolver
+from enforcer.egress.sniff import protocol_name, sniff
+from enforcer.policy import NetworkConnect, decide
+from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
+
+from ..conftest import base_adl, compile_doc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def client_hello(server_name: str | None, alpn: list[str] | None = None) -> bytes:
+    """A real ClientHello from Python's ssl module, captured from a memory BIO."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_sniff_tls_sni_and_alpn() -> None:
+    hello = client_hello("api.example.test", ["h2", "http/1.1"])
+    found = sniff(hello)
+    assert found.protocol == "tls" and found.server_name == "api.example.test" and found.alpn == ("h2", "http/1.1")
+    assert protocol_name(found, 8443) == "https"
+    assert sniff(hello[:40]).complete is False  # a ClientHello cut across segments asks for more
+    assert protocol_name(sniff(client_hello("x.test", ["imap"])), 993) == "tls"
+    assert sniff(client_hello(None)).server_name is None
+
+
+def test_sniff_http_host() -> None:
+    found = sniff(b"GET / HTTP/1.1\r\nHost: api.example.test:8080\r\nAccept: */*\r\n\r\n")
+    assert found.protocol == "http" and found.server_name == "api.example.test"
+    assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\n").complete is False
+    assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").malformed
+    assert sniff(b"SSH-2.0-OpenSSH_9.2\r\n").protocol == "tcp"
+    assert sniff(b"GE").complete is False  # could still become an HTTP request
+
+
+def test_ruleset_captures_tcp_and_dns_and_counts_drops() -> None:
+    rules = netns.ruleset(15001, 53)
+    assert "meta l4proto { tcp, udp } th dport 53 redirect to :53" in rules
+    assert "meta l4proto tcp redirect to :15001" in rules
+    assert 'udp dport 443 counter name "quic_dropped" drop' in rules
+    assert "policy drop" in rules
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "[2001:db8::53]:5353")
+    monkeypatch.setenv("ADL_ENFORCER_PUBLIC_TEST_RANGES", "198.51.100.0/24, 203.0.113.0/24")
+    settings = EgressSettings()
+    assert settings.resolver() == ("2001:db8::53", 5353)
+    assert settings.public_test_ranges == ["198.51.100.0/24", "203.0.113.0/24"]
+    monkeypatch.setenv("ADL_ENFORCER_PUBLIC_TEST_RANGES", "8.8.8.0/24")
+    with pytest.raises(ValueError, match="documentation range"):
+        EgressSettings()
+    monkeypatch.delenv("ADL_ENFORCER_PUBLIC_TEST_RANGES")
+    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "dns.example.com:53")
+    with pytest.raises(ValueError, match="IP:PORT"):
+        EgressSettings()
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("# comment\nsearch example\nnameserver fe80::1%eth0\nnameserver 10.0.0.2\n")
+    assert system_resolver(resolv) == "[fe80::1]:53" and parse_endpoint("10.0.0.2") == ("10.0.0.2", 53)
+
+
+class FakeUpstream(UpstreamResolver):
+    def __init__(self, zone: dict[str, list[str]]) -> None:
+        super().__init__(("192.0.2.53", 53), 1.0)
+        self.zone = zone
+        self.asked: list[str] = []
+
+    def _query(self, name: str, version: int) -> tuple[Resolution, float]:
+        self.asked.append(name)
+        if name not in self.zone:
+            return Resolution(nxdomain=True), 5.0
+        found = [ipaddress.ip_address(a) for a in self.zone[name] if ipaddress.ip_address(a).version == version]
+        return Resolution(found), 30.0
+
+
+def _ask(stub: DnsStub, name: str, qtype: str = "A") -> tuple[dns.message.Message, dict[str, Any]]:
+    outcome = stub.answer(dns.message.make_query(name, qtype).to_wire())
+    assert outcome.response is not None
+    return dns.message.from_wire(outcome.response), outcome.event
+
+
+def test_dns_stub_answers_allowed_names_with_synthetic_addresses(schemas: Any) -> None:
+    policy = compile_doc(
+        schemas,
+        base_adl(
+            permissions={"network": {"allowed_hosts": ["api.example.test", "*.cdn.test"], "allowed_ports": [443]}}
+        ),
+    )
+    upstream = FakeUpstream({"api.example.test": ["203.0.113.5", "2001:db8::5"], "x.cdn.test": ["203.0.113.6"]})
+    synthetic = SyntheticAddresses()
+    stub = DnsStub(policy, upstream, synthetic)
+    reply, event = _ask(stub, "API.Example.Test.")
+    answer = reply.answer[0][0].address
+    assert event["decision"] == "allow" and event["upstream"] == ["203.0.113.5"]
+    assert synthetic.name_for(ipaddress.ip_address(answer)) == "api.example.test"
+    reply6, _ = _ask(stub, "api.example.test", "AAAA")
+    assert synthetic.name_for(ipaddress.ip_address(reply6.answer[0][0].address)) == "api.example.test"
+    assert _ask(stub, "api.example.test")[0].answer[0][0].address == answer  # stable per session
+    nodata, _ = _ask(stub, "x.cdn.test", "AAAA")
+    assert nodata.rcode() == dns.rcode.NOERROR and not nodata.answer
+
+
+def test_dns_stub_never_forwards_denied_names(schemas: Any) -> None:
+    policy = compile_doc(
+        schemas, base_adl(permissions={"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}})
+    )
+    upstream = FakeUpstream({"api.example.test": ["203.0.113.5"]})
+    stub = DnsStub(policy, upstream, SyntheticAddresses())
+    exfil = "c2VjcmV0LWRhdGEtaGVyZQ.a8f3.api.example.test"
+    reply, event = _ask(stub, exfil, "TXT")
+    assert reply.rcode() == dns.rcode.NXDOMAIN and event["decision"] == "deny"
+    assert event["host"] == exfil and event["rules"] == ["net.dns_name_not_allowed"]
+    assert upstream.asked == []
+    reply, event = _ask(stub, "missing.example.test")
+    assert reply.rcode() == dns.rcode.NXDOMAIN and upstream.asked == []
+
+
+def test_observed_protocols_against_declared_ones(schemas: Any) -> None:
+    def verdict(protocols: list[str], observed: str, port: int) -> str:
+        doc = base_adl(
+            permissions={
+                "network": {"allowed_hosts": ["h.test"], "allowed_protocols": protocols, "deny_private": False}
+            }
+        )
+        return decide(compile_doc(schemas, doc), NetworkConnect("h.test", port, observed)).verdict
+
+    assert verdict(["https"], "https", 443) == "ALLOW"
+    assert verdict(["https"], "http", 443) == "DENY"  # plain HTTP on an HTTPS-only grant
+    assert verdict(["https"], "tcp", 443) == "DENY"  # opaque bytes are not HTTPS
+    assert verdict(["ssh"], "tcp", 22) == "ALLOW"  # opaque TCP can only be trusted as what cannot be seen
+    assert verdict(["ssh"], "http", 22) == "DENY"
+    assert verdict(["wss"], "https", 443) == "ALLOW"
+    tcp_any = base_adl(permissions={"network": {"allowed_hosts": ["h.test"], "allowed_protocols": ["tcp"],
+                                                "allowed_ports": [443], "deny_private": False}})  # fmt: skip
+    assert decide(compile_doc(schemas, tcp_any), NetworkConnect("h.test", 443, "tls")).verdict == "ALLOW"
+
+
+def test_plan_refuses_network_without_the_filter_tools(schemas: Any) -> None:
+    policy = compile_doc(
+        schemas, base_adl(permissions={"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}})
+    )
+    features = HostFeatures(landlock_abi=4, cgroups="v1", egress_tools_missing=("nft",))
+    baseline = load_baseline(REPO / "policies" / "runtime-baseline.yaml")
+    with pytest.raises(PlanError, match="needs nft"):
+        build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=features)
+    plan = build_plan(
+        policy, ["/bin/true"], baseline=baseline, environ={}, features=features,
+        accept_unenforced=frozenset({"network"}),
+    )  # fmt: skip
+    assert plan.egress is None and plan.accepted_unenforced == ["network"]
+    ok = HostFeatures(landlock_abi=4, cgroups="v1")
+    plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=ok, egress=EgressSettings())
+    assert plan.egress is not None and plan.landlock.connect_ports == [53, 443]
+
+
+def test_synthetic_addresses_are_never_real_destinations() -> None:
+    synthetic = SyntheticAddresses()
+    v4 = synthetic.address_for("a.test", 4)
+    assert synthetic.is_synthetic(v4) and v4 in ipaddress.ip_network("198.18.0.0/15")
+    assert synthetic.name_for(ipaddress.ip_address("203.0.113.1")) is None
+
+
+def test_relay_moves_bytes_both_ways() -> None:
+    from enforcer.egress.relay import relay
+
+    agent, filter_side = socket.socketpair()
+    upstream_side, server = socket.socketpair()
+    payload = b"x" * (3 << 20)
+    result: list[tuple[int, int]] = []
+    thread = threading.Thread(target=lambda: result.append(relay(filter_side, upstream_side)))
+    thread.start()
+    agent.sendall(b"request")
+    agent.shutdown(socket.SHUT_WR)
+    received = b""
+    while len(received) < 7:
+        received += server.recv(100)
+    server.sendall(payload)
+    server.close()
+    got = 0
+    while chunk := agent.recv(1 << 20):
+        got += len(chunk)
+    thread.join(5)
+    assert received == b"request" and got == len(payload) and result == [(7, len(payload))]
