@@ -12,6 +12,7 @@ import pytest
 from enforcer.policy import CompileOptions, SchemaSet, compile_policy, spec_root
 
 from .daemon_helpers import daemon  # noqa: F401  (fixture for tests/integration)
+from .netlab import net_sandbox, netlab  # noqa: F401  (fixtures for the egress tests)
 from .sandbox_helpers import sandbox  # noqa: F401  (fixture for tests/integration and tests/attacks)
 
 REPO = Path(__file__).resolve().parent.parent

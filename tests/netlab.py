@@ -187,3 +187,22 @@ def netlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetLab]:
         yield lab
     finally:
         lab.stop()
+
+
+@pytest.fixture
+def net_sandbox(sandbox: Any, netlab: NetLab) -> Any:
+    """A sandbox run in the lab's outer namespace, allowed curl, the lab's CA and a few lab hosts."""
+    sandbox.wrap, sandbox.env = netlab.wrap(), netlab.env()
+    sandbox.permissions["execution"]["allowed_commands"].append("curl")
+    sandbox.permissions["filesystem"]["allowed_paths"].append({"path": f"{netlab.ca_dir}/**", "access": "read"})
+    sandbox.permissions["environment"]["allowed_variables"].extend(["HTTP_PROXY", "HTTPS_PROXY", "http_proxy"])
+    sandbox.permissions["network"] = {
+        "allowed_hosts": ["api.example.test", "*.sub.example.test"],
+        "allowed_ports": [80, 443],
+    }
+    return sandbox
+
+
+def payloads(result: Any, kind: str) -> list[dict[str, Any]]:
+    """The payloads of one kind of record (net.dns, net.connect, net.close, net.summary) in a run."""
+    return [r["payload"] for r in result.records if r["intent"] == f"adl.enforcer.{kind}"]

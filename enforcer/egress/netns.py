@@ -26,7 +26,9 @@ COUNTERS = ("quic_dropped", "udp_dropped", "other_dropped")
 
 def ruleset(filter_port: int = FILTER_PORT, dns_port: int = DNS_PORT) -> str:
     """nftables rules for the agent's namespace. DNS to any address (loopback resolvers included) goes
-    to the stub; TCP to anything but the namespace's own loopback goes to the filter; the output
+    to the stub; every other TCP connection, to loopback too, goes to the filter (an agent cannot
+    listen on TCP, so loopback holds nothing of its own, and "the host's localhost" is decided and
+    audited like any other destination); the output
     hook then lets only loopback traffic (which is all the redirected traffic is) and the replies of
     connections it accepted leave (a redirected IPv4 connection's source is 0.0.0.0: lo's address
     has host scope, so its replies are not addressed to loopback)."""
@@ -38,8 +40,6 @@ table inet {TABLE} {{
   chain capture {{
     type nat hook output priority -100; policy accept;
     meta l4proto {{ tcp, udp }} th dport 53 redirect to :{dns_port}
-    ip daddr 127.0.0.0/8 return
-    ip6 daddr ::1 return
     meta l4proto tcp redirect to :{filter_port}
   }}
   chain leave {{

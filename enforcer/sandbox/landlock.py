@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
-_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 
 EXECUTE = 1 << 0
@@ -59,10 +58,6 @@ class _RulesetAttr(ctypes.Structure):
     ]
 
 
-class _NetPortAttr(ctypes.Structure):
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
-
-
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
@@ -92,8 +87,8 @@ class LandlockPlan:
 
     abi: int
     rules: list[tuple[str, int]] = field(default_factory=list)
-    deny_tcp: bool = True  # handle TCP bind/connect: only connect_ports may be connected to, nothing bound
-    connect_ports: list[int] = field(default_factory=list)  # the policy's ports (the egress filter checks hosts)
+    deny_tcp_bind: bool = True  # an agent never listens on TCP
+    deny_tcp_connect: bool = True  # False only when the egress filter captures (and audits) every connect
     scope_signals: bool = True
     scope_abstract_unix: bool = True
 
@@ -108,8 +103,9 @@ class LandlockPlan:
         size = 8
         if self.abi >= 4:
             size = 16
-            if self.deny_tcp:
-                attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP
+            attr.handled_access_net = (NET_BIND_TCP if self.deny_tcp_bind else 0) | (
+                NET_CONNECT_TCP if self.deny_tcp_connect else 0
+            )
         if self.abi >= 6:
             size = 24
             attr.scoped = (SCOPE_SIGNAL if self.scope_signals else 0) | (
@@ -150,20 +146,6 @@ def restrict(plan: LandlockPlan) -> None:
                     raise _fail(f"add_rule {path}")
             finally:
                 os.close(fd)
-        if plan.abi >= 4 and plan.deny_tcp:
-            for port in plan.connect_ports:
-                net_rule = _NetPortAttr(NET_CONNECT_TCP, port)
-                if (
-                    _syscall(
-                        _SYS_ADD_RULE,
-                        ctypes.c_int(ruleset),
-                        ctypes.c_int(_RULE_NET_PORT),
-                        ctypes.byref(net_rule),
-                        ctypes.c_uint32(0),
-                    )
-                    < 0
-                ):
-                    raise _fail(f"add_rule port {port}")
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _fail("no_new_privs")
         if _syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 
 from ..egress.settings import EgressSettings
 from ..policy import EnvVar, Policy, ProcessExec, decide
-from ..policy.decide import SHELLS, granted_ports
+from ..policy.decide import SHELLS
 from . import landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
@@ -248,8 +248,10 @@ def build_plan(
             net_layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
         else:
             egress_settings = egress or EgressSettings()
-            ll.connect_ports = sorted(granted_ports(net) | {53})  # 53: DNS over TCP, to the stub
-            net_layer.details.append(f"Landlock: TCP connect only to ports {', '.join(map(str, ll.connect_ports))}")
+            # The capture sends every connect to the filter, which decides and audits it; a Landlock
+            # port rule would refuse some attempts earlier but leave them out of the audit log.
+            ll.deny_tcp_connect = False
+            net_layer.details.append("Landlock: no TCP listening; every TCP connect goes to the filter")
             resolver = egress_settings.resolver()
             net_layer.details.append(
                 "upstream resolver: " + ("{}:{}".format(*resolver) if resolver else "none configured: names fail")

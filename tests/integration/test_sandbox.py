@@ -170,7 +170,7 @@ def test_explain_shows_the_network_layer_active_with_its_rules(sandbox: Sandbox)
     assert r.code == 0 and r.records == []
     assert "network       active" in r.out and "egress host filter" in r.out
     assert "hosts: api.example.com" in r.out and "ports: 443" in r.out and "192.0.2.53:5353" in r.out
-    assert "TCP connect only to ports 53, 443" in r.out
+    assert "no TCP listening; every TCP connect goes to the filter" in r.out
 
 
 def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
