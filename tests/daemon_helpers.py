@@ -92,6 +92,7 @@ class RunningDaemon:
         self.log = root / "daemon.log"
         self._channels: list[grpc.Channel] = []
         self.extra_env: dict[str, str] = {}
+        self.wrap: list[str] = []  # a prefix for the daemon (the network lab's nsenter)
 
     # -- policies -------------------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ class RunningDaemon:
     def start(self, wait: bool = True) -> None:
         log = open(self.log, "ab")  # noqa: SIM115 (the daemon keeps it)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "enforcer.cli.enforcerd"], env=self.env(), stdout=log, stderr=log
+            [*self.wrap, sys.executable, "-m", "enforcer.cli.enforcerd"], env=self.env(), stdout=log, stderr=log
         )
         log.close()
         if wait:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 from typing import Any
+
+import pytest
 
 from ..netlab import NetLab, needs_nft, payloads
 from ..sandbox_helpers import Sandbox, needs_root
@@ -174,3 +177,23 @@ attempt("abstract unix socket of the host", abstract)
     assert len(loopback) >= 3 or "localhost" in denied_names  # by name: /etc/hosts, else the stub refuses it
     assert not [e for e in netlab.server_events() if "abstract" in e]
     assert "launch" in r.kinds() and "exit" in r.kinds()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_node_fetch_ignores_proxies_and_is_still_captured(net_sandbox: Sandbox) -> None:
+    net_sandbox.permissions["execution"]["allowed_commands"].append("node")
+    net_sandbox.permissions["resource_limits"]["max_memory_mb"] = 512  # V8 reserves more than a Python agent
+    net_sandbox.permissions["filesystem"]["allowed_paths"].append({"path": "/etc/ssl/**", "access": "read"})
+    script = (
+        "const show = (tag) => [(r) => r.text().then((t) => console.log(tag, 'OK', t.trim())),"
+        " (e) => console.log(tag, 'BLOCKED', e.cause?.code || e.message)];"
+        "fetch('http://api.example.test/').then(...show('allowed'))"
+        ".then(() => fetch('http://other.example.test/')).then(...show('denied-name'))"
+        ".then(() => fetch('http://198.51.100.11/')).then(...show('denied-address'));"
+    )
+    r = net_sandbox.run("node", "-e", script, env={"HTTP_PROXY": "http://127.0.0.1:3128"})
+    lines = dict(line.split(" ", 1) for line in r.out.strip().splitlines())
+    assert lines["allowed"].startswith("OK hello") and "host=api.example.test" in lines["allowed"], r.err
+    assert lines["denied-name"] == "BLOCKED ENOTFOUND"
+    assert lines["denied-address"].startswith("OK adl-enforcer: connection denied (net.host_not_allowed)")
+    assert [c["decision"] for c in payloads(r, "net.connect")] == ["allow", "deny"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+from ..daemon_helpers import RunningDaemon
 from ..netlab import NetLab, needs_nft, payloads
 from ..sandbox_helpers import Sandbox, needs_root
 
@@ -140,3 +142,29 @@ def test_residency_names_the_region(net_sandbox: Sandbox, netlab: NetLab) -> Non
         "api.us.example.test": "net.residency",
         "api.nowhere.test": "net.residency_unknown",
     }
+
+
+def test_daemon_launches_get_the_same_filter(tmp_path: Path, netlab: NetLab) -> None:
+    box = Sandbox(tmp_path / "box")
+    box.permissions["execution"]["allowed_commands"].append("curl")
+    box.permissions["network"] = {"allowed_hosts": ["api.example.test"], "allowed_ports": [80]}
+    daemon = RunningDaemon(tmp_path, box)
+    daemon.wrap, daemon.extra_env = netlab.wrap(), netlab.env()
+    daemon.write_agents()
+    try:
+        daemon.start()
+        ok = daemon.adl_exec("curl", "-sS", "--max-time", "5", "http://api.example.test/")
+        denied = daemon.adl_exec("curl", "-sS", "--max-time", "5", "http://other.example.test/")
+    finally:
+        daemon.cleanup()
+    assert ok.returncode == 0 and "host=api.example.test" in ok.stdout, ok.stderr
+    assert denied.returncode == 6 and "Could not resolve host" in denied.stderr
+    records = daemon.records()
+    connects = [r["payload"] for r in records if r["intent"] == "adl.enforcer.net.connect"]
+    dns_denied = [
+        r["payload"]["host"]
+        for r in records
+        if r["intent"] == "adl.enforcer.net.dns" and r["payload"]["decision"] == "deny"
+    ]
+    assert [c["decision"] for c in connects] == ["allow"] and "other.example.test" in dns_denied
+    assert daemon.sessions_left() == []
