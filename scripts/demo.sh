@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (if needed), then launch an example agent under an example policy: an allowed read, a denied
-# read, a denied file creation, a denied exec, a denied shell, and the audit trail those sessions left. Needs root (Landlock
+# read, a denied file creation, a denied exec, a denied shell; then the research agent's network
+# through the egress filter (allowed and denied hosts); and the audit trail those sessions left. Needs root (Landlock
 # works unprivileged, but the demo also creates cgroups and namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,10 @@ run $EXEC python3 -c "open('$WS/stolen.pem', 'w').write('x')"   # creating a den
 run $EXEC python3 -c "import subprocess; subprocess.run(['curl', 'http://example.com'])"   # denied exec
 run $EXEC python3 -c "import os; os.execv('/bin/sh', ['sh', '-c', 'id'])"                 # no shells
 run $EXEC sh -c id                                              # refused before launch
+echo; echo "== the research agent's network, through the egress filter (in a lab of namespaces the demo builds)"
+.venv/bin/python scripts/demo_network.py
 echo; echo "== the audit trail"
 run .venv/bin/adl-audit search --since -10m --type launch --type exit --type refused --type decision -n 30 --reverse
+run .venv/bin/adl-audit search --since -10m --type net.connect --type net.dns --type net.summary -n 20 --reverse
 run .venv/bin/adl-audit report --since -10m
 run .venv/bin/adl-audit verify

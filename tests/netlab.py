@@ -27,7 +27,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DNS_SERVER = "198.51.100.53"
-WEB = ["198.51.100.10", "198.51.100.11", "198.51.100.12", "203.0.113.10", "203.0.113.200", "10.77.0.10"]
+WEB = [
+    "198.51.100.10", "198.51.100.11", "198.51.100.12", "198.51.100.20", "203.0.113.10", "203.0.113.200", "10.77.0.10"
+]  # fmt: skip
 WEB6 = "2001:db8:1::10"
 ZONE: dict[str, dict[str, list[str]]] = {
     "api.example.test": {"A": ["198.51.100.10"], "AAAA": [WEB6]},
@@ -45,6 +47,7 @@ ZONE: dict[str, dict[str, list[str]]] = {
     "api.eu.example.test": {"A": ["203.0.113.10"]},
     "api.us.example.test": {"A": ["198.51.100.10"]},
     "api.nowhere.test": {"A": ["203.0.113.200"]},
+    "en.wikipedia.example.test": {"A": ["198.51.100.20"]},  # the research agent example's (scripts/demo.sh)
 }
 REGIONS = {
     "regions": {

@@ -241,6 +241,15 @@ class ConnectionFilter:
             reason["pointer"] = verdict.pointer
         self.record(kind, {**event, "decision": verdict.decision, "rules": [verdict.rule], "reasons": [reason]})
 
+    def refuse_over_limit(self, client: socket.socket, limit: int) -> None:
+        with self._lock:
+            self.stats["connections"] += 1
+        self._deny(
+            client,
+            {"connection": next(self._ids)},
+            Verdict("deny", "net.too_many_connections", f"the session already has {limit} open connections"),
+        )
+
     def shutdown_all(self) -> None:
         with self._lock:
             socks = list(self.active)

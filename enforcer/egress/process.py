@@ -19,6 +19,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
 
 
 class EgressError(Exception):
@@ -63,10 +65,10 @@ class EgressProcess:
 
     def stop(self) -> dict[str, Any]:
         """End the filter (open connections are cut) and return its summary."""
-        summary: dict[str, Any] = {}
+        summary: dict[str, Any] = {"error": "the egress filter ended without its summary"}
         try:
             self.control.settimeout(STOP_TIMEOUT_S)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 self.control.send(b"stop")
                 reply = self.control.recv(65536)
                 if reply:
@@ -173,7 +175,7 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     writer.sync()
     socket.send_fds(control, [b"ready " + json.dumps(started).encode()], [space.netns_fd])
 
-    dns_stats = {"queries": 0, "denied": 0}
+    dns_stats = {"queries": 0, "denied": 0, "shed": 0}
     dns_lock = threading.Lock()
 
     def answer(wire: bytes) -> bytes | None:
@@ -190,10 +192,25 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="egress-dns")
     threads: list[threading.Thread] = []
 
+    pending = threading.BoundedSemaphore(MAX_PENDING_QUERIES)
+
     def udp_query(sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             wire, peer = sock.recvfrom(65535)
-            pool.submit(lambda: (r := answer(wire)) is not None and sock.sendto(r, peer))
+            if not pending.acquire(blocking=False):
+                with dns_lock:
+                    dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
+                return
+
+            def reply() -> None:
+                try:
+                    response = answer(wire)
+                    if response is not None:
+                        sock.sendto(response, peer)
+                finally:
+                    pending.release()
+
+            pool.submit(reply)
 
     def tcp_dns(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError, struct.error):
@@ -211,8 +228,6 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         thread = threading.Thread(target=target, args=(conn,), daemon=True)
         thread.start()
         threads.append(thread)
-        if len(threads) > 256:
-            threads[:] = [t for t in threads if t.is_alive()]
 
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, "control")
@@ -226,17 +241,23 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     while running:
         for key, _ in selector.select():
             if key.data == "control":
+                with contextlib.suppress(OSError):
+                    control.recv(64)  # read "stop": closing over an unread message would reset the reply
                 running = False
             elif key.data == "dns_udp":
                 udp_query(key.fileobj)  # type: ignore[arg-type]
             else:
                 with contextlib.suppress(OSError):
                     conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    if len(threads) >= settings.max_connections and _prune(threads) >= settings.max_connections:
+                        connections.refuse_over_limit(conn, settings.max_connections)
+                        continue
                     spawn(connections.handle if key.data == "tcp" else tcp_dns, conn)
 
     connections.shutdown_all()
+    deadline = time.monotonic() + 5
     for thread in threads:
-        thread.join(timeout=2)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
     pool.shutdown(wait=True, cancel_futures=True)
     try:
         dropped = netns.read_counters(space.netns_fd)
@@ -250,6 +271,12 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         control.send(json.dumps(summary).encode())
     space.close()
     return 0
+
+
+def _prune(threads: list[threading.Thread]) -> int:
+    """Forget finished connection threads; returns how many are still running."""
+    threads[:] = [t for t in threads if t.is_alive()]
+    return len(threads)
 
 
 def _read_exact(conn: socket.socket, size: int) -> bytes | None:

@@ -59,6 +59,9 @@ class EgressSettings(BaseSettings):
     )
     dns_timeout_s: float = Field(default=2.0, gt=0, le=30, description="upstream DNS timeout")
     connect_timeout_s: float = Field(default=5.0, gt=0, le=120, description="dial timeout for allowed connections")
+    max_connections: int = Field(
+        default=1024, ge=1, le=65536, description="open connections per session; more are refused (and audited)"
+    )
     sniff_timeout_ms: int = Field(
         default=250,
         ge=10,

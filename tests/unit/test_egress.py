@@ -200,10 +200,16 @@ def test_relay_moves_bytes_both_ways() -> None:
     received = b""
     while len(received) < 7:
         received += server.recv(100)
-    server.sendall(payload)
-    server.close()
+    def answer() -> None:
+        server.sendall(payload)  # from a thread: the agent side reads concurrently, as a real client does
+        server.close()
+
+    sender = threading.Thread(target=answer)
+    sender.start()
+    agent.settimeout(10)
     got = 0
     while chunk := agent.recv(1 << 20):
         got += len(chunk)
     thread.join(5)
+    sender.join(5)
     assert received == b"request" and got == len(payload) and result == [(7, len(payload))]
