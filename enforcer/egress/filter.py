@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ class ConnectionFilter:
         record: Record,
         *,
         listen_port: int,
+        workers: Executor,
         connect_timeout_s: float,
         sniff_timeout_s: float,
     ) -> None:
@@ -72,6 +74,7 @@ class ConnectionFilter:
         self.synthetic = synthetic
         self.record = record
         self.listen_port = listen_port
+        self.workers = workers
         self.connect_timeout_s = connect_timeout_s
         self.sniff_timeout_s = sniff_timeout_s
         self._ids = itertools.count(1)
@@ -129,7 +132,7 @@ class ConnectionFilter:
             self._emit("net.connect", event, verdict)  # audited before a byte moves
             with self._lock:
                 self.stats["allowed"] += 1
-            sent, received = relay(client, upstream)
+            sent, received = relay(client, upstream, self.workers)
             with self._lock:
                 self.stats["bytes_out"] += sent
                 self.stats["bytes_in"] += received

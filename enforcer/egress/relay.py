@@ -7,7 +7,7 @@ import contextlib
 import fcntl
 import os
 import socket
-import threading
+from concurrent.futures import Executor
 
 CHUNK = 1 << 20
 _PIPE_SIZE = 1 << 20
@@ -39,13 +39,13 @@ def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int
         os.close(write_end)
 
 
-def relay(client: socket.socket, upstream: socket.socket) -> tuple[int, int]:
-    """Relay until both directions are done. Returns (bytes agent -> upstream, upstream -> agent)."""
+def relay(client: socket.socket, upstream: socket.socket, workers: Executor) -> tuple[int, int]:
+    """Relay until both directions are done (the way back on a worker thread). Returns (bytes agent ->
+    upstream, upstream -> agent)."""
     counts = [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
-    back = threading.Thread(target=_pump, args=(upstream, client, counts, 1), name="egress-relay", daemon=True)
-    back.start()
+    back = workers.submit(_pump, upstream, client, counts, 1)
     _pump(client, upstream, counts, 0)
-    back.join()
+    back.result()
     return counts[0], counts[1]

@@ -7,6 +7,7 @@ import ipaddress
 import socket
 import ssl
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,8 @@ def test_relay_moves_bytes_both_ways() -> None:
     upstream_side, server = socket.socketpair()
     payload = b"x" * (3 << 20)
     result: list[tuple[int, int]] = []
-    thread = threading.Thread(target=lambda: result.append(relay(filter_side, upstream_side)))
+    pool = ThreadPoolExecutor(2)
+    thread = threading.Thread(target=lambda: result.append(relay(filter_side, upstream_side, pool)))
     thread.start()
     agent.sendall(b"request")
     agent.shutdown(socket.SHUT_WR)
