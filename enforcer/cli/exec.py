@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     session_id = sessions.new_session_id()
     policy: Policy | None = None
     try:
-        options = CompileOptions(production=args.production, regions=load_regions(args.regions))
+        egress = _egress_settings()
+        options = CompileOptions(
+            production=args.production, regions=load_regions(args.regions), home_region=egress.home_region
+        )
         policy = load_policy(args.adl, args.aaif, options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
         uid, gid = _user(args.user)
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,
-            egress=_egress_settings(),
+            egress=egress,
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)

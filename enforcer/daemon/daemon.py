@@ -71,7 +71,11 @@ class Daemon:
             retry_s=settings.audit_retry_s,
         )
         try:
-            options = CompileOptions(production=settings.production, regions=load_regions(settings.regions))
+            options = CompileOptions(
+                production=settings.production,
+                regions=load_regions(settings.regions),
+                home_region=settings.home_region,
+            )
             self.store = PolicyStore(settings.policy_dir, schema_set(), options)
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc

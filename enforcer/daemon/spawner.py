@@ -170,7 +170,10 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
     uid, gid = order["uid"], order["gid"]
     policy = None
     try:
-        options = CompileOptions(production=config["production"], regions=load_regions(config["regions"]))
+        egress = EgressSettings(**config["egress"])
+        options = CompileOptions(
+            production=config["production"], regions=load_regions(config["regions"]), home_region=egress.home_region
+        )
         policy = compile_policy(order["adl"], order["aaif"], schema_set(), datetime.now(UTC), options)
         if policy.digest != order["policy_digest"]:
             raise PlanError("the agent's policy changed while it was being launched; try again")
@@ -185,7 +188,7 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
             accept_unenforced=frozenset(order["accept_unenforced"]),
             cwd=order["cwd"],
             pids_max=order["pids_max"],
-            egress=EgressSettings(**config["egress"]),
+            egress=egress,
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):

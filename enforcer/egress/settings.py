@@ -57,6 +57,11 @@ class EgressSettings(BaseSettings):
         description="documentation ranges (198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32) to treat as public "
         "addresses, for test networks only; comma-separated; every session that uses it says so in its audit",
     )
+    home_region: str | None = Field(
+        default=None,
+        description="the operator's region (a name from the region map): where ADL cross_border_restricted "
+        "data must stay",
+    )
     dns_timeout_s: float = Field(default=2.0, gt=0, le=30, description="upstream DNS timeout")
     connect_timeout_s: float = Field(default=5.0, gt=0, le=120, description="dial timeout for allowed connections")
     max_connections: int = Field(

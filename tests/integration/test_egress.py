@@ -168,3 +168,18 @@ def test_daemon_launches_get_the_same_filter(tmp_path: Path, netlab: NetLab) -> 
     ]
     assert [c["decision"] for c in connects] == ["allow"] and "other.example.test" in dns_denied
     assert daemon.sessions_left() == []
+
+
+def test_cross_border_restricted_keeps_data_in_the_home_region(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    policy = net_sandbox.policy(
+        permissions={"network": {"allowed_hosts": ["*.eu.example.test", "*.us.example.test"], "allowed_ports": [80]}},
+        data_classification={"sensitivity": "internal", "handling": {"cross_border_restricted": True}},
+    )
+    args = ("--regions", str(netlab.regions))
+    env = {"ADL_ENFORCER_HOME_REGION": "EU"}
+    eu = curl(net_sandbox, "http://api.eu.example.test/", policy=policy, args=args, env=env)
+    us = curl(net_sandbox, "http://api.us.example.test/", policy=policy, args=args, env=env)
+    assert eu.code == 0 and "host=api.eu.example.test" in eu.out, eu.err
+    assert "net.residency" in us.out and "region US; data must stay in EU" in us.out
+    [denied] = payloads(us, "net.connect")
+    assert denied["reasons"][0]["pointer"] == "/data_classification/handling/cross_border_restricted"
