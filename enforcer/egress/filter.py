@@ -97,11 +97,17 @@ class ConnectionFilter:
             except OSError:
                 target, port = None, 0
             event: dict[str, Any] = {"connection": conn_id, "port": port, "destination": str(target)}
-            if target is None or (target.is_loopback and port == self.listen_port):
-                self._deny(client, event, Verdict("deny", "net.not_captured", "direct connection to the egress filter"))
+            if target is None:
+                self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
                 return
-            name = self.synthetic.name_for(target) if self.synthetic.is_synthetic(target) else None
-            host = name or str(target)
+            if target.is_loopback and port == self.listen_port:
+                tunnel = self._connect_request(client, event)  # the agent asked for us as its HTTPS proxy
+                if tunnel is None:
+                    return
+                host, name, port, target = tunnel
+            else:
+                name = self.synthetic.name_for(target) if self.synthetic.is_synthetic(target) else None
+                host = name or str(target)
             event["host"] = host
             sniffed = self._sniff(client)
             protocol = protocol_name(sniffed, port)
@@ -168,6 +174,59 @@ class ConnectionFilter:
             for sock in (client, upstream):
                 if sock is not None:
                     sock.close()
+
+    def _connect_request(
+        self, client: socket.socket, event: dict[str, Any]
+    ) -> tuple[str, str | None, int, IPAddress] | None:
+        """A client that uses the filter as its proxy (HTTPS_PROXY=http://127.0.0.1:15001) sends
+        'CONNECT host:port'. The named host is then the intended host, checked like a captured
+        connection (the tunnelled SNI must match it). Returns None when it was refused."""
+        event["via"] = "connect"
+        head = _read_head(client, self.sniff_timeout_s * 4)
+        request = head.split(b"\r\n", 1)[0].decode("latin-1").split() if head else []
+        if len(request) != 3 or request[0] != "CONNECT":
+            what = " ".join(request[:2])[:200] or "no request"
+            self._deny(
+                client,
+                event,
+                Verdict(
+                    "deny", "net.proxy_request", f"only CONNECT is served here, not '{what}'; plain HTTP goes direct"
+                ),
+                http=True,
+            )
+            return None
+        authority = request[1]
+        host_text, _, port_text = authority.rpartition(":")
+        host_text = host_text.strip("[]")
+        try:
+            port = int(port_text)
+            literal: IPAddress | None = ipaddress.ip_address(host_text)
+        except ValueError:
+            literal = None
+            port = int(port_text) if port_text.isdigit() else 0
+        event.update(port=port, destination=authority[:300])
+        if literal is not None:
+            return str(literal), None, port, literal
+        try:
+            name = normalize_host(host_text)
+        except (PatternError, UnicodeError) as exc:
+            self._deny(
+                client, event, Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}"), http=True
+            )
+            return None
+        rules = self.policy.network
+        if rules is None or rules.hosts.first(name) is None or not 0 < port < 65536:
+            event["host"] = name
+            self._deny(
+                client,
+                event,
+                Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern"),
+                http=True,
+            )
+            return None
+        with contextlib.suppress(OSError):
+            client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        return name, name, port, ipaddress.IPv4Address(0)
 
     def _sniff(self, client: socket.socket) -> Sniffed:
         """Peek (the bytes stay queued for the relay) until the first bytes say enough, the client
@@ -281,6 +340,22 @@ def _from_decision(decision: Decision, address: IPAddress) -> Verdict:
     )
 
 
+def _read_head(client: socket.socket, timeout_s: float) -> bytes:
+    """Consume exactly one request head (up to the blank line), byte-exact so a tunnel that follows
+    is left untouched."""
+    client.settimeout(timeout_s)
+    head = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in head and len(head) < 16384:
+            peeked = client.recv(16384, socket.MSG_PEEK)
+            if not peeked:
+                break
+            end = (head + peeked).find(b"\r\n\r\n")
+            take = len(peeked) if end < 0 else end + 4 - len(head)
+            head += client.recv(take)
+    return head
+
+
 def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
     """A plain-HTTP client gets a readable answer instead of a bare reset."""
     body = f"adl-enforcer: connection denied ({verdict.rule}): {verdict.text}\n".encode()
@@ -289,8 +364,9 @@ def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
         f"X-ADL-Enforcer-Rule: {verdict.rule}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     with contextlib.suppress(OSError):
+        client.recv(65536, socket.MSG_DONTWAIT)  # consume the request: closing over unread bytes resets
+    with contextlib.suppress(OSError):
         client.settimeout(1.0)
-        client.recv(65536)  # consume the request: closing with unread bytes would send a reset
         client.sendall(head + body)
         client.shutdown(socket.SHUT_WR)
         while client.recv(65536):  # until the client closes (bounded by the timeout)

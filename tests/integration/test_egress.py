@@ -183,3 +183,18 @@ def test_cross_border_restricted_keeps_data_in_the_home_region(net_sandbox: Sand
     assert "net.residency" in us.out and "region US; data must stay in EU" in us.out
     [denied] = payloads(us, "net.connect")
     assert denied["reasons"][0]["pointer"] == "/data_classification/handling/cross_border_restricted"
+
+
+def test_the_filter_is_also_an_https_proxy_for_clients_that_want_one(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    ca = str(netlab.ca_dir / "lab-ca.pem")
+    proxy = {"HTTPS_PROXY": "http://127.0.0.1:15001", "http_proxy": "http://127.0.0.1:15001"}  # curl: lowercase
+    ok = net_sandbox.run("curl", "-sS", "--max-time", "5", "--cacert", ca, "https://api.example.test/", env=proxy)
+    assert ok.code == 0 and "host=api.example.test" in ok.out, ok.err
+    [connect] = payloads(ok, "net.connect")
+    assert connect["via"] == "connect" and connect["sni"] == "api.example.test" and connect["decision"] == "allow"
+    denied = net_sandbox.run("curl", "-sS", "--max-time", "5", "--cacert", ca, "https://other.example.test/", env=proxy)
+    assert denied.code != 0 and "403" in denied.err
+    plain = net_sandbox.run("curl", "-sS", "--max-time", "5", "http://api.example.test/", env=proxy)
+    assert "only CONNECT is served here" in plain.out
+    rules = [c["rules"][0] for c in payloads(denied, "net.connect") + payloads(plain, "net.connect")]
+    assert rules == ["net.host_not_allowed", "net.proxy_request"]
