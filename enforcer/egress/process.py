@@ -3,7 +3,8 @@
 Forked by the launching process before the agent: it creates the agent's network namespace with its
 listeners (netns.py), hands the namespace to the launcher over a socketpair (SCM_RIGHTS), then serves
 DNS and TCP until the launcher says stop (or dies: PDEATHSIG). It writes its own records to the same
-audit log with its own writer, like every other process that writes there.
+audit log with its own writer, like every other process that writes there. It holds no capability
+while it serves; the launcher reads the namespace's drop counters and hands them over with "stop".
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ import psutil
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
 from ..policy import Policy
+from ..sandbox import namespaces
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
 from .filter import ConnectionFilter
 from .settings import EgressSettings
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -67,8 +70,12 @@ class EgressProcess:
         summary: dict[str, Any] = {"error": "the egress filter ended without its summary"}
         try:
             self.control.settimeout(STOP_TIMEOUT_S)
+            try:
+                dropped: dict[str, Any] = netns.read_counters(self.netns_fd)
+            except OSError as exc:
+                dropped = {"error": str(exc)}
             with contextlib.suppress(OSError, ValueError):
-                self.control.send(b"stop")
+                self.control.send(b"stop " + json.dumps(dropped).encode())
                 reply = self.control.recv(65536)
                 if reply:
                     summary = json.loads(reply)
@@ -140,6 +147,10 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         public_test_networks=tuple(test_ranges) + tuple(policy.public_test_networks),
     )
     space = netns.create()
+    # Everything privileged is done: the process that parses what the agent sends keeps no
+    # capabilities (uid 0 still owns the audit files it appends to) and can never regain any.
+    namespaces.drop_privileges(None, None)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     writer = AuditWriter(audit.directory, audit.key_path, source="adl-egress", settings=audit.settings)
     agent = agent_of(policy)
 
@@ -240,11 +251,14 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     for sock in space.dns_udp:
         selector.register(sock, selectors.EVENT_READ, "dns_udp")
     running = True
+    dropped: dict[str, Any] = {"error": "the launcher sent no drop counters"}
     while running:
         for key, _ in selector.select():
             if key.data == "control":
-                with contextlib.suppress(OSError):
-                    control.recv(64)  # read "stop": closing over an unread message would reset the reply
+                # "stop" and the namespace's drop counters, read by the launcher (this process has
+                # no capabilities left to read them). Reading it also keeps the reply from a reset.
+                with contextlib.suppress(OSError, ValueError):
+                    dropped = json.loads(control.recv(65536).removeprefix(b"stop "))
                 running = False
             elif key.data == "dns_udp":
                 udp_query(key.fileobj)  # type: ignore[arg-type]
@@ -260,10 +274,6 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     handlers.wait_zero(timeout=5)
     workers.shutdown(wait=False, cancel_futures=True)
     pool.shutdown(wait=True, cancel_futures=True)
-    try:
-        dropped = netns.read_counters(space.netns_fd)
-    except OSError as exc:
-        dropped = {"error": str(exc)}  # type: ignore[dict-item]
     summary = {"connections": dict(connections.stats), "dns": dict(dns_stats), "dropped_packets": dropped}
     rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
     record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})

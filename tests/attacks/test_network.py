@@ -3,11 +3,18 @@ must fail, and the filter's audit records must show it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from ..netlab import NetLab, needs_nft, payloads
@@ -197,3 +204,28 @@ def test_node_fetch_ignores_proxies_and_is_still_captured(net_sandbox: Sandbox) 
     assert lines["denied-name"] == "BLOCKED ENOTFOUND"
     assert lines["denied-address"].startswith("OK adl-enforcer: connection denied (net.host_not_allowed)")
     assert [c["decision"] for c in payloads(r, "net.connect")] == ["allow", "deny"]
+
+
+def test_the_filter_process_holds_no_capabilities(net_sandbox: Sandbox) -> None:
+    """What parses the agent's bytes (DNS, ClientHello, HTTP heads) can do nothing root-only."""
+    argv = [*net_sandbox.wrap, sys.executable, "-m", "enforcer.cli.exec", "--adl", str(net_sandbox.policy()), "--"]
+    env = {**os.environ, "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit), **net_sandbox.env}
+    env["ADL_ENFORCER_AUDIT_KEY"] = str(net_sandbox.root / "audit-key.pem")
+    launcher = subprocess.Popen([*argv, "python3", "-c", "import time; time.sleep(2)"], env=env)
+    try:
+        status: dict[str, str] = {}
+        for _ in range(100):  # bounded: the session starts within a second
+            for child in psutil.Process(launcher.pid).children(recursive=True):
+                with contextlib.suppress(OSError, psutil.Error):
+                    links = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+                    if any(link.startswith("net:[") for link in links):  # it holds the agent's namespace
+                        lines = Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                        status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+            if status:
+                break
+            time.sleep(0.05)
+    finally:
+        launcher.wait(timeout=30)
+    assert status, "the egress filter process was not found"
+    assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0 and int(status["CapBnd"], 16) == 0
+    assert status["NoNewPrivs"].strip() == "1"
