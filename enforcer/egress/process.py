@@ -63,7 +63,6 @@ class EgressProcess:
     pid: int
     netns_fd: int
     control: socket.socket
-    started: dict[str, Any]
 
     def stop(self) -> dict[str, Any]:
         """End the filter (open connections are cut) and return its summary."""
@@ -116,7 +115,7 @@ def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session:
         message, fds, _, _ = socket.recv_fds(ours, 65536, 1)
     except OSError as exc:
         message, fds = f"error no answer from the egress filter: {exc}".encode(), []
-    if not message.startswith(b"ready ") or not fds:
+    if message != b"ready" or not fds:
         for fd in fds:
             os.close(fd)
         ours.close()
@@ -126,7 +125,7 @@ def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session:
             os.waitpid(pid, 0)
         detail = message.decode(errors="replace").removeprefix("error ").strip() or "it exited"
         raise EgressError(f"the egress filter did not start: {detail}")
-    return EgressProcess(pid, fds[0], ours, json.loads(message[6:]))
+    return EgressProcess(pid, fds[0], ours)
 
 
 def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> int:
@@ -188,7 +187,7 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         )
     record("net.start", start_payload)
     writer.sync()
-    socket.send_fds(control, [b"ready " + json.dumps(started).encode()], [space.netns_fd])
+    socket.send_fds(control, [b"ready"], [space.netns_fd])
 
     dns_stats = {"queries": 0, "denied": 0, "shed": 0}
     dns_lock = threading.Lock()

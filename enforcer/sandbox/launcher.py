@@ -211,6 +211,8 @@ def _start_guardian(group: cgroups.Cgroup) -> tuple[int, int]:
     if pid == 0:  # guardian
         try:
             os.close(write_end)
+            os.closerange(3, read_end)  # hold nothing of the session open (the agent's network namespace)
+            os.closerange(read_end + 1, 1 << 16)
             os.setsid()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             while os.read(read_end, 1):

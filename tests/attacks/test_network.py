@@ -211,14 +211,21 @@ def test_the_filter_process_holds_no_capabilities(net_sandbox: Sandbox) -> None:
     argv = [*net_sandbox.wrap, sys.executable, "-m", "enforcer.cli.exec", "--adl", str(net_sandbox.policy()), "--"]
     env = {**os.environ, "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit), **net_sandbox.env}
     env["ADL_ENFORCER_AUDIT_KEY"] = str(net_sandbox.root / "audit-key.pem")
-    launcher = subprocess.Popen([*argv, "python3", "-c", "import time; time.sleep(2)"], env=env)
+    marker = net_sandbox.ws / "agent-started"
+    agent = f"import time; open({str(marker)!r}, 'w').close(); time.sleep(2)"
+    launcher = subprocess.Popen([*argv, "python3", "-c", agent], env=env)
     try:
         status: dict[str, str] = {}
-        for _ in range(100):  # bounded: the session starts within a second
+        for _ in range(200):  # bounded: the session starts within a second or two
+            if not marker.exists():  # the filter is set up (and has dropped everything) before the agent runs
+                time.sleep(0.05)
+                continue
             for child in psutil.Process(launcher.pid).children(recursive=True):
                 with contextlib.suppress(OSError, psutil.Error):
                     links = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
-                    if any(link.startswith("net:[") for link in links):  # it holds the agent's namespace
+                    if any(link.startswith("net:[") for link in links) and any(  # the namespace and its listeners
+                        link.startswith("socket:[") for link in links
+                    ):
                         lines = Path(f"/proc/{child.pid}/status").read_text().splitlines()
                         status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
             if status:
