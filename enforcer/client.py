@@ -78,14 +78,18 @@ def _describe(exc: Exception) -> str:
 class _Base:
     """What the sync and asyncio clients share: identity, deadline and request building."""
 
+    _open_channel: Any  # grpc.insecure_channel or grpc.aio.insecure_channel
+
     def __init__(
         self,
-        channel: Any,
-        agent: str | None,
-        session: str | None,
-        session_token: str | None,
-        deadline_s: float,
+        address: str | None = None,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        session_token: str | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
     ) -> None:
+        channel = type(self)._open_channel(address or default_address())
         self._channel = channel
         self._stub = pb_grpc.EnforcerStub(channel)
         self.agent = agent or ""
@@ -128,16 +132,7 @@ def _is_pending(result: Result) -> bool:
 
 
 class Client(_Base):
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        agent: str | None = None,
-        session: str | None = None,
-        session_token: str | None = None,
-        deadline_s: float = DEFAULT_DEADLINE_S,
-    ) -> None:
-        super().__init__(grpc.insecure_channel(address or default_address()), agent, session, session_token, deadline_s)
+    _open_channel = staticmethod(grpc.insecure_channel)
 
     def check(self, request: pb.CheckRequest) -> Result:
         try:
@@ -170,17 +165,7 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    def __init__(
-        self,
-        address: str | None = None,
-        *,
-        agent: str | None = None,
-        session: str | None = None,
-        session_token: str | None = None,
-        deadline_s: float = DEFAULT_DEADLINE_S,
-    ) -> None:
-        channel = grpc.aio.insecure_channel(address or default_address())
-        super().__init__(channel, agent, session, session_token, deadline_s)
+    _open_channel = staticmethod(grpc.aio.insecure_channel)
 
     async def check(self, request: pb.CheckRequest) -> Result:
         try:
