@@ -63,10 +63,6 @@ class SyntheticAddresses:
     def name_for(self, address: IPAddress) -> str | None:
         return self._by_address.get(address)
 
-    @staticmethod
-    def is_synthetic(address: IPAddress) -> bool:
-        return address in (SYNTHETIC_V4 if address.version == 4 else SYNTHETIC_V6)
-
 
 class ResolveError(Exception):
     pass
@@ -139,6 +135,14 @@ class DnsOutcome:
     event: dict[str, Any]  # the audit payload
 
 
+def host_allowed(policy: Policy, name: str) -> tuple[str, bool]:
+    """The normalised name, and whether an allowed_hosts pattern matches it (the port-independent
+    part of the decision, all a DNS answer or a CONNECT line can be checked against).
+    Raises PatternError or UnicodeError for a name that is not a host name."""
+    host = normalize_host(name)
+    return host, policy.network is not None and policy.network.hosts.first(host) is not None
+
+
 class DnsStub:
     def __init__(self, policy: Policy, resolver: UpstreamResolver, synthetic: SyntheticAddresses) -> None:
         self.policy = policy
@@ -147,12 +151,11 @@ class DnsStub:
 
     def allowed(self, name: str) -> tuple[str | None, str, str]:
         """(normalised name or None when denied, rule, text)."""
-        rules = self.policy.network
         try:
-            host = normalize_host(name)
+            host, ok = host_allowed(self.policy, name)
         except (PatternError, UnicodeError) as exc:
             return None, "net.host_invalid", f"invalid name: {exc}"
-        if rules is None or rules.hosts.first(host) is None:
+        if not ok:
             return None, "net.dns_name_not_allowed", f"'{host}' matches no allowed_hosts pattern; not resolved"
         return host, "net.dns_allowed", f"'{host}' matches allowed_hosts"
 

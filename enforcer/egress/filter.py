@@ -23,7 +23,7 @@ from typing import Any
 
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
-from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver
+from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
 from .relay import relay
 from .sniff import NEED_MORE, Sniffed, protocol_name, sniff
 
@@ -106,7 +106,7 @@ class ConnectionFilter:
                     return
                 host, name, port, target = tunnel
             else:
-                name = self.synthetic.name_for(target) if self.synthetic.is_synthetic(target) else None
+                name = self.synthetic.name_for(target)  # None: a literal address
                 host = name or str(target)
             event["host"] = host
             sniffed = self._sniff(client)
@@ -208,14 +208,13 @@ class ConnectionFilter:
         if literal is not None:
             return str(literal), None, port, literal
         try:
-            name = normalize_host(host_text)
+            name, allowed = host_allowed(self.policy, host_text)
         except (PatternError, UnicodeError) as exc:
             self._deny(
                 client, event, Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}"), http=True
             )
             return None
-        rules = self.policy.network
-        if rules is None or rules.hosts.first(name) is None or not 0 < port < 65536:
+        if not allowed or not 0 < port < 65536:
             event["host"] = name
             self._deny(
                 client,

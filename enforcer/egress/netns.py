@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 from dataclasses import dataclass
 
 from ..sandbox import namespaces
@@ -135,8 +136,6 @@ def _run(argv: list[str], stdin: str | None = None) -> None:
 def read_counters(netns_fd: int) -> dict[str, int]:
     """Packets the namespace's rules dropped, by counter. Runs nft inside the agent's namespace from
     a short-lived thread so the caller's namespace never changes."""
-    import threading
-
     found: dict[str, int] = {}
     errors: list[str] = []
 
