@@ -121,10 +121,11 @@ class AuditWriter:
         self.writer_id = secrets.token_hex(8)
         self._default_corr = f"writer-{self.writer_id}"
         self._now = clock()
+        self._next_due_ns = self._due_seq = self._due_size = 0  # see _schedule_due
         self._leased = False
         self._stop_flusher = threading.Event()
         self._flush_wanted = threading.Event()
-        self._flush_asked = False
+        self._group_for_flusher: tuple[int, int] | None = None  # (dup of the log fd, last seq in it)
         self._pending_head: Receipt | None = None
         self._head_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
@@ -161,6 +162,11 @@ class AuditWriter:
         return self._key
 
     @property
+    def durable_seq(self) -> int:
+        """The last seq known to be on stable storage."""
+        return self._durable_seq
+
+    @property
     def failed(self) -> Exception | None:
         return self._failed
 
@@ -179,9 +185,11 @@ class AuditWriter:
             try:
                 self._take_lock()
                 receipt = self._write(kind, payload, corr=corr, trace=trace, priority=priority)
-                self._maybe_checkpoint_and_rotate()
-                if not sync:
-                    self._maybe_group_commit()
+                if self._now >= self._next_due_ns or self._seq >= self._due_seq or self._size >= self._due_size:
+                    self._maybe_checkpoint_and_rotate()
+                    if not sync:
+                        self._maybe_group_commit()
+                    self._schedule_due()
             except (OSError, records.RecordError, ValueError, TypeError) as exc:
                 self._failed = exc
                 self._release_lease()
@@ -200,17 +208,22 @@ class AuditWriter:
             with self._lock:
                 self._check_usable()
                 fd, target = os.dup(self._fd), self._seq
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                self._failed = exc
-                raise AuditUnavailable(f"audit log not durable: {exc}") from exc
-            finally:
-                os.close(fd)
+            self._sync_dup(fd, target)
             with self._lock:
-                self._durable_seq = max(self._durable_seq, target)
                 self._unsynced = max(self._seq - self._durable_seq, 0)
                 self._last_sync_ns = self._clock()
+
+    def _sync_dup(self, fd: int, target: int) -> None:
+        """fdatasync a duplicate of the log's descriptor (a rotation may close the original
+        meanwhile), then mark every record up to `target` durable. Caller holds _sync_lock."""
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._failed = exc
+            raise AuditUnavailable(f"audit log not durable: {exc}") from exc
+        finally:
+            os.close(fd)
+        self._durable_seq = max(self._durable_seq, target)
 
     def checkpoint(self) -> Receipt:
         with self._lock:
@@ -231,6 +244,9 @@ class AuditWriter:
         if self._flusher:
             self._flusher.join(timeout=5)
         with self._lock:
+            if self._group_for_flusher is not None and not (self._flusher and self._flusher.is_alive()):
+                os.close(self._group_for_flusher[0])  # the flusher stopped (a failure) before syncing it
+                self._group_for_flusher = None
             if self._fd < 0:
                 return
             try:
@@ -398,16 +414,36 @@ class AuditWriter:
         self._now = now
         return Receipt(seq, digest, f"{self._log_id}.{seq}")
 
+    def _schedule_due(self) -> None:
+        """Three cheap tests per append instead of six method-level ones: the earliest time, seq and
+        size at which a group commit, checkpoint or rotation may be due. Early is harmless (the
+        maybe_ methods decide and this is refreshed after them), so only the append path sets it."""
+        settings = self.settings
+        self._next_due_ns = min(
+            self._last_sync_ns + int(settings.group_ms * 1e6),
+            self._last_checkpoint_ns + int(settings.checkpoint_seconds * 1e9),
+            self._file_started_ns + int(settings.rotate_seconds * 1e9),
+        )
+        self._due_seq = self._seq + min(
+            settings.group_records - self._unsynced, settings.checkpoint_records - self._since_checkpoint
+        )
+        self._due_size = settings.rotate_bytes
+
     def _maybe_group_commit(self) -> None:
         due = self._unsynced >= self.settings.group_records or (
             self._now - self._last_sync_ns >= self.settings.group_ms * 1e6
         )
-        if due and self._flusher is not None:
-            if not self._flush_asked:  # one wake-up per group: Event.set costs a lock round trip
-                self._flush_asked = True
-                self._flush_wanted.set()  # the flusher syncs while appends go on
-        elif due:
+        if not due:
+            return
+        if self._flusher is None:
             self._sync_locked()
+        elif self._group_for_flusher is None:
+            # Hand the group over instead of letting the flusher take self._lock: under a stream of
+            # appends a waiting flusher was woken (and lost the lock again) at every append's release.
+            self._group_for_flusher = (os.dup(self._fd), self._seq)
+            self._unsynced, self._last_sync_ns = 0, self._now
+            self._release_lease()  # other writers get their turn once per group
+            self._flush_wanted.set()
 
     def _sync_locked(self) -> None:
         """fdatasync on the append path (caller holds the locks)."""
@@ -438,7 +474,6 @@ class AuditWriter:
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
         if head_later:
             self._pending_head = receipt
-            self._flush_asked = True
             self._flush_wanted.set()
         else:
             self._sync_locked()
@@ -531,17 +566,25 @@ class AuditWriter:
         os.fdatasync(self._fd)
 
     def _flush_loop(self) -> None:
+        """Syncs the groups that appends hand over and, when appends pause, whatever they left
+        unsynced (so group_ms holds on an idle log); then writes HEAD for a durable checkpoint."""
         interval = max(self.settings.group_ms / 1000.0, 0.001)
         while not self._stop_flusher.is_set():
             self._flush_wanted.wait(interval)
             self._flush_wanted.clear()
             if self._failed is not None or self._fd < 0:
                 return
-            if self._unsynced:
+            handed = self._group_for_flusher
+            group = handed or self._idle_group()
+            if group is not None:
                 try:
-                    self.sync()
+                    with self._sync_lock:
+                        self._sync_dup(*group)
                 except AuditUnavailable:
                     return
+                finally:
+                    if handed is not None:
+                        self._group_for_flusher = None  # only the flusher empties the slot, appends fill it
             head = self._pending_head
             if head is not None and self._durable_seq >= head.seq:
                 try:
@@ -551,9 +594,22 @@ class AuditWriter:
                     return
                 if self._pending_head is head:
                     self._pending_head = None
-            self._flush_asked = False  # only now: appends made during the sync must not queue another at once
-            with self._lock:  # after each group commit or quiet interval, let other writers in
-                self._release_lease()
+
+    def _idle_group(self) -> tuple[int, int] | None:
+        """When appends have paused: the unsynced tail, and the flock lease given back so other
+        writers are not kept out by an idle one. Never waits for the lock: if an append holds it,
+        appends are going on and will hand over their group and the lease themselves."""
+        if not (self._unsynced or self._leased) or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            group = None
+            if self._fd >= 0 and self._unsynced:
+                group = (os.dup(self._fd), self._seq)
+                self._unsynced, self._last_sync_ns = 0, self._clock()
+            self._release_lease()
+            return group
+        finally:
+            self._lock.release()
 
 
 def _first_record(path: Path) -> dict[str, Any]:

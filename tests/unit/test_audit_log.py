@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -47,6 +49,43 @@ def test_chain_is_gap_free_and_sealed(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "intact" in out and "unsealed" not in out
     # the key is also accepted as the .pub.pem written beside it
     assert verify_cli(directory, capsys, "--public-key", str(key.with_name("audit.pub.pem")))[0] == 0
+
+
+def test_background_flusher_syncs_handed_groups_and_the_idle_tail(tmp_path: Path) -> None:
+    fds_before = len(os.listdir("/proc/self/fd"))
+    settings = WriterSettings(background_flush=True, group_records=8, group_ms=50.0, checkpoint_records=20)
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", settings=settings)
+    receipts = [writer.append(records.DECISION, {"n": n}) for n in range(101)]
+    deadline = time.monotonic() + 5
+    while writer.durable_seq < receipts[-1].seq and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.durable_seq >= receipts[-1].seq  # the tail after the last full group, by the idle pass
+    head = orjson.loads((tmp_path / "log" / "HEAD.json").read_bytes())
+    assert head["seq"] > receipts[-1].seq - 20  # HEAD names a recent checkpoint once it is durable
+    writer.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # no duplicate descriptor left behind
+    assert verify_directory(tmp_path / "log").intact
+
+
+def test_an_idle_writer_lets_another_writer_in(tmp_path: Path) -> None:
+    settings = WriterSettings(background_flush=True, group_ms=20.0)
+    first = AuditWriter(tmp_path / "log", tmp_path / "key.pem", settings=settings)
+    first.append(records.DECISION, {"n": 1}, sync=True)  # leaves nothing unsynced, lease still held
+    opened: list[AuditWriter] = []
+    opener = threading.Thread(target=lambda: opened.append(AuditWriter(tmp_path / "log", tmp_path / "key.pem")))
+    opener.start()
+    opener.join(timeout=3)  # it waits for the flock lease the idle first writer must give back
+    if not opened:
+        first.close()  # lets the opener finish, so the failure leaves no thread behind
+        opener.join()
+        opened[0].close()
+        pytest.fail("an idle writer kept its flock lease: a second writer could not open the log")
+    second = opened[0]
+    second.append(records.DECISION, {"n": 2})
+    first.append(records.DECISION, {"n": 3})
+    second.close()
+    first.close()
+    assert verify_directory(tmp_path / "log").intact
 
 
 def test_reopen_continues_the_chain(tmp_path: Path) -> None:

@@ -202,6 +202,7 @@ def test_relay_moves_bytes_both_ways() -> None:
     received = b""
     while len(received) < 7:
         received += server.recv(100)
+
     def answer() -> None:
         server.sendall(payload)  # from a thread: the agent side reads concurrently, as a real client does
         server.close()
