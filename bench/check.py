@@ -1,10 +1,11 @@
 """Check over the unix socket against a bare gRPC echo on the same server stack, in one run.
 
 Both servers are grpcio sync servers with the daemon's thread pool size, on unix sockets, each in
-its own process; the daemon decides and appends an audit record (group commit) before answering.
-Clients are separate processes (one per concurrent caller), each with its own channel, so the
-client side's GIL is not what is measured. Prints p50/p99 latency and calls/s at 1 and 16 callers,
-and the ratio Check / echo.
+its own process placed like the daemon's API process (api_cpus "one": all its threads on one CPU);
+the daemon decides and appends an audit record (group commit) before answering. Each caller has
+its own channel and makes one call at a time; callers run as asyncio tasks, at most 8 to a client
+process, so that the clients' own CPU use leaves room for the servers. Prints p50/p99 latency and
+calls/s at 1 and 16 callers, and the ratio Check / echo.
 
 Targets: Check p50 within 1.3x of the echo round trip; at least 5,000 checks/s with 16 callers.
 
@@ -29,12 +30,18 @@ REPO = Path(__file__).resolve().parent.parent
 ECHO_METHOD = "/bench.Echo/Echo"
 
 
+CALLERS_PER_PROCESS = 8
+
+
 def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: int) -> None:  # type: ignore[name-defined]
     import grpc
+
+    from enforcer.daemon import affinity
 
     def echo(request: bytes, context: object) -> bytes:
         return request
 
+    affinity.pin_this_process("one")
     handler = grpc.method_handlers_generic_handler(
         "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}
     )
@@ -46,33 +53,54 @@ def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: in
     server.wait_for_termination()
 
 
-def caller(kind: str, path: str, payload: bytes, seconds: float, start_at: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def client_process(
+    kind: str,
+    path: str,
+    payload: bytes,
+    callers: int,
+    seconds: float,
+    start_at: float,
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    import asyncio
+
     import grpc
 
-    channel = grpc.insecure_channel(f"unix:{path}")
-    call = channel.unary_unary(ECHO_METHOD if kind == "echo" else "/enforcer.v1.Enforcer/Check")
-    for _ in range(50):  # warm the connection
-        call(payload, timeout=5)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    latencies = []
-    errors = 0
-    end = start_at + seconds
-    while (now := time.perf_counter()) and time.time() < end:
-        try:
-            call(payload, timeout=5)
-        except grpc.RpcError:
-            errors += 1
-        latencies.append(time.perf_counter() - now)
-    out.put((latencies, errors))
-    channel.close()
+    method = ECHO_METHOD if kind == "echo" else "/enforcer.v1.Enforcer/Check"
+
+    async def caller(latencies: list[float], errors: list[int]) -> None:
+        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+            call = channel.unary_unary(method)
+            for _ in range(50):  # warm the connection
+                await call(payload, timeout=5)
+            await asyncio.sleep(max(start_at - time.time(), 0))
+            end = time.perf_counter() + seconds
+            while (now := time.perf_counter()) < end:
+                try:
+                    await call(payload, timeout=5)
+                except grpc.RpcError:
+                    errors.append(1)
+                latencies.append(time.perf_counter() - now)
+
+    async def run() -> tuple[list[float], int]:
+        latencies: list[float] = []
+        errors: list[int] = []
+        await asyncio.gather(*(caller(latencies, errors) for _ in range(callers)))
+        return latencies, len(errors)
+
+    out.put(asyncio.run(run()))
 
 
 def measure(kind: str, path: str, payload: bytes, callers: int, seconds: float) -> dict[str, float]:
     out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     start_at = time.time() + 1.5
-    args = (kind, path, payload, seconds, start_at, out)
-    procs = [multiprocessing.Process(target=caller, args=args) for _ in range(callers)]
+    shares = [CALLERS_PER_PROCESS] * (callers // CALLERS_PER_PROCESS)
+    if callers % CALLERS_PER_PROCESS:
+        shares.append(callers % CALLERS_PER_PROCESS)
+    procs = [
+        multiprocessing.Process(target=client_process, args=(kind, path, payload, n, seconds, start_at, out))
+        for n in shares
+    ]
     for p in procs:
         p.start()
     latencies: list[float] = []

@@ -417,15 +417,19 @@ class AuditWriter:
     def _schedule_due(self) -> None:
         """Three cheap tests per append instead of six method-level ones: the earliest time, seq and
         size at which a group commit, checkpoint or rotation may be due. Early is harmless (the
-        maybe_ methods decide and this is refreshed after them), so only the append path sets it."""
+        maybe_ methods decide and this is refreshed after them). While the flusher is still syncing
+        the last group, the next one is looked at a group later; the flusher pulls that in when done."""
         settings = self.settings
+        busy = self._group_for_flusher is not None
+        synced_ns = self._now if busy else self._last_sync_ns
         self._next_due_ns = min(
-            self._last_sync_ns + int(settings.group_ms * 1e6),
+            synced_ns + int(settings.group_ms * 1e6),
             self._last_checkpoint_ns + int(settings.checkpoint_seconds * 1e9),
             self._file_started_ns + int(settings.rotate_seconds * 1e9),
         )
         self._due_seq = self._seq + min(
-            settings.group_records - self._unsynced, settings.checkpoint_records - self._since_checkpoint
+            settings.group_records - (0 if busy else self._unsynced),
+            settings.checkpoint_records - self._since_checkpoint,
         )
         self._due_size = settings.rotate_bytes
 
@@ -585,6 +589,7 @@ class AuditWriter:
                 finally:
                     if handed is not None:
                         self._group_for_flusher = None  # only the flusher empties the slot, appends fill it
+                        self._next_due_ns = 0  # the next append hands over what gathered meanwhile
             head = self._pending_head
             if head is not None and self._durable_seq >= head.seq:
                 try:

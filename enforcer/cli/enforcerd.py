@@ -10,7 +10,7 @@ from pathlib import Path
 
 import tomli_w
 
-from ..daemon import spawner
+from ..daemon import affinity, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
 
 EPILOG = f"""\
@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     handle = spawner.start(_spawner_config(settings))
     from ..daemon.daemon import StartupError, serve
 
+    try:
+        cpus = affinity.pin_this_process(settings.api_cpus)
+    except (ValueError, OSError) as exc:
+        print(f"adl-enforcerd: cannot start: {exc}", file=sys.stderr)
+        return 1
+    if cpus is not None:
+        logging.getLogger("adl-enforcerd").info("API process on CPU %s", ",".join(map(str, sorted(cpus))))
     try:
         return serve(settings, handle)
     except StartupError as exc:

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .. import paths
 from ..egress.settings import EgressSettings
+from . import affinity
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
 REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
@@ -45,9 +46,18 @@ class Settings(EgressSettings):
         default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
     )
     workers: int = Field(default=16, ge=1, le=256, description="gRPC worker threads per socket")
+    api_cpus: str = Field(
+        default="one",
+        description='CPUs for the gRPC process (not sessions): "one" (the last allowed), "all", or a list "0,2"',
+    )
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="larger requests get INVALID_ARGUMENT")
     max_pending_approvals: int = Field(default=10_000, ge=1)
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")
+
+    @field_validator("api_cpus")
+    @classmethod
+    def _cpus(cls, value: str) -> str:
+        return affinity.validate(value)
 
     @field_validator("policy_dir", "socket", "admin_socket", "launch_socket", "audit_dir", "audit_key")
     @classmethod

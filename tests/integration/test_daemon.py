@@ -215,10 +215,25 @@ def test_launch_through_the_daemon_enforces_and_records_the_session(daemon: Runn
     assert refused.returncode == 125 and "refused" in refused.stderr
     unknown = daemon.adl_exec("cat", "/etc/hostname", agent="Nobody")
     assert unknown.returncode == 125 and "no policy is loaded" in unknown.stderr
+    placed = daemon.adl_exec("cat", "/proc/self/status")
+    assert placed.returncode == 0, placed.stderr
+    assert _allowed_cpus(placed.stdout) == os.sched_getaffinity(0)  # sessions keep every CPU...
+    assert daemon.proc is not None
+    for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir():  # ...while the API process has one
+        assert _allowed_cpus((task / "status").read_text()) == {max(os.sched_getaffinity(0))}
     kinds = [r["intent"].rsplit(".", 1)[-1] for r in daemon.records()]
-    assert kinds.count("launch") == 2 and kinds.count("exit") == 2 and kinds.count("refused") == 2
+    assert kinds.count("launch") == 3 and kinds.count("exit") == 3 and kinds.count("refused") == 2
     launch = next(r for r in daemon.records() if r["intent"].endswith(".launch"))
     assert launch["payload"]["agent"] == "Sandboxed" and launch["from"] == "adl-enforcerd"
+
+
+def _allowed_cpus(status: str) -> set[int]:
+    line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon, tmp_path: Path) -> None:
