@@ -10,12 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
 from ..documents import PolicyFileError, load_policy, load_regions
-from ..egress.settings import EgressSettings
 from ..policy import CompileOptions, DocumentRejected, Policy
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
@@ -125,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     session_id = sessions.new_session_id()
     policy: Policy | None = None
     try:
-        egress = _egress_settings()
+        # The egress settings (pydantic-settings) load only when the plan has a network layer; the
+        # home region, which residency rules compile against, is the same variable they read.
         options = CompileOptions(
-            production=args.production, regions=load_regions(args.regions), home_region=egress.home_region
+            production=args.production,
+            regions=load_regions(args.regions),
+            home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
         )
         policy = load_policy(args.adl, args.aaif, options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
@@ -141,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,
-            egress=egress,
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
@@ -179,14 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
         )
     return outcome.exit_code
-
-
-def _egress_settings() -> EgressSettings:
-    try:
-        return EgressSettings()
-    except ValidationError as exc:
-        problems = "; ".join(f"ADL_ENFORCER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise PlanError(f"egress settings: {problems}") from None
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:

@@ -14,16 +14,18 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ruamel.yaml import YAML
 
-from ..egress.settings import EgressSettings
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decide import SHELLS
 from . import landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
+
+if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with a network layer load it
+    from ..egress.settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DOMAINS = ("filesystem", "execution", "environment", "network", "resources")
@@ -247,7 +249,7 @@ def build_plan(
             net_layer.status = unenforceable("network", f"the egress filter needs {missing}, not installed here")
             net_layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
         else:
-            egress_settings = egress or EgressSettings()
+            egress_settings = egress or _egress_from_environment()
             # The capture sends every connect to the filter, which decides and audits it; a Landlock
             # port rule would refuse some attempts earlier but leave them out of the audit log.
             ll.deny_tcp_connect = False
@@ -304,6 +306,18 @@ def build_plan(
         creation_denied=creation_denied,
         egress=egress_settings,
     )
+
+
+def _egress_from_environment() -> EgressSettings:
+    from pydantic import ValidationError
+
+    from ..egress.settings import EgressSettings
+
+    try:
+        return EgressSettings()
+    except ValidationError as exc:
+        problems = "; ".join(f"ADL_ENFORCER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise PlanError(f"egress settings: {problems}") from None
 
 
 def _network_details(policy: Policy) -> list[str]:

@@ -14,7 +14,6 @@ from ..audit.events import agent_of
 from ..audit.evidence import EvidenceEvent, build_evidence
 from ..audit.records import format_ts
 from ..egress import netns
-from ..egress import process as egress
 from ..policy import Policy
 from . import cgroups, landlock, launcher
 from .plan import HostFeatures, LaunchPlan
@@ -95,6 +94,8 @@ def run_session(
     )
     network: dict[str, Any] | None = None
     if plan.egress is not None:
+        from ..egress import process as egress  # dnspython and the filter: only for sessions with a network
+
         try:
             filter_process = egress.start(
                 policy, plan.egress, egress.AuditTarget(writer.directory, writer.key_path, writer.settings), session

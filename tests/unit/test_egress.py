@@ -180,6 +180,21 @@ def test_plan_refuses_network_without_the_filter_tools(schemas: Any) -> None:
     assert plan.egress is not None and not plan.landlock.deny_tcp_connect and plan.landlock.deny_tcp_bind
 
 
+def test_plan_reads_egress_settings_only_for_a_network_and_refuses_bad_ones(
+    schemas: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "resolver.example")  # a name, not an address
+    baseline = load_baseline(REPO / "policies" / "runtime-baseline.yaml")
+    features = HostFeatures(landlock_abi=4, cgroups="v1")
+    offline = compile_doc(schemas, base_adl())
+    assert build_plan(offline, ["/bin/true"], baseline=baseline, environ={}, features=features).egress is None
+    online = compile_doc(
+        schemas, base_adl(permissions={"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}})
+    )
+    with pytest.raises(PlanError, match="ADL_ENFORCER_UPSTREAM_DNS"):
+        build_plan(online, ["/bin/true"], baseline=baseline, environ={}, features=features)
+
+
 def test_synthetic_addresses_are_never_real_destinations() -> None:
     synthetic = SyntheticAddresses()
     v4 = synthetic.address_for("a.test", 4)
