@@ -92,14 +92,16 @@ def client_process(
 
 
 def measure(kind: str, path: str, payload: bytes, callers: int, seconds: float) -> dict[str, float]:
-    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    start_at = time.time() + 1.5
+    # Fresh interpreters: this process has used gRPC (the health check), and gRPC state inherited
+    # through fork can deadlock a child's first channel.
+    spawn = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = spawn.Queue()  # type: ignore[type-arg]
+    start_at = time.time() + 4.0
     shares = [CALLERS_PER_PROCESS] * (callers // CALLERS_PER_PROCESS)
     if callers % CALLERS_PER_PROCESS:
         shares.append(callers % CALLERS_PER_PROCESS)
     procs = [
-        multiprocessing.Process(target=client_process, args=(kind, path, payload, n, seconds, start_at, out))
-        for n in shares
+        spawn.Process(target=client_process, args=(kind, path, payload, n, seconds, start_at, out)) for n in shares
     ]
     for p in procs:
         p.start()
