@@ -34,9 +34,12 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from ..policy.patterns import PatternList
 
 # Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
 # means relative to the cwd. open/openat are only sent here when O_CREAT is set (see seccomp.py).
@@ -97,6 +100,18 @@ class Caller:
 
 def _int32(value: int) -> int:
     return ctypes.c_int32(value & 0xFFFFFFFF).value
+
+
+@dataclass(frozen=True)
+class DeniedNames:
+    """`denied(path)`: the denied pattern a new name matches, or None. A plain object rather than a
+    closure so the launch stage can receive it pickled."""
+
+    patterns: PatternList
+
+    def __call__(self, path: str) -> str | None:
+        hit = self.patterns.first(path)
+        return None if hit is None else self.patterns.patterns[hit]
 
 
 class Supervisor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ruamel.yaml import YAML
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
-from ..policy.decide import SHELLS
-from . import landlock, seccomp
+from ..policy.decider import SHELLS
+from . import creation_guard, landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
 
@@ -97,7 +96,7 @@ class LaunchPlan:
     baseline: Baseline
     secrets: list[str]  # values of secret variables handed over: masked out of the audit log
     refusals: list[str]  # explain_only: why a real launch would be refused
-    creation_denied: Callable[[str], str | None] | None = None  # path -> denied pattern it matches
+    creation_denied: creation_guard.DeniedNames | None = None  # path -> denied pattern it matches
     egress: EgressSettings | None = None  # None: an empty network namespace, nothing leaves
 
 
@@ -343,17 +342,11 @@ def _network_details(policy: Policy) -> list[str]:
     return details
 
 
-def _creation_matcher(fs: Any) -> Callable[[str], str | None] | None:
+def _creation_matcher(fs: Any) -> creation_guard.DeniedNames | None:
     """Denied patterns the creation guard applies to new names (None: nothing to guard)."""
     if fs is None or not fs.denied.patterns or not any(a != "read" for a in fs.access):
         return None  # without a writable grant, Landlock already forbids creating files
-    denied = fs.denied
-
-    def match(path: str) -> str | None:
-        hit = denied.first(path)
-        return None if hit is None else denied.patterns[hit]
-
-    return match
+    return creation_guard.DeniedNames(fs.denied)
 
 
 def _resolve(command: str, search_path: str, cwd: str) -> str | None:

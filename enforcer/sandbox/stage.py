@@ -1,0 +1,332 @@
+"""Processes forked ahead of a launch, while the launcher is still small.
+
+Once the policy code is imported the launcher holds tens of megabytes; forking it costs
+milliseconds in page-table copies and copy-on-write faults on both sides. So `prepare()` forks two
+processes early (adl-exec does it before its heavy imports, while they run on the other core):
+
+- the **stage**, which waits for its `StageOrder`, applies the sandbox to itself in a fixed order
+  and execs the agent: it *becomes* the agent, so no fork is left on the launch path;
+- the **guardian**, which is told the session's cgroup and removes it (killing everything in it)
+  when the launcher goes away, even by SIGKILL.
+
+Stage order (each step needs the privileges the next one removes):
+  1. join the session cgroup            (needs write access to cgroup.procs)
+  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
+     network namespace it prepared instead of a new empty one
+  3. private mounts, denied-path masks  (needs the new mount namespace)
+  4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
+  5. drop uid/gid and every capability
+  6. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
+     access to /proc, then the guard is forked, then the agent's own domain nested inside
+  7. seccomp                            (last: it forbids mount and unshare); its notification
+                                        listener is handed to the guard
+then exec. Any failure is written back on the order socket and the stage exits: nothing runs
+unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
+
+This module imports only the standard library at load: the sandbox modules load inside the stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import traceback
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..daemon.framing import FrameError, recv_frame, send_frame
+
+if TYPE_CHECKING:
+    from .cgroups import Cgroup
+    from .creation_guard import DeniedNames
+    from .landlock import LandlockPlan
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
+_MAX_FD = 1 << 20
+_STDIO = 3
+
+
+class StageError(Exception):
+    """The stage could not set up the sandbox (the message says which step and why)."""
+
+
+@dataclass(frozen=True)
+class GuardOrder:
+    """What the stage needs to start the creation guard; its report pipe travels as a descriptor."""
+
+    syscall_names: dict[int, str]
+    denied: DeniedNames
+
+
+@dataclass(frozen=True)
+class StageOrder:
+    argv: list[str]
+    executable: str
+    env: dict[str, str]
+    cwd: str
+    join_files: list[str]
+    file_masks: list[str]
+    dir_masks: list[str]
+    landlock: LandlockPlan
+    proc_self: bool
+    bpf: bytes
+    uid: int | None
+    gid: int | None
+    join_netns: bool  # the egress filter's namespace travels as a descriptor
+    guard: GuardOrder | None
+
+
+class Stage:
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self._sock = sock
+
+    def start(
+        self, order: StageOrder, stdio: tuple[int, int, int], netns_fd: int | None, report_fd: int | None
+    ) -> None:
+        """Hand the stage its order and return once it has exec'd the agent; StageError if it failed."""
+        fds = [*stdio, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
+        try:
+            send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
+            self._sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := self._sock.recv(65536):
+                answer += chunk
+        except (OSError, FrameError) as exc:
+            raise StageError(f"the launch stage is gone: {exc}") from exc
+        finally:
+            self._sock.close()
+        if answer:
+            raise StageError(answer.decode(errors="replace").strip())
+
+    def discard(self) -> None:
+        """Unused: the stage sees end of stream and exits without running anything."""
+        self._sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+class Guardian:
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self._sock = sock
+
+    def watch(self, group: Cgroup) -> None:
+        send_frame(self._sock, pickle.dumps(group, pickle.HIGHEST_PROTOCOL))
+
+    def release(self) -> None:
+        """The launcher is done (its cgroup is gone): the guardian removes what is left and exits."""
+        self._sock.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    stage: Stage
+    guardian: Guardian
+
+    def discard(self) -> None:
+        self.stage.discard()
+        self.guardian.release()
+
+
+def prepare() -> Prepared:
+    """Fork the stage and the guardian of one launch."""
+    guardian = Guardian(*_fork(_guardian_main))
+    return Prepared(Stage(*_fork(_stage_main)), guardian)
+
+
+def _fork(main: Any) -> tuple[int, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            os.setsid()  # out of the terminal's process group: the launcher forwards signals itself
+            main(theirs)
+            code = 0
+        except BaseException:  # a forked child must never return into the caller's code
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
+    theirs.close()
+    return pid, ours
+
+
+def _guardian_main(sock: socket.socket) -> None:
+    _close_all_but({0, 1, 2, sock.fileno()})  # hold nothing of a session open (an agent's namespace)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    group = None
+    with contextlib.suppress(OSError, FrameError):
+        while (frame := recv_frame(sock)) is not None:
+            group = pickle.loads(frame[0])
+    if group is not None:
+        group.remove(timeout=10)
+
+
+def _stage_main(sock: socket.socket) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Loaded now, while the launcher compiles the policy, not on the launch path.
+    from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
+    from . import creation_guard, landlock, namespaces, seccomp  # noqa: F401
+
+    try:
+        frame = recv_frame(sock, max_fds=5)
+    except (OSError, FrameError):
+        return
+    if frame is None:
+        return  # discarded
+    data, fds = frame
+    step = "start"
+    try:
+        order: StageOrder = pickle.loads(data)
+        step = "descriptors"
+        stdio, extra = fds[:_STDIO], fds[_STDIO:]
+        netns_fd = extra.pop(0) if order.join_netns else None
+        report_fd = extra.pop(0) if order.guard is not None else None
+        for fd in (fd for fd in (netns_fd, report_fd) if fd is not None):
+            os.set_inheritable(fd, False)  # never handed to the agent
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        _close_all_but({0, 1, 2, sock.fileno(), *(fd for fd in (netns_fd, report_fd) if fd is not None)})
+        step = "cwd"
+        os.chdir(order.cwd)
+        _apply(order, netns_fd, report_fd)
+        step = "exec"
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)  # Python ignores these; an ignored signal survives exec
+        os.execve(order.executable, order.argv, order.env)
+    except _StepFailed as exc:
+        _report_failure(sock, exc.step, exc.__cause__)
+    except BaseException as exc:  # reported to the launcher, then the stage exits
+        _report_failure(sock, step, exc)
+
+
+class _StepFailed(Exception):
+    def __init__(self, step: str) -> None:
+        self.step = step
+
+
+def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -> None:
+    message = f"{step}: {exc}"
+    if exc is not None and not isinstance(exc, OSError):
+        message += " " + "".join(traceback.format_exception(exc, limit=2))
+    with contextlib.suppress(OSError):
+        os.write(sock.fileno(), message.encode()[:4000])
+    os._exit(125)
+
+
+def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+    from . import landlock, namespaces, seccomp
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    step = "join cgroup"
+    try:
+        for path in order.join_files:
+            with open(path, "w") as f:
+                f.write("0")
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        step = "unshare"
+        if netns_fd is None:
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+        else:
+            namespaces.unshare(namespaces.CLONE_NEWNS)
+            step = "join the egress namespace"
+            namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
+            os.close(netns_fd)
+        step = "mounts"
+        namespaces.make_mounts_private()
+        for path in order.file_masks:
+            namespaces.mask_file(path)
+        for path in order.dir_masks:
+            namespaces.mask_dir(path)
+        step = "loopback"
+        namespaces.loopback_up()
+        step = "drop privileges"
+        namespaces.drop_privileges(order.uid, order.gid)
+        rules = replace(order.landlock, rules=list(order.landlock.rules))
+        if order.landlock.abi and order.proc_self:
+            rules.add(f"/proc/{os.getpid()}", landlock.READ)
+        guard_socket = None
+        if order.guard is not None and report_fd is not None:
+            step = "creation guard"
+            if order.landlock.abi:  # the guard's domain: the agent's rules plus reading /proc
+                outer = replace(rules, rules=list(rules.rules))
+                outer.add("/proc", landlock.READ)
+                landlock.restrict(outer)
+            guard_socket = _fork_guard(order.guard, report_fd)
+            os.close(report_fd)
+        if order.landlock.abi:
+            step = "landlock"
+            landlock.restrict(rules)
+        else:
+            libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # Landlock would have set it
+        step = "seccomp"
+        listener = seccomp.load(order.bpf, listener=guard_socket is not None)
+        if guard_socket is not None:
+            step = "creation guard"
+            socket.send_fds(guard_socket, [b"L"], [listener])
+            os.close(listener)
+            if guard_socket.recv(2) != b"ok":
+                raise OSError("the creation guard did not start")
+            guard_socket.close()
+    except BaseException as exc:
+        raise _StepFailed(step) from exc
+
+
+def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
+    """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
+    the socket on which it waits for the seccomp listener."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            if os.fork() == 0:
+                _run_guard(theirs, guard, report_fd)
+            code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    os.waitpid(pid, 0)
+    return ours
+
+
+def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
+    from . import creation_guard
+
+    code = 1
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)  # never hold the agent's stdout open
+        _close_all_but({0, 1, 2, sock.fileno(), report_fd})  # the stage's order socket among them
+        _, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        if not fds:
+            return
+        sock.send(b"ok")
+        sock.close()
+        creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd).serve()
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _close_all_but(keep: set[int]) -> None:
+    low = 0
+    for fd in sorted(keep):
+        if low < fd:  # closerange(0, 0) becomes close_range(0, UINT_MAX): every descriptor
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAX_FD)
