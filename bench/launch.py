@@ -5,9 +5,12 @@ Prints medians of N runs for:
   bwrap        bwrap --unshare-all --ro-bind / / /bin/true, whole run
   adl-exec     the adl-exec command, whole run (interpreter start-up, imports, audit log included)
   interpreter  python -c pass, and python -c 'import enforcer.cli.exec' (the import path adl-exec pays)
-  setup        in-process: build the plan and run /bin/true in the sandbox (cgroup, guardian, namespaces,
-               masks, Landlock, seccomp, wait, cleanup): sandbox setup without interpreter start-up;
-               again with a denied pattern and a writable grant, which adds the creation guard
+  setup        in-process: build the plan and run /bin/true in the sandbox (cgroup, stage order, namespaces,
+               masks, Landlock, seccomp, exec, wait, cleanup): sandbox setup without interpreter start-up.
+               adl-exec forks the stage and guardian ahead, while it imports the policy code; here they
+               are forked just before each timed run (and that fork is timed on its own line), then
+               again with the fork on the launch path, and with a denied pattern and a writable grant,
+               which adds the creation guard
   creation     inside a sandbox, the cost of creating a file (open O_CREAT + close) with and
                without the creation guard, and of opening an existing file without O_CREAT
 
@@ -30,7 +33,8 @@ from pathlib import Path
 from enforcer.documents import load_policy
 from enforcer.sandbox import launcher
 from enforcer.sandbox.plan import build_plan, load_baseline
-from enforcer.sandbox.session import host_features, new_session_id
+from enforcer.sandbox.session import host_features
+from enforcer.sandbox.stage import Prepared, new_session_id, prepare
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = {
@@ -47,12 +51,14 @@ POLICY = {
 }
 
 
-def median_ms(fn: Callable[[], object], n: int) -> float:
-    fn()  # warm caches
+def median_ms(fn: Callable[[], object], n: int, before: Callable[[], object] = lambda: None) -> float:
+    """Median wall time of fn(before()), where before() runs untimed."""
+    fn(before())  # warm caches
     samples = []
     for _ in range(n):
+        ready = before()
         start = time.perf_counter()
-        fn()
+        fn(ready)
         samples.append((time.perf_counter() - start) * 1000)
     return statistics.median(samples)
 
@@ -97,7 +103,7 @@ def creation_cost(env: dict[str, str], guarded: bool, n: int = 2000) -> tuple[fl
     return float(out[0]), float(out[1])
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> None:
+def run(argv: list[str], env: dict[str, str] | None = None, *_: object) -> None:
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -121,23 +127,30 @@ def main() -> None:
         guarded_path.write_text(json.dumps(guarded_doc))
         guarded_policy = load_policy(guarded_path)
 
-        def setup(chosen=policy) -> None:  # type: ignore[no-untyped-def]
+        def setup(prepared: Prepared | None, chosen=policy) -> None:  # type: ignore[no-untyped-def]
             plan = build_plan(chosen, ["/bin/true"], baseline=baseline, environ={}, features=features)
-            outcome = launcher.run(plan, new_session_id())
+            outcome = launcher.run(plan, prepared.session if prepared else new_session_id(), prepared=prepared)
             assert outcome.exit_code == 0
 
+        def forked_ahead() -> Prepared:
+            prepared = prepare(new_session_id())
+            time.sleep(0.02)  # the stage joins its cgroup; adl-exec gives it the ~250 ms of its imports
+            return prepared
+
         results = {
-            "bare /bin/true": median_ms(lambda: run(["/bin/true"]), n),
+            "bare /bin/true": median_ms(lambda _: run(["/bin/true"]), n),
             "bwrap --unshare-all": median_ms(
-                lambda: run(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"]), n
+                lambda _: run(["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"]), n
             ),
-            "adl-exec (whole run)": median_ms(lambda: run(adl_exec, env), n),
-            "python -c pass": median_ms(lambda: run([sys.executable, "-c", "pass"]), n),
-            "python -c 'import enforcer.cli.exec'": median_ms(
-                lambda: run([sys.executable, "-c", "import enforcer.cli.exec"]), n
+            "adl-exec (whole run)": median_ms(lambda _: run(adl_exec, env), n),
+            "python -c pass": median_ms(lambda _: run([sys.executable, "-c", "pass"]), n),
+            "python -c 'import enforcer.cli.exec_embedded'": median_ms(
+                lambda _: run([sys.executable, "-c", "import enforcer.cli.exec_embedded"]), n
             ),
-            "sandbox setup, in-process": median_ms(setup, n),
-            "sandbox setup with creation guard": median_ms(lambda: setup(guarded_policy), n),
+            "sandbox setup, in-process": median_ms(setup, n, forked_ahead),
+            "  (forking stage + guardian ahead)": median_ms(lambda _: prepare(new_session_id()).discard(), n),
+            "sandbox setup, forked on the launch path": median_ms(setup, n),
+            "sandbox setup with creation guard": median_ms(lambda p: setup(p, guarded_policy), n, forked_ahead),
         }
         plain_create, plain_open = creation_cost(env, guarded=False)
         guarded_create, guarded_open = creation_cost(env, guarded=True)

@@ -1,22 +1,19 @@
-"""adl-exec: run a command as an agent under kernel-enforced ADL permissions."""
+"""adl-exec: run a command as an agent under kernel-enforced ADL permissions.
+
+This module stays light: an embedded launch forks its stage and guardian (enforcer/sandbox/stage.py)
+before the policy code is imported, so the launch path never forks a process of tens of megabytes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import pwd
 import sys
 from pathlib import Path
 from typing import Any
 
-from .. import paths
-from ..audit import AuditUnavailable, AuditWriter
-from ..documents import PolicyFileError, load_policy, load_regions
-from ..policy import CompileOptions, DocumentRejected, Policy
-from ..sandbox import session as sessions
-from ..sandbox.launcher import LaunchError
-from ..sandbox.plan import DOMAINS, PlanError, build_plan, load_baseline
+from ..sandbox import DOMAINS
 
 EXIT_REFUSED = 125
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"
@@ -94,21 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user(spec: str | None) -> tuple[int | None, int | None]:
-    if spec is None:
-        return None, None
-    try:
-        entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
-    except (KeyError, ValueError):
-        raise PlanError(f"--user {spec}: no such user") from None
-    return entry.pw_uid, entry.pw_gid
-
-
-def _refuse(message: str) -> int:
-    print(f"adl-exec: refused: {message}", file=sys.stderr)
-    return EXIT_REFUSED
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -119,65 +101,23 @@ def main(argv: list[str] | None = None) -> int:
         return launch_via_daemon(parser, args, command)
     if args.adl is None:
         parser.error("--adl is required (or --daemon with --agent)")
-    session_id = sessions.new_session_id()
-    policy: Policy | None = None
+    from ..sandbox.stage import new_session_id, prepare
+
+    session = new_session_id()
+    # Now, while this process is small: the imports below take ~250 ms, on the other core.
+    prepared = None if args.explain else prepare(session)
     try:
-        # The egress settings (pydantic-settings) load only when the plan has a network layer; the
-        # home region, which residency rules compile against, is the same variable they read.
-        options = CompileOptions(
-            production=args.production,
-            regions=load_regions(args.regions),
-            home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
-        )
-        policy = load_policy(args.adl, args.aaif, options)
-        baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
-        uid, gid = _user(args.user)
-        plan = build_plan(
-            policy,
-            command,
-            baseline=baseline,
-            environ=dict(os.environ),
-            features=sessions.host_features(),
-            accept_unenforced=frozenset(args.accept_unenforced),
-            pids_max=args.pids_max,
-            explain_only=args.explain,
-        )
-    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
-        reason = str(exc)
-        if not args.explain:
-            _audit_refusal(args, policy, session_id, reason, command)
-        return _refuse(reason)
-    if args.explain:
-        _print_explain(policy, plan, args.json)
-        return 0
-    for domain in plan.accepted_unenforced:
-        print(f"adl-exec: warning: '{domain}' is NOT enforced (accepted with --accept-unenforced)", file=sys.stderr)
-    try:
-        writer = _open_writer(args)
-    except AuditUnavailable as exc:
-        return _refuse(f"audit log unavailable, nothing runs unrecorded: {exc}")
-    try:
-        outcome = sessions.run_session(policy, plan, writer, session_id, uid=uid, gid=gid)
-    except LaunchError as exc:
-        _safe_refusal(writer, policy, session_id, str(exc), command)
-        return _refuse(str(exc))
-    except AuditUnavailable as exc:
-        return _refuse(f"audit log failed: {exc}")
+        from .exec_embedded import run_embedded
+
+        return run_embedded(args, command, session, prepared)
     finally:
-        writer.close()
-    if args.report:
-        print_report(
-            {
-                "session": session_id,
-                "reason": outcome.reason,
-                "exit_code": outcome.exit_code,
-                "signal": outcome.signal,
-                "duration_ms": int(outcome.duration_s * 1000),
-                "creations_refused": outcome.guard_refused_total,
-            },
-            args.json,
-        )
-    return outcome.exit_code
+        if prepared is not None:
+            prepared.discard()
+
+
+def refuse(message: str) -> int:
+    print(f"adl-exec: refused: {message}", file=sys.stderr)
+    return EXIT_REFUSED
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
@@ -193,57 +133,6 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"{report['duration_ms']} ms)",
         file=sys.stderr,
     )
-
-
-def _open_writer(args: argparse.Namespace) -> AuditWriter:
-    return AuditWriter(args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec")
-
-
-def _audit_refusal(args: argparse.Namespace, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
-    try:
-        writer = _open_writer(args)
-    except AuditUnavailable as exc:
-        print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
-        return
-    _safe_refusal(writer, policy, session, reason, argv)
-    writer.close()
-
-
-def _safe_refusal(writer: AuditWriter, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
-    try:
-        sessions.record_refusal(writer, policy, session, reason, argv)
-    except AuditUnavailable as exc:
-        print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
-
-
-def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> None:
-    from ..explain import policy_summary, render_policy
-
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "policy": policy_summary(policy),
-                    "command": plan.executable,
-                    "argv": plan.argv,
-                    "layers": sessions.layers_json(plan),
-                    "accepted_unenforced": plan.accepted_unenforced,
-                    "refusals": plan.refusals,
-                },
-                indent=2,
-            )
-        )
-        return
-    print(render_policy(policy))
-    print()
-    print(f"command: {plan.executable} (argv {plan.argv})")
-    print("layers:")
-    for layer in plan.layers:
-        print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
-        for line in layer.details:
-            print(f"      {line}")
-    for refusal in plan.refusals:
-        print(f"a launch would be refused: {refusal}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,7 @@ from pathlib import Path
 from ..daemon.framing import FrameError, recv_frame, send_frame
 from ..documents import PolicyFileError, read_document
 from ..v1 import enforcer_pb2 as pb
-
-EXIT_REFUSED = 125
+from .exec import EXIT_REFUSED, print_report, refuse
 
 
 def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -33,11 +32,6 @@ def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     if not isinstance(agent, str) or not agent:
         parser.error(f"{args.adl}: the document names no agent (no id or name)")
     return agent
-
-
-def _refused(message: str) -> int:
-    print(f"adl-exec: refused: {message}", file=sys.stderr)
-    return EXIT_REFUSED
 
 
 def _write_session_file(path: Path, reply: pb.LaunchReply) -> None:
@@ -84,12 +78,12 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
             send_frame(conn, request.SerializeToString(), [0, 1, 2])
             frame = recv_frame(conn)
         except (OSError, FrameError) as exc:
-            return _refused(f"cannot reach adl-enforcerd at {address}: {exc}")
+            return refuse(f"cannot reach adl-enforcerd at {address}: {exc}")
         if frame is None:
-            return _refused("adl-enforcerd closed the connection without answering")
+            return refuse("adl-enforcerd closed the connection without answering")
         reply = pb.LaunchReply.FromString(frame[0])
         if not reply.accepted:
-            return _refused(reply.refusal)
+            return refuse(reply.refusal)
         if args.session_file:
             _write_session_file(args.session_file, reply)
         try:
@@ -101,10 +95,8 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
         return EXIT_REFUSED
     ended = pb.SessionEnded.FromString(frame[0])
     if ended.reason == "refused":
-        return _refused(ended.detail)
+        return refuse(ended.detail)
     if args.report:
-        from .exec import print_report
-
         print_report(
             {
                 "session": ended.session,

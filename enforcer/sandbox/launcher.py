@@ -15,7 +15,6 @@ import select
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import orjson
@@ -60,24 +59,30 @@ def run(
     """Run the plan's command in a new session cgroup. `prepared`: the stage and guardian forked
     ahead (stage.prepare()); without it they are forked now. With netns_fd the agent joins that
     network namespace (the egress filter's); without it, it gets a new, empty one."""
-    prepared = prepared or prepare()
+    owned = prepared is None  # forked here, on the launch path: collected here too
+    if prepared is None:
+        prepared = prepare(session, cgroup_root, cgroup_group)
+    elif prepared.session != session:
+        raise ValueError(f"the stage was prepared for {prepared.session}, not {session}")
+    group = prepared.group
     try:
-        group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
+        if group is None:
+            raise OSError(prepared.cgroup_error)
         group.apply(plan.limits)
     except OSError as exc:
         prepared.discard()
+        if group is not None:
+            group.remove()
         raise LaunchError(f"cgroup setup failed: {exc}") from exc
     guarded = plan.seccomp.guard_creation and plan.creation_denied is not None
     report_read, report_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) if guarded else (-1, -1)
     try:
-        prepared.guardian.watch(group)
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         order = StageOrder(
             argv=plan.argv,
             executable=plan.executable,
             env=plan.env,
             cwd=os.getcwd(),
-            join_files=group.join_files(),
             file_masks=plan.file_masks,
             dir_masks=plan.dir_masks,
             landlock=plan.landlock,
@@ -108,6 +113,8 @@ def run(
             group.remove()
         finally:
             prepared.guardian.release()
+            if owned:
+                prepared.discard()
             _reap_orphans()
     return outcome
 

@@ -19,7 +19,7 @@ from ruamel.yaml import YAML
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
-from . import creation_guard, landlock, seccomp
+from . import DOMAINS, creation_guard, landlock, seccomp
 from .cgroups import Limits
 from .seccomp import SeccompPlan
 
@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with 
     from ..egress.settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
-DOMAINS = ("filesystem", "execution", "environment", "network", "resources")
 DEFAULT_PIDS_MAX = 512
 MAX_MASK_WALK = 50_000  # entries visited per allowed tree when looking for denied files
 GLOB_CHARS = set("*?[{")

@@ -3,7 +3,6 @@ Shared by adl-exec (embedded mode) and the daemon's spawner."""
 
 from __future__ import annotations
 
-import secrets
 import socket
 import time
 from dataclasses import asdict
@@ -17,6 +16,7 @@ from ..egress import netns
 from ..policy import Policy
 from . import cgroups, landlock, launcher
 from .plan import HostFeatures, LaunchPlan
+from .stage import Prepared
 
 # Outcome reason -> (evidence cause, action, outcome)
 _EVIDENCE = {
@@ -31,10 +31,6 @@ def host_features() -> HostFeatures:
     return HostFeatures(
         landlock_abi=landlock.abi_version(), cgroups=cgroups.detect(), egress_tools_missing=tuple(netns.missing_tools())
     )
-
-
-def new_session_id() -> str:
-    return "session-" + secrets.token_hex(8)
 
 
 def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
@@ -69,8 +65,10 @@ def run_session(
     gid: int | None = None,
     governor: str | None = None,
     cgroup_group: str = cgroups.GROUP,
+    prepared: Prepared | None = None,
 ) -> launcher.Outcome:
-    """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome."""
+    """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
+    the stage forked ahead (stage.prepare()); without it the launcher forks one."""
     masker = Masker(plan.secrets)
     agent = agent_of(policy)
     start_ns = time.time_ns()
@@ -104,12 +102,18 @@ def run_session(
             raise launcher.LaunchError(str(exc)) from exc
         try:
             outcome = launcher.run(
-                plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group, netns_fd=filter_process.netns_fd
+                plan,
+                session,
+                prepared=prepared,
+                uid=uid,
+                gid=gid,
+                cgroup_group=cgroup_group,
+                netns_fd=filter_process.netns_fd,
             )
         finally:
             network = filter_process.stop()
     else:
-        outcome = launcher.run(plan, session, uid=uid, gid=gid, cgroup_group=cgroup_group)
+        outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
     end_ns = time.time_ns()
     for refusal in outcome.guard_refusals:
         writer.append(

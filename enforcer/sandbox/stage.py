@@ -1,16 +1,19 @@
 """Processes forked ahead of a launch, while the launcher is still small.
 
 Once the policy code is imported the launcher holds tens of megabytes; forking it costs
-milliseconds in page-table copies and copy-on-write faults on both sides. So `prepare()` forks two
-processes early (adl-exec does it before its heavy imports, while they run on the other core):
+milliseconds in page-table copies and copy-on-write faults on both sides. So `prepare()` creates the
+session's cgroup and forks two processes early (adl-exec does it before its heavy imports, while
+they run on the other core):
 
-- the **stage**, which waits for its `StageOrder`, applies the sandbox to itself in a fixed order
-  and execs the agent: it *becomes* the agent, so no fork is left on the launch path;
 - the **guardian**, which is told the session's cgroup and removes it (killing everything in it)
-  when the launcher goes away, even by SIGKILL.
+  when the launcher goes away, even by SIGKILL;
+- the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
+  cgroups waits for an RCU grace period: 12-16 ms measured here, now off the launch path), then
+  waits for its `StageOrder`, applies the rest of the sandbox to itself in a fixed order and execs
+  the agent: it *becomes* the agent, so no fork is left on the launch path.
 
 Stage order (each step needs the privileges the next one removes):
-  1. join the session cgroup            (needs write access to cgroup.procs)
+  1. join the session cgroup            (at birth; its limits are set before the order is sent)
   2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks  (needs the new mount namespace)
@@ -30,18 +33,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import pickle
+import secrets
 import signal
 import socket
 import traceback
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..daemon.framing import FrameError, recv_frame, send_frame
+from . import cgroups
 
 if TYPE_CHECKING:
-    from .cgroups import Cgroup
     from .creation_guard import DeniedNames
     from .landlock import LandlockPlan
 
@@ -70,7 +76,6 @@ class StageOrder:
     executable: str
     env: dict[str, str]
     cwd: str
-    join_files: list[str]
     file_masks: list[str]
     dir_masks: list[str]
     landlock: LandlockPlan
@@ -106,7 +111,10 @@ class Stage:
             raise StageError(answer.decode(errors="replace").strip())
 
     def discard(self) -> None:
-        """Unused: the stage sees end of stream and exits without running anything."""
+        """Unused: the stage sees end of stream and exits without running anything. Once started,
+        the stage is the agent and the launcher waits for it: nothing to do."""
+        if self._sock.fileno() < 0:
+            return
         self._sock.close()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
@@ -117,30 +125,51 @@ class Guardian:
         self.pid = pid
         self._sock = sock
 
-    def watch(self, group: Cgroup) -> None:
+    def watch(self, group: cgroups.Cgroup) -> None:
         send_frame(self._sock, pickle.dumps(group, pickle.HIGHEST_PROTOCOL))
 
     def release(self) -> None:
-        """The launcher is done (its cgroup is gone): the guardian removes what is left and exits."""
-        self._sock.close()
+        """The launcher is done (its cgroup is gone): the guardian removes what is left and exits.
+        Not waited for here: `reap()` collects it, off the launch path."""
+        if self._sock.fileno() >= 0:
+            self._sock.close()
+
+    def reap(self) -> None:
+        self.release()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
 
 @dataclass(frozen=True)
 class Prepared:
+    session: str
     stage: Stage
     guardian: Guardian
+    group: cgroups.Cgroup | None
+    cgroup_error: str | None  # why there is no group: reported when the launch is attempted
 
     def discard(self) -> None:
+        """Let go of what a launch did not use, and collect the guardian (safe after a launch too)."""
         self.stage.discard()
-        self.guardian.release()
+        self.guardian.reap()
 
 
-def prepare() -> Prepared:
-    """Fork the stage and the guardian of one launch."""
+def new_session_id() -> str:
+    return "session-" + secrets.token_hex(8)
+
+
+def prepare(session: str, cgroup_root: str = "/sys/fs/cgroup", cgroup_group: str = cgroups.GROUP) -> Prepared:
+    """Create the session's cgroup and fork its guardian and stage."""
     guardian = Guardian(*_fork(_guardian_main))
-    return Prepared(Stage(*_fork(_stage_main)), guardian)
+    group, error = None, None
+    try:
+        group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
+        guardian.watch(group)
+    except (OSError, FrameError) as exc:
+        error = str(exc)
+    join_files = group.join_files() if group is not None else []
+    stage = Stage(*_fork(functools.partial(_stage_main, join_files=join_files)))
+    return Prepared(session, stage, guardian, group, error)
 
 
 def _fork(main: Any) -> tuple[int, socket.socket]:
@@ -173,12 +202,20 @@ def _guardian_main(sock: socket.socket) -> None:
         group.remove(timeout=10)
 
 
-def _stage_main(sock: socket.socket) -> None:
+def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    # Loaded now, while the launcher compiles the policy, not on the launch path.
+    # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
+    # the session's cgroup, so the session is not charged for them.
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
     from . import creation_guard, landlock, namespaces, seccomp  # noqa: F401
 
+    join_error = None
+    try:
+        for path in join_files:
+            with open(path, "w") as f:
+                f.write("0")
+    except OSError as exc:
+        join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
     try:
         frame = recv_frame(sock, max_fds=5)
     except (OSError, FrameError):
@@ -186,8 +223,11 @@ def _stage_main(sock: socket.socket) -> None:
     if frame is None:
         return  # discarded
     data, fds = frame
-    step = "start"
+    step = "join cgroup"
     try:
+        if join_error is not None:
+            raise join_error
+        step = "start"
         order: StageOrder = pickle.loads(data)
         step = "descriptors"
         stdio, extra = fds[:_STDIO], fds[_STDIO:]
@@ -229,13 +269,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
     from . import landlock, namespaces, seccomp
 
     libc = ctypes.CDLL(None, use_errno=True)
-    step = "join cgroup"
+    step = "unshare"
     try:
-        for path in order.join_files:
-            with open(path, "w") as f:
-                f.write("0")
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        step = "unshare"
         if netns_fd is None:
             namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
         else:

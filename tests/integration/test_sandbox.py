@@ -215,3 +215,67 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_agent_holds_only_its_stdio(sandbox: Sandbox) -> None:
+    # The stage receives descriptors (stdio, the guard's report pipe) and held the launcher's; none
+    # but 0-2 may reach the agent. 3 is the directory listdir itself opens.
+    r = sandbox.python("import os; print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
+    assert r.code == 0 and r.out.strip() == "[0, 1, 2, 3]", (r.out, r.err)
+
+
+def test_sigkill_of_adl_exec_before_the_launch_leaves_nothing(sandbox: Sandbox) -> None:
+    """adl-exec creates the session's cgroup and forks its stage before loading the policy code;
+    killed then, its guardian still removes both."""
+    environ = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--", "ls"], env=environ
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not session_cgroups() or len(_children(proc.pid)) < 2:  # the guardian and the stage
+            assert proc.poll() is None and time.monotonic() < deadline, "no session cgroup and stage appeared"
+            time.sleep(0.005)
+        stages = _children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (session_cgroups() or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in stages) and session_cgroups() == []
+    finally:
+        proc.kill()
+
+
+def test_a_failing_sandbox_step_is_reported_and_nothing_runs(sandbox: Sandbox) -> None:
+    from enforcer.documents import load_policy
+    from enforcer.sandbox import launcher
+    from enforcer.sandbox.plan import build_plan, load_baseline
+    from enforcer.sandbox.session import host_features
+    from enforcer.sandbox.stage import new_session_id
+
+    marker = sandbox.ws / "ran"
+    plan = build_plan(
+        load_policy(sandbox.policy()),
+        ["python3", "-c", f"open({str(marker)!r}, 'w')"],
+        baseline=load_baseline(Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"),
+        environ={},
+        features=host_features(),
+    )
+    plan.file_masks.append(str(sandbox.root / "no-such-file"))  # masking it fails in the stage
+    try:
+        launcher.run(plan, new_session_id())
+    except launcher.LaunchError as exc:
+        assert "sandbox setup failed in the child: mounts:" in str(exc) and "no-such-file" in str(exc)
+    else:
+        raise AssertionError("the launch did not fail")
+    assert not marker.exists()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
