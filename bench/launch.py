@@ -5,6 +5,9 @@ Prints medians of N runs for:
   bwrap        bwrap --unshare-all --ro-bind / / /bin/true, whole run
   adl-exec     the adl-exec command, whole run (interpreter start-up, imports, audit log included)
   interpreter  python -c pass, and python -c 'import enforcer.cli.exec' (the import path adl-exec pays)
+  setup cold   bench/launch_once.py, once per fresh interpreter: the stage forked before the policy
+               code is imported, as adl-exec does; plan + launch timed from inside (cold caches, as
+               every adl-exec run is)
   setup        in-process: build the plan and run /bin/true in the sandbox (cgroup, stage order, namespaces,
                masks, Landlock, seccomp, exec, wait, cleanup): sandbox setup without interpreter start-up.
                adl-exec forks the stage and guardian ahead, while it imports the policy code; here they
@@ -37,6 +40,7 @@ from enforcer.sandbox.session import host_features
 from enforcer.sandbox.stage import Prepared, new_session_id, prepare
 
 REPO = Path(__file__).resolve().parent.parent
+BASELINE = REPO / "policies" / "runtime-baseline.yaml"
 POLICY = {
     "adl_spec": "0.3.0",
     "name": "Bench",
@@ -107,6 +111,12 @@ def run(argv: list[str], env: dict[str, str] | None = None, *_: object) -> None:
     subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
+def cold_setup_ms(policy: Path, n: int) -> float:
+    once = [sys.executable, str(REPO / "bench" / "launch_once.py"), str(policy), str(BASELINE)]
+    samples = [float(subprocess.run(once, check=True, capture_output=True, text=True).stdout) for _ in range(n + 1)]
+    return statistics.median(samples[1:])
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,7 +125,7 @@ def main() -> None:
         env = {**os.environ, "ADL_ENFORCER_AUDIT_DIR": f"{tmp}/audit", "ADL_ENFORCER_AUDIT_KEY": f"{tmp}/key.pem"}
         adl_exec = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy_path), "--", "/bin/true"]
         policy = load_policy(policy_path)
-        baseline = load_baseline(REPO / "policies" / "runtime-baseline.yaml")
+        baseline = load_baseline(BASELINE)
         features = host_features()
 
         guarded_doc = json.loads(json.dumps(POLICY))
@@ -147,6 +157,7 @@ def main() -> None:
             "python -c 'import enforcer.cli.exec_embedded'": median_ms(
                 lambda _: run([sys.executable, "-c", "import enforcer.cli.exec_embedded"]), n
             ),
+            "sandbox setup, as adl-exec (cold)": cold_setup_ms(policy_path, n),
             "sandbox setup, in-process": median_ms(setup, n, forked_ahead),
             "  (forking stage + guardian ahead)": median_ms(lambda _: prepare(new_session_id()).discard(), n),
             "sandbox setup, forked on the launch path": median_ms(setup, n),

@@ -85,8 +85,13 @@ def start(config: dict[str, Any]) -> SpawnerHandle:
 
 
 def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
-    # Imported here, once, so each supervisor forks with the launcher already loaded.
+    # Imported and compiled here, once, so each supervisor forks with the launcher loaded and the
+    # seccomp programs built (its stage is forked on the launch path and would build its own).
+    from ..sandbox import seccomp
     from ..sandbox import session as sessions  # noqa: F401
+
+    for plan in seccomp.variants():
+        seccomp.compile_filter(plan)
 
     children: dict[int, str] = {}
     while True:

@@ -87,7 +87,7 @@ def run(
             dir_masks=plan.dir_masks,
             landlock=plan.landlock,
             proc_self=plan.baseline.proc_self,
-            bpf=seccomp.compile_filter(plan.seccomp),
+            seccomp=plan.seccomp,
             uid=uid,
             gid=gid,
             join_netns=netns_fd is not None,

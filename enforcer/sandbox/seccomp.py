@@ -15,7 +15,6 @@ import functools
 import os
 import platform
 import socket
-import tempfile
 from dataclasses import dataclass
 
 import pyseccomp as sc
@@ -104,12 +103,19 @@ def describe(plan: SeccompPlan) -> list[str]:
     return lines
 
 
+def variants() -> list[SeccompPlan]:
+    """Every plan a launch can ask for."""
+    return [
+        SeccompPlan(deny_unix_sockets=unix, guard_creation=guard) for unix in (True, False) for guard in (False, True)
+    ]
+
+
 @functools.cache
 def compile_filter(plan: SeccompPlan) -> bytes:
-    """The BPF program, built in the parent once per plan (libseccomp's rule compiler is the slow
-    part of loading)."""
+    """The BPF program, built once per plan and process (libseccomp's rule compiler is the slow part
+    of loading); the launch stage builds them while it waits for its order."""
     f = _build(plan)
-    with tempfile.TemporaryFile() as out:
+    with open(os.memfd_create("adl-seccomp-bpf", os.MFD_CLOEXEC), "w+b") as out:  # no file system round trip
         f.export_bpf(out)
         out.seek(0)
         return out.read()

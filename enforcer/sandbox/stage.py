@@ -37,6 +37,7 @@ import functools
 import os
 import pickle
 import secrets
+import select
 import signal
 import socket
 import traceback
@@ -50,6 +51,7 @@ from . import cgroups
 if TYPE_CHECKING:
     from .creation_guard import DeniedNames
     from .landlock import LandlockPlan
+    from .seccomp import SeccompPlan
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -80,7 +82,7 @@ class StageOrder:
     dir_masks: list[str]
     landlock: LandlockPlan
     proc_self: bool
-    bpf: bytes
+    seccomp: SeccompPlan  # compiled by the stage, ahead when it can (see _compile_while_idle)
     uid: int | None
     gid: int | None
     join_netns: bool  # the egress filter's namespace travels as a descriptor
@@ -216,6 +218,7 @@ def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
                 f.write("0")
     except OSError as exc:
         join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
+    _compile_while_idle(sock)
     try:
         frame = recv_frame(sock, max_fds=5)
     except (OSError, FrameError):
@@ -251,6 +254,18 @@ def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
         _report_failure(sock, step, exc)
 
 
+def _compile_while_idle(sock: socket.socket) -> None:
+    """Compile every seccomp variant until the order arrives (about 1 ms each with cold caches):
+    adl-exec gives the stage ~250 ms of idle time; a stage forked on the launch path finds its
+    order already waiting and compiles only the one it needs."""
+    from . import seccomp
+
+    for plan in seccomp.variants():
+        if select.select([sock], [], [], 0)[0]:
+            return
+        seccomp.compile_filter(plan)
+
+
 class _StepFailed(Exception):
     def __init__(self, step: str) -> None:
         self.step = step
@@ -269,8 +284,10 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
     from . import landlock, namespaces, seccomp
 
     libc = ctypes.CDLL(None, use_errno=True)
-    step = "unshare"
+    step = "seccomp"
     try:
+        bpf = seccomp.compile_filter(order.seccomp)  # a cache hit unless the order came at once
+        step = "unshare"
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if netns_fd is None:
             namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
@@ -307,7 +324,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         else:
             libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # Landlock would have set it
         step = "seccomp"
-        listener = seccomp.load(order.bpf, listener=guard_socket is not None)
+        listener = seccomp.load(bpf, listener=guard_socket is not None)
         if guard_socket is not None:
             step = "creation guard"
             socket.send_fds(guard_socket, [b"L"], [listener])
