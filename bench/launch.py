@@ -144,7 +144,7 @@ def main() -> None:
 
         def forked_ahead() -> Prepared:
             prepared = prepare(new_session_id())
-            time.sleep(0.02)  # the stage joins its cgroup; adl-exec gives it the ~250 ms of its imports
+            time.sleep(0.05)  # the stage joins its cgroup and builds its filters: adl-exec gives it ~250 ms
             return prepared
 
         results = {

@@ -61,7 +61,8 @@ def run(
     network namespace (the egress filter's); without it, it gets a new, empty one."""
     owned = prepared is None  # forked here, on the launch path: collected here too
     if prepared is None:
-        prepared = prepare(session, cgroup_root, cgroup_group)
+        seccomp.compile_filter(plan.seccomp)  # cached: the stage forked now inherits it
+        prepared = prepare(session, cgroup_root, cgroup_group, ahead=False)
     elif prepared.session != session:
         raise ValueError(f"the stage was prepared for {prepared.session}, not {session}")
     group = prepared.group

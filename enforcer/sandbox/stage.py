@@ -160,8 +160,12 @@ def new_session_id() -> str:
     return "session-" + secrets.token_hex(8)
 
 
-def prepare(session: str, cgroup_root: str = "/sys/fs/cgroup", cgroup_group: str = cgroups.GROUP) -> Prepared:
-    """Create the session's cgroup and fork its guardian and stage."""
+def prepare(
+    session: str, cgroup_root: str = "/sys/fs/cgroup", cgroup_group: str = cgroups.GROUP, *, ahead: bool = True
+) -> Prepared:
+    """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
+    later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
+    builds its one program before forking instead)."""
     guardian = Guardian(*_fork(_guardian_main))
     group, error = None, None
     try:
@@ -170,7 +174,7 @@ def prepare(session: str, cgroup_root: str = "/sys/fs/cgroup", cgroup_group: str
     except (OSError, FrameError) as exc:
         error = str(exc)
     join_files = group.join_files() if group is not None else []
-    stage = Stage(*_fork(functools.partial(_stage_main, join_files=join_files)))
+    stage = Stage(*_fork(functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead)))
     return Prepared(session, stage, guardian, group, error)
 
 
@@ -204,7 +208,7 @@ def _guardian_main(sock: socket.socket) -> None:
         group.remove(timeout=10)
 
 
-def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
+def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
@@ -218,7 +222,8 @@ def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
                 f.write("0")
     except OSError as exc:
         join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
-    _compile_while_idle(sock)
+    if compile_ahead:
+        _compile_while_idle(sock)
     try:
         frame = recv_frame(sock, max_fds=5)
     except (OSError, FrameError):
@@ -256,8 +261,7 @@ def _stage_main(sock: socket.socket, join_files: list[str]) -> None:
 
 def _compile_while_idle(sock: socket.socket) -> None:
     """Compile every seccomp variant until the order arrives (about 1 ms each with cold caches):
-    adl-exec gives the stage ~250 ms of idle time; a stage forked on the launch path finds its
-    order already waiting and compiles only the one it needs."""
+    adl-exec gives the stage ~250 ms of idle time."""
     from . import seccomp
 
     for plan in seccomp.variants():

@@ -449,11 +449,15 @@ def test_example_runtime_integration_runs_tools_only_when_allowed(daemon: Runnin
         return name.upper()
 
     asked: list[str] = []
+    approvers: list[threading.Timer] = []
     admin = daemon.admin_stub()
 
     def approve_later(result: object) -> None:
         asked.append(result.approval_id)  # type: ignore[attr-defined]
-        threading.Timer(0.3, lambda: admin.Approve(pb.ApprovalDecision(approval_id=asked[0], approver="carol"))).start()
+        decision = pb.ApprovalDecision(approval_id=asked[0], approver="carol")
+        approver = threading.Timer(0.3, lambda: admin.Approve(decision))
+        approvers.append(approver)
+        approver.start()
 
     @example.guarded(client, "delete_note", on_ask=approve_later)
     def delete_note(name: str) -> str:
@@ -465,4 +469,6 @@ def test_example_runtime_integration_runs_tools_only_when_allowed(daemon: Runnin
         read_note(name=7)
     assert delete_note(name="b") == "gone" and asked
     assert ran == ["a", "deleted b"]  # the denied call never ran
+    for approver in approvers:
+        approver.join(timeout=10)  # its Approve call returns before the daemon is stopped
     client.close()
