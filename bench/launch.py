@@ -168,7 +168,7 @@ def main() -> None:
     bwrap = results["bwrap --unshare-all"]
     print(f"medians of {n} runs (ms); ratio against bwrap's whole run")
     for name, value in results.items():
-        print(f"  {name:<40} {value:8.2f}  {value / bwrap:6.2f}x")
+        print(f"  {name:<46} {value:8.2f}  {value / bwrap:6.2f}x")
     print("inside the sandbox, microseconds per call (2,000 files on tmpfs)")
     print(f"  create (O_CREAT), no guard      {plain_create:8.1f}")
     print(f"  create (O_CREAT), creation guard {guarded_create:7.1f}  {guarded_create / plain_create:6.1f}x")
