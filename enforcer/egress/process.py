@@ -32,6 +32,7 @@ from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
 from ..policy import Policy
 from ..sandbox import namespaces
+from ..sandbox.stage import close_all_but
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
 from .filter import ConnectionFilter
@@ -135,8 +136,7 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     null = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)  # failures are audited; the agent's terminal is the agent's
-    os.closerange(3, control.fileno())
-    os.closerange(control.fileno() + 1, 1 << 16)
+    close_all_but({0, 1, 2, control.fileno()})
 
     own = host_addresses()
     test_ranges = [ipaddress.ip_network(n, strict=False) for n in settings.public_test_ranges]

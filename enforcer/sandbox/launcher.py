@@ -96,7 +96,7 @@ def run(
         )
         started = time.monotonic()
         try:
-            prepared.stage.start(order, (0, 1, 2), netns_fd, report_write if guarded else None)
+            prepared.stage.start(order, netns_fd, report_write if guarded else None)
         except StageError as exc:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(prepared.stage.pid, 0)

@@ -94,11 +94,10 @@ class Stage:
         self.pid = pid
         self._sock = sock
 
-    def start(
-        self, order: StageOrder, stdio: tuple[int, int, int], netns_fd: int | None, report_fd: int | None
-    ) -> None:
-        """Hand the stage its order and return once it has exec'd the agent; StageError if it failed."""
-        fds = [*stdio, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
+    def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+        """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
+        The launcher's stdio goes along: it is the agent's, whatever the stage inherited at its fork."""
+        fds = [0, 1, 2, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
         try:
             send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
             self._sock.shutdown(socket.SHUT_WR)
@@ -198,7 +197,7 @@ def _fork(main: Any) -> tuple[int, socket.socket]:
 
 
 def _guardian_main(sock: socket.socket) -> None:
-    _close_all_but({0, 1, 2, sock.fileno()})  # hold nothing of a session open (an agent's namespace)
+    close_all_but({0, 1, 2, sock.fileno()})  # hold nothing of a session open (an agent's namespace)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     group = None
     with contextlib.suppress(OSError, FrameError):
@@ -241,11 +240,12 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
         stdio, extra = fds[:_STDIO], fds[_STDIO:]
         netns_fd = extra.pop(0) if order.join_netns else None
         report_fd = extra.pop(0) if order.guard is not None else None
-        for fd in (fd for fd in (netns_fd, report_fd) if fd is not None):
+        kept = [fd for fd in (netns_fd, report_fd) if fd is not None]
+        for fd in kept:
             os.set_inheritable(fd, False)  # never handed to the agent
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        _close_all_but({0, 1, 2, sock.fileno(), *(fd for fd in (netns_fd, report_fd) if fd is not None)})
+        close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
         _apply(order, netns_fd, report_fd)
@@ -368,7 +368,7 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)  # never hold the agent's stdout open
-        _close_all_but({0, 1, 2, sock.fileno(), report_fd})  # the stage's order socket among them
+        close_all_but({0, 1, 2, sock.fileno(), report_fd})  # the stage's order socket among them
         _, fds, _, _ = socket.recv_fds(sock, 16, 1)
         if not fds:
             return
@@ -380,7 +380,8 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
         os._exit(code)
 
 
-def _close_all_but(keep: set[int]) -> None:
+def close_all_but(keep: set[int]) -> None:
+    """Close every descriptor not in `keep` (what a forked helper must not hold)."""
     low = 0
     for fd in sorted(keep):
         if low < fd:  # closerange(0, 0) becomes close_range(0, UINT_MAX): every descriptor

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from enforcer.sandbox.stage import _close_all_but
+from enforcer.sandbox.stage import close_all_but
 
 
 def test_adl_exec_forks_its_stage_before_the_policy_code_is_loaded() -> None:
@@ -21,13 +21,13 @@ def test_adl_exec_forks_its_stage_before_the_policy_code_is_loaded() -> None:
     assert out.strip() == "[]"
 
 
-def test_close_all_but_keeps_exactly_the_given_descriptors() -> None:
+def testclose_all_but_keeps_exactly_the_given_descriptors() -> None:
     read_end, write_end = os.pipe()
     extra = os.dup(read_end)
     pid = os.fork()
     if pid == 0:
         try:
-            _close_all_but({0, 1, 2, write_end})
+            close_all_but({0, 1, 2, write_end})
             open_fds = {int(fd) for fd in os.listdir("/proc/self/fd")}
             ok = {0, 1, 2, write_end} <= open_fds and read_end not in open_fds and extra not in open_fds
             os.write(write_end, b"ok" if ok else b"no")
