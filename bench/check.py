@@ -33,22 +33,28 @@ ECHO_METHOD = "/bench.Echo/Echo"
 CALLERS_PER_PROCESS = 8
 
 
-def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: int) -> None:  # type: ignore[name-defined]
+def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: int, inline: bool) -> None:  # type: ignore[name-defined]
     import grpc
 
     from enforcer.daemon import affinity
+    from enforcer.daemon.inline import InlineUnary
 
     def echo(request: bytes, context: object) -> bytes:
         return request
 
     affinity.pin_this_process("one")
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}
-    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-    server.add_generic_rpc_handlers((handler,))
+    if inline:
+        loop = InlineUnary(server, {ECHO_METHOD: lambda data: (grpc.StatusCode.OK, "", data)})
+    else:
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}
+        )
+        server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix:{path}")
     server.start()
+    if inline:
+        loop.start()
     ready.set()
     server.wait_for_termination()
 
@@ -66,7 +72,7 @@ def client_process(
 
     import grpc
 
-    method = ECHO_METHOD if kind == "echo" else "/enforcer.v1.Enforcer/Check"
+    method = "/enforcer.v1.Enforcer/Check" if kind == "check" else ECHO_METHOD
 
     async def caller(latencies: list[float], errors: list[int]) -> None:
         async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
@@ -166,20 +172,25 @@ def main() -> None:
     ).SerializeToString()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        ready = multiprocessing.Event()
-        echo = multiprocessing.Process(target=echo_server, args=(str(tmp / "echo.sock"), ready, 16), daemon=True)
-        echo.start()
-        ready.wait(30)
+        echoes = []
+        for label, inline in (("echo", True), ("sync-echo", False)):
+            ready = multiprocessing.Event()
+            args = (str(tmp / f"{label}.sock"), ready, 16, inline)
+            echoes.append(multiprocessing.Process(target=echo_server, args=args, daemon=True))
+            echoes[-1].start()
+            ready.wait(30)
         daemon = start_daemon(tmp)
         try:
             print(f"{seconds:.0f} s per case; Check is read_file on the coding agent example (ALLOW, audited)")
-            print(f"{'callers':>7} {'service':>6} {'p50 µs':>8} {'p99 µs':>8} {'calls/s':>9} {'errors':>6}")
+            print("echo: the daemon's stack (inline loop); sync-echo: grpcio's sync server alone, for scale")
+            print(f"{'callers':>7} {'service':>9} {'p50 µs':>8} {'p99 µs':>8} {'calls/s':>9} {'errors':>6}")
             for callers in (1, 16):
                 results = {}
-                for kind, path in (("echo", tmp / "echo.sock"), ("check", tmp / "api.sock")):
+                for kind in ("echo", "check", "sync-echo"):
+                    path = tmp / ("api.sock" if kind == "check" else f"{kind}.sock")
                     results[kind] = r = measure(kind, str(path), request, callers, seconds)
                     print(
-                        f"{callers:>7} {kind:>6} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} {r['per_s']:>9.0f} "
+                        f"{callers:>7} {kind:>9} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} {r['per_s']:>9.0f} "
                         f"{r['errors']:>6.0f}"
                     )
                 ratio = results["check"]["p50_us"] / results["echo"]["p50_us"]
@@ -188,7 +199,8 @@ def main() -> None:
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(20)
-            echo.terminate()
+            for echo in echoes:
+                echo.terminate()
 
 
 if __name__ == "__main__":

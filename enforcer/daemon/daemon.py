@@ -30,15 +30,18 @@ from . import notify
 from .approvals import Approvals
 from .auditsink import AuditSink
 from .config import Settings, as_plain
+from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchServer
 from .registry import SessionRegistry
-from .service import AdminService, Core, EnforcerService, handlers
+from .service import AdminService, Core, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
 from .store import PolicyStore, ReloadResult
 
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
+# Served on the API socket by the inline loop (see inline.py): they never block.
+INLINE_METHODS = ("Check", "CheckBatch")
 TICK_S = 0.1
 
 
@@ -81,6 +84,7 @@ class Daemon:
             raise StartupError(str(exc)) from exc
         self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms)
         self._servers: list[grpc.Server] = []
+        self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
         self._reload_wanted = threading.Event()
         self._stop_wanted = threading.Event()
@@ -154,6 +158,8 @@ class Daemon:
         ended = self._end_sessions(timeout_s=5.0)
         for server in self._servers:
             server.stop(grace=2).wait(3)
+        if self._inline is not None:
+            self._inline.stop()
         for path in (self.settings.socket, self.settings.admin_socket):
             path.unlink(missing_ok=True)
         with contextlib.suppress(AuditUnavailable):
@@ -353,7 +359,17 @@ class Daemon:
             ],
         )
         limit = self.settings.max_request_bytes
-        server.add_generic_rpc_handlers((handlers(EnforcerService(self.core, self.status), "Enforcer", limit),))
+        enforcer = EnforcerService(self.core, self.status)
+        # The generic handlers cover every method; on the API socket the inline loop takes Check and
+        # CheckBatch first (the core routes a registered method's calls only to it).
+        server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
+        if not admin:
+            try:
+                self._inline = InlineUnary(
+                    server, inline_handlers(enforcer, "Enforcer", INLINE_METHODS, limit), name="api-inline"
+                )
+            except InlineUnavailable as exc:
+                log.warning("Check and CheckBatch served by the sync server's threads (slower): %s", exc)
         if admin:
             admin_service = AdminService(self.core, self.reload, self.terminate, self.status)
             server.add_generic_rpc_handlers((handlers(admin_service, "Admin", limit),))
@@ -365,6 +381,8 @@ class Daemon:
             if server.add_insecure_port(f"unix:{path}") == 0:
                 raise StartupError(f"cannot listen on {path}")
             server.start()
+            if not admin and self._inline is not None:
+                self._inline.start()
         finally:
             os.umask(old)
         os.chmod(path, mode)
