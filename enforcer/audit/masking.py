@@ -45,7 +45,7 @@ class Masker:
         forced = [p for p in (_resolve(value, ptr) for ptr in always) if p is not None]
         replacements: dict[tuple[str | int, ...], str] = {p: SECRET_MASK for p in forced}
         for path, text in iter_strings(value):
-            if any(path[: len(f)] == f for f in forced):
+            if forced and any(path[: len(f)] == f for f in forced):
                 continue
             masked = self._mask_text(member_name(path), text)
             if masked is not None:

@@ -147,8 +147,7 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
             policy.approval.timeout_seconds if policy.approval else DEFAULT_APPROVAL_TIMEOUT_S
         )
         return Decision("ASK", (ask, *reasons), MappingProxyType(obligations), policy.digest)
-    allow = Reason("tool.allowed", rule.pointer, f"tool '{call.name}' is declared and its arguments are valid")
-    return Decision("ALLOW", (allow, *reasons), MappingProxyType(obligations), policy.digest)
+    return Decision("ALLOW", (rule.allowed, *reasons), MappingProxyType(obligations), policy.digest)
 
 
 def _approval(

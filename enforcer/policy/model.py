@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from .conditions import CompiledCondition
@@ -100,6 +101,11 @@ class ToolRule:
     sensitivity: str | None
     validators: tuple[tuple[str, Any], ...]  # (pointer of the schema, jsonschema_rs validator)
     auth_env_var: str | None = None
+
+    @cached_property
+    def allowed(self) -> Reason:
+        """The reason of every ALLOW of this tool, built once: it is the same for each call."""
+        return Reason("tool.allowed", self.pointer, f"tool '{self.name}' is declared and its arguments are valid")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ _CARD = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
 _IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
 _SSN = re.compile(r"(?<!\d)(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?!\d)")
 _NINO = re.compile(r"\b(?![DFIQUV])[A-Z](?![DFIOQUV])[A-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
+# Every pattern above needs an "@" (email) or a digit (the rest); text with neither skips them all.
+_ANY_PII_CHARACTER = re.compile(r"[@\d]")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ def _iban_ok(text: str) -> bool:
 
 def scan_text(text: str) -> Iterator[tuple[str, int, int]]:
     text = text[:MAX_SCAN]
+    if not _ANY_PII_CHARACTER.search(text):
+        return
     taken: list[tuple[int, int]] = []
 
     def free(a: int, b: int) -> bool:
