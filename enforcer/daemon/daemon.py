@@ -368,6 +368,7 @@ class Daemon:
                 self._inline = InlineUnary(
                     server, inline_handlers(enforcer, "Enforcer", INLINE_METHODS, limit), name="api-inline"
                 )
+                log.info("Check and CheckBatch are served on the inline loop")
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch served by the sync server's threads (slower): %s", exc)
         if admin:

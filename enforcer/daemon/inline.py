@@ -93,7 +93,10 @@ class InlineUnary:
             # A failed event: the server is shutting down (ask for no more calls), the caller went
             # away, or its message broke a core limit (the core has answered it).
             if kind == _NEW and event.success:
-                self._request(tag[1])
+                try:
+                    self._request(tag[1])
+                except Exception:  # the server is shutting down; the calls already asked for drain
+                    log.debug("no further %s calls requested", tag[1], exc_info=True)
                 call = event.call
                 call.start_server_batch((receive(0),), (_MESSAGE, call, handlers[tag[1]]))
             elif kind == _MESSAGE and event.success:

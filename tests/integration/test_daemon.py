@@ -60,6 +60,8 @@ def test_check_allow_deny_ask_with_reasons_and_audit_receipts(daemon: RunningDae
     explain = stub.Explain(tool_request("Sandboxed", "pay", {"amount": 1}))
     assert explain.decision.decision == pb.ALLOW and explain.decision.mode == pb.DRY_RUN
     assert json.loads(explain.policy_json)["agent"]["name"] == "Sandboxed"
+    # Check and CheckBatch above came from the inline loop, not the sync server's fallback handlers
+    assert "served on the inline loop" in daemon.log.read_text()
 
 
 def test_approval_flow_approve_reject_and_expiry(daemon: RunningDaemon) -> None:
