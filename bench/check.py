@@ -45,7 +45,7 @@ def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: in
     affinity.pin_this_process("one")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     if inline:
-        loop = InlineUnary(server, {ECHO_METHOD: lambda data: (grpc.StatusCode.OK, "", data)})
+        loop = InlineUnary(server, {ECHO_METHOD: lambda messages: [(grpc.StatusCode.OK, "", m) for m in messages]})
     else:
         handler = grpc.method_handlers_generic_handler(
             "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}

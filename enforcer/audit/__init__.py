@@ -1,6 +1,6 @@
 """The tamper-evident audit log: writer, masking, verification, queries and session evidence."""
 
 from .masking import Masker
-from .writer import AuditUnavailable, AuditWriter, Receipt, WriterSettings
+from .writer import AuditUnavailable, AuditWriter, Entry, Receipt, WriterSettings
 
-__all__ = ["AuditUnavailable", "AuditWriter", "Masker", "Receipt", "WriterSettings"]
+__all__ = ["AuditUnavailable", "AuditWriter", "Entry", "Masker", "Receipt", "WriterSettings"]

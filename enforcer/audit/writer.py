@@ -22,7 +22,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,6 +38,16 @@ HEAD_FILE = "HEAD.json"
 
 class AuditUnavailable(Exception):
     """A record could not be written. The caller must treat the action it was recording as denied."""
+
+
+class Entry(NamedTuple):
+    """One record for append_many."""
+
+    kind: str
+    payload: dict[str, Any]
+    corr: str | None = None
+    trace: dict[str, str] | None = None
+    priority: str = "normal"
 
 
 class Receipt(NamedTuple):
@@ -180,11 +190,23 @@ class AuditWriter:
         priority: str = "normal",
         sync: bool = False,
     ) -> Receipt:
+        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
+
+    def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
+        """Append `entries` in order, chained exactly as one append each, with one lock and one
+        write(2): every receipt is returned after all of them are in the kernel, or none is."""
+        if not entries:
+            return []
         with self._lock:
             self._check_usable()
             try:
                 self._take_lock()
-                receipt = self._write(kind, payload, corr=corr, trace=trace, priority=priority)
+                lines, receipts = [], []
+                for entry in entries:
+                    line, receipt = self._line(entry.kind, entry.payload, entry.corr, entry.trace, entry.priority)
+                    lines.append(line)
+                    receipts.append(receipt)
+                self._put(lines[0] if len(lines) == 1 else b"".join(lines))
                 if self._now >= self._next_due_ns or self._seq >= self._due_seq or self._size >= self._due_size:
                     self._maybe_checkpoint_and_rotate()
                     if not sync:
@@ -196,9 +218,9 @@ class AuditWriter:
                 raise AuditUnavailable(f"audit record not written: {exc}") from exc
             if self._flusher is None or self._failed is not None:
                 self._release_lease()
-        if sync:
-            self.sync(receipt.seq)
-        return receipt
+        if sync and receipts:
+            self.sync(receipts[-1].seq)
+        return receipts
 
     def sync(self, upto_seq: int | None = None) -> None:
         """Return once every record this writer wrote (up to `upto_seq`) is on stable storage."""
@@ -384,6 +406,21 @@ class AuditWriter:
         priority: str = "normal",
         sig_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Receipt:
+        line, receipt = self._line(kind, payload, corr, trace, priority, sig_fn)
+        self._put(line)
+        return receipt
+
+    def _line(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        corr: str | None,
+        trace: dict[str, str] | None,
+        priority: str,
+        sig_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> tuple[bytes, Receipt]:
+        """The next record's line, chained onto the last one. The writer's state moves on before the
+        line is written: if _put then fails the writer is failed and never appends again."""
         seq = self._seq + 1
         now = self._clock()
         body = records.canonical_envelope(
@@ -403,16 +440,17 @@ class AuditWriter:
             record["sig"] = sig_fn(record)
             body = canonical(record)
         digest = hashlib.sha256(body).hexdigest()
-        line = records.with_hash(body, digest)
-        written = os.write(self._fd, line)
-        while written < len(line):  # short writes are rare (signals, quotas) but must not tear a line
-            written += os.write(self._fd, line[written:])
-        self._size += len(line)
         self._seq, self._hash = seq, digest
         self._unsynced += 1
         self._since_checkpoint += 1
         self._now = now
-        return Receipt(seq, digest, f"{self._log_id}.{seq}")
+        return records.with_hash(body, digest), Receipt(seq, digest, f"{self._log_id}.{seq}")
+
+    def _put(self, data: bytes) -> None:
+        written = os.write(self._fd, data)
+        while written < len(data):  # short writes are rare (signals, quotas) but must not tear a line
+            written += os.write(self._fd, data[written:])
+        self._size += len(data)
 
     def _schedule_due(self) -> None:
         """Three cheap tests per append instead of six method-level ones: the earliest time, seq and

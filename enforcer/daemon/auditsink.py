@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..audit import AuditUnavailable, AuditWriter, Receipt, WriterSettings, records
+from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, WriterSettings, records
 
 
 class AuditSink:
@@ -50,12 +50,24 @@ class AuditSink:
         self._writer = AuditWriter(self.directory, self.key, source="adl-enforcerd", settings=self.settings)
         self._set(None)
 
-    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> Receipt:
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        corr: str | None = None,
+        trace: dict[str, str] | None = None,
+        priority: str = "normal",
+        sync: bool = False,
+    ) -> Receipt:
+        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
+
+    def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
         writer = self._writer
         if writer is None or self._error is not None:
             raise AuditUnavailable(self._error or "audit log not open")
         try:
-            return writer.append(kind, payload, **kw)
+            return writer.append_many(entries, sync=sync)
         except AuditUnavailable as exc:
             self._fail(str(exc))
             raise

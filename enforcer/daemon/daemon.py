@@ -40,8 +40,6 @@ from .store import PolicyStore, ReloadResult
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
-# Served on the API socket by the inline loop (see inline.py): they never block.
-INLINE_METHODS = ("Check", "CheckBatch")
 TICK_S = 0.1
 
 
@@ -365,9 +363,7 @@ class Daemon:
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
         if not admin:
             try:
-                self._inline = InlineUnary(
-                    server, inline_handlers(enforcer, "Enforcer", INLINE_METHODS, limit), name="api-inline"
-                )
+                self._inline = InlineUnary(server, inline_handlers(enforcer, limit), name="api-inline")
                 log.info("Check and CheckBatch are served on the inline loop")
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch served by the sync server's threads (slower): %s", exc)

@@ -9,8 +9,14 @@ server's core and served by one thread that polls a completion queue of its own 
 handler where the request arrives. Everything else (streaming, health, reflection, methods that
 wait) stays with the sync server.
 
+Requests that have arrived together are handled together: after a blocking poll the loop takes
+whatever else is already queued (up to MAX_BATCH requests) without waiting, hands each method its
+requests in one call, then sends every answer. Under load that is 6-10 requests a turn; a handler can
+then share work between them (Check appends all their audit records with one write), and the
+answers leave in one burst. Nobody waits for a batch to fill: an idle loop answers one at once.
+
 This drives grpcio's Cython layer (grpc._cython.cygrpc) with the same calls grpc._server makes;
-that layer is not a public API. `attach` refuses with InlineUnavailable when a grpcio release
+that layer is not a public API. InlineUnary refuses with InlineUnavailable when a grpcio release
 lacks what it needs; the caller then leaves those methods to the sync server's handlers (same
 answers, lower throughput) and says so.
 """
@@ -19,18 +25,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
 log = logging.getLogger(__name__)
 
-# A handler gets the request's bytes (None if the caller sent no message) and returns the status,
-# its details, and the response's bytes (None with a status other than OK).
-Handler = Callable[[bytes | None], tuple[grpc.StatusCode, str, bytes | None]]
+# The status, its details, and the response's bytes (None with a status other than OK).
+Answer = tuple[grpc.StatusCode, str, bytes | None]
+# A handler gets the bytes of every request for its method that arrived together (None for a call
+# that sent no message) and returns one answer for each, in order.
+BatchHandler = Callable[[Sequence[bytes | None]], list[Answer]]
 
 # Calls requested ahead per method, so a new call never waits for the loop to ask for it.
 DEPTH = 32
+# Requests taken in one turn of the loop at most.
+MAX_BATCH = 32
 
 _NEW, _MESSAGE, _SENT = 0, 1, 2
 # The core's number for each status (StatusCode.value is an enum property: slow on a hot path).
@@ -45,7 +56,7 @@ class InlineUnary:
     """Serves `handlers` (full method name -> handler) for `server`. Build before server.start(),
     call start() after it, and stop() after the server has stopped."""
 
-    def __init__(self, server: grpc.Server, handlers: Mapping[str, Handler], *, name: str = "inline") -> None:
+    def __init__(self, server: grpc.Server, handlers: Mapping[str, BatchHandler], *, name: str = "inline") -> None:
         try:
             from grpc._cython import cygrpc
 
@@ -59,6 +70,7 @@ class InlineUnary:
             self._send_message = cygrpc.SendMessageOperation
             self._send_status = cygrpc.SendStatusFromServerOperation
             self._queue_shutdown = cygrpc.CompletionType.queue_shutdown
+            self._queue_timeout = cygrpc.CompletionType.queue_timeout
         except (ImportError, AttributeError, TypeError) as exc:
             raise InlineUnavailable(f"grpcio {grpc.__version__}: {exc}") from None
         self._core, self._queue = core, queue
@@ -81,39 +93,66 @@ class InlineUnary:
         self._core.request_registered_call(self._queue, self._queue, method, (_NEW, method))
 
     def _serve(self) -> None:
-        poll, handlers, receive = self._queue.poll, self._handlers, self._receive
-        while True:
-            event = poll()
-            tag = event.tag
-            if tag is None:
-                if event.completion_type == self._queue_shutdown:
-                    return
-                continue
-            kind = tag[0]
-            # A failed event: the server is shutting down (ask for no more calls), the caller went
-            # away, or its message broke a core limit (the core has answered it).
-            if kind == _NEW and event.success:
-                try:
-                    self._request(tag[1])
-                except Exception:  # the server is shutting down; the calls already asked for drain
-                    log.debug("no further %s calls requested", tag[1], exc_info=True)
-                call = event.call
-                call.start_server_batch((receive(0),), (_MESSAGE, call, handlers[tag[1]]))
-            elif kind == _MESSAGE and event.success:
-                self._answer(tag[1], tag[2], event.batch_operations[0].message())
+        poll, timeout = self._queue.poll, self._queue_timeout
+        arrived: list[tuple[str, Any, bytes | None]] = []  # (method, call, request)
+        running = True
+        while running:
+            running = self._take(poll(), arrived)
+            while running and arrived and len(arrived) < MAX_BATCH:
+                event = poll(0)
+                if event.completion_type == timeout:
+                    break
+                running = self._take(event, arrived)
+            if arrived:
+                self._answer_all(arrived)
+                arrived.clear()
 
-    def _answer(self, call: object, handler: Handler, request: bytes | None) -> None:
-        try:
-            code, details, response = handler(request)
-        except Exception:  # a bug in a handler must not end the loop
-            log.exception("inline handler failed")
-            code, details, response = grpc.StatusCode.INTERNAL, "internal error", None
+    def _take(self, event: Any, arrived: list[tuple[str, Any, bytes | None]]) -> bool:
+        """Act on one event; False once the queue has shut down."""
+        tag = event.tag
+        if tag is None:
+            return event.completion_type != self._queue_shutdown
+        kind = tag[0]
+        # A failed event: the server is shutting down (ask for no more calls), the caller went
+        # away, or its message broke a core limit (the core has answered it).
+        if kind == _NEW and event.success:
+            method = tag[1]
+            try:
+                self._request(method)
+            except Exception:  # the server is shutting down; the calls already asked for drain
+                log.debug("no further %s calls requested", method, exc_info=True)
+            call = event.call
+            call.start_server_batch((self._receive(0),), (_MESSAGE, method, call))
+        elif kind == _MESSAGE and event.success:
+            arrived.append((tag[1], tag[2], event.batch_operations[0].message()))
+        return True
+
+    def _answer_all(self, arrived: list[tuple[str, Any, bytes | None]]) -> None:
+        by_method: dict[str, list[int]] = {}
+        for i, (method, _, _) in enumerate(arrived):
+            by_method.setdefault(method, []).append(i)
+        answers: list[Answer | None] = [None] * len(arrived)
+        for method, indices in by_method.items():
+            try:
+                got = self._handlers[method]([arrived[i][2] for i in indices])
+                if len(got) != len(indices):
+                    raise ValueError(f"{len(got)} answers for {len(indices)} requests")
+            except Exception:  # a bug in a handler must not end the loop
+                log.exception("inline handler for %s failed", method)
+                got = [(grpc.StatusCode.INTERNAL, "internal error", None)] * len(indices)
+            for i, answer in zip(indices, got, strict=True):
+                answers[i] = answer
+        for (_, call, _), answer in zip(arrived, answers, strict=True):
+            self._send(call, answer)  # type: ignore[arg-type]
+
+    def _send(self, call: Any, answer: Answer) -> None:
+        code, details, response = answer
         ops = [self._send_metadata((), 0)]
         if response is not None:
             ops.append(self._send_message(response, 0))
         ops.append(self._send_status((), _CODE_NUMBER[code], details.encode(), 0))
         try:
-            call.start_server_batch(ops, (_SENT,))  # type: ignore[attr-defined]
+            call.start_server_batch(ops, (_SENT,))
         except Exception:  # the call ended under us (cancelled, server stopping)
             log.debug("inline answer not sent", exc_info=True)
             return

@@ -11,14 +11,14 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import orjson
 
-from ..audit import AuditUnavailable, Receipt, records
+from ..audit import AuditUnavailable, Entry, Receipt, records
 from ..audit.events import decision_payload
 from ..explain import policy_summary
 from ..policy import decide
@@ -35,7 +35,7 @@ from ..policy.model import (
 from ..v1 import enforcer_pb2 as pb
 from .approvals import Approval, ApprovalError, Approvals
 from .auditsink import AuditSink
-from .inline import Handler
+from .inline import Answer, BatchHandler
 from .registry import SessionRegistry
 from .store import AgentEntry, PolicyStore
 
@@ -121,6 +121,26 @@ def _receipt(receipt: Receipt | None, log_id: str) -> pb.AuditReceipt | None:
     return pb.AuditReceipt(seq=receipt.seq, hash=receipt.hash, log_id=log_id)
 
 
+@dataclass
+class _Decided:
+    """A decision waiting for its audit record."""
+
+    entry: AgentEntry
+    request_id: str
+    decision: Decision
+    decision_id: str
+    eval_us: int
+    approval: Approval | None
+    dry_run: bool
+    record: Entry
+
+
+def _raised(result: Any) -> Any:
+    if isinstance(result, ApiError):
+        raise result
+    return result
+
+
 class Core:
     """Identity, decisions, approvals and their audit records: everything both services share."""
 
@@ -166,76 +186,87 @@ class Core:
     # -- decisions ----------------------------------------------------------------------------
 
     def check(self, request: pb.CheckRequest) -> pb.CheckResponse:
-        entry, session = self.caller(request.agent, request.session, request.session_token)
-        return self.decide_for(entry, session, request, dry_run=request.mode == pb.DRY_RUN)
+        return _raised(self.check_many((request,))[0])
+
+    def check_many(self, requests: Sequence[pb.CheckRequest]) -> list[pb.CheckResponse | ApiError]:
+        """Decide every request, append all their records with one write, then answer each (a
+        request that fails gets its ApiError in its place)."""
+        decided: list[_Decided | ApiError] = []
+        for request in requests:
+            try:
+                entry, session = self.caller(request.agent, request.session, request.session_token)
+                decided.append(self._decide(entry, session, request, dry_run=request.mode == pb.DRY_RUN))
+            except ApiError as exc:
+                decided.append(exc)
+        return self._record_and_answer(decided)
 
     def decide_for(
         self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
+        return _raised(self._record_and_answer([self._decide(entry, session, request, dry_run=dry_run)])[0])
+
+    def _decide(self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool) -> _Decided:
         action = to_action(request)
-        started = time.perf_counter_ns()
-        decision = decide(entry.policy, action)
-        eval_us = (time.perf_counter_ns() - started) // 1000
-        decision_id = f"{self._id_prefix}{next(self._id_counter)}"
-        approval: Approval | None = None
-        extra: dict[str, Any] = {"decision_id": decision_id, "eval_us": eval_us}
-        if request.request_id:
-            extra["request_id"] = _text(request.request_id, "request_id", 256)
-        if session:
-            extra["session"] = session
-        if dry_run:
-            extra["mode"] = "dry_run"
-        payload = decision_payload(entry.policy, action, decision, entry.masker, **extra)
-        if decision.verdict == "ASK" and not dry_run:
-            approval = self._open_approval(entry, session, decision_id, action, payload, decision)
-            payload["approval_id"] = approval.approval_id
-            payload["approval_expires_ms"] = approval.expires_ms
         trace = None
         if request.HasField("trace") and request.trace.traceparent:
             trace = {"traceparent": _text(request.trace.traceparent, "traceparent", 512)}
             if request.trace.tracestate:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
-        try:
-            receipt = self.sink.append(
-                records.DECISION,
-                payload,
-                corr=session or decision_id,
-                trace=trace,
-                priority="normal" if decision.verdict == "ALLOW" else "high",
-            )
-        except AuditUnavailable as exc:
-            if approval is not None:  # never leave an approval open for an answer nobody received
-                self.approvals.resolve(
-                    approval.approval_id, "rejected", "adl-enforcerd", "audit failed", lambda a: None
-                )
-            raise ApiError(
-                _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
-            ) from None
-        return self._response(request.request_id, entry, decision, decision_id, receipt, eval_us, approval, dry_run)
+        request_id = _text(request.request_id, "request_id", 256)
+        started = time.perf_counter_ns()
+        decision = decide(entry.policy, action)
+        eval_us = (time.perf_counter_ns() - started) // 1000
+        decision_id = f"{self._id_prefix}{next(self._id_counter)}"
+        payload = decision_payload(entry.policy, action, decision, entry.masker)
+        payload["decision_id"], payload["eval_us"] = decision_id, eval_us
+        if request_id:
+            payload["request_id"] = request_id
+        if session:
+            payload["session"] = session
+        if dry_run:
+            payload["mode"] = "dry_run"
+        approval = None
+        if decision.verdict == "ASK" and not dry_run:  # opened last: nothing after it can refuse the request
+            approval = self._open_approval(entry, session, decision_id, action, payload, decision)
+            payload["approval_id"] = approval.approval_id
+            payload["approval_expires_ms"] = approval.expires_ms
+        record = Entry(
+            records.DECISION,
+            payload,
+            session or decision_id,
+            trace,
+            "normal" if decision.verdict == "ALLOW" else "high",
+        )
+        return _Decided(entry, request_id, decision, decision_id, eval_us, approval, dry_run, record)
 
-    def _response(
-        self,
-        request_id: str,
-        entry: AgentEntry,
-        decision: Decision,
-        decision_id: str,
-        receipt: Receipt,
-        eval_us: int,
-        approval: Approval | None,
-        dry_run: bool,
-    ) -> pb.CheckResponse:
+    def _record_and_answer(self, decided: list[_Decided | ApiError]) -> list[pb.CheckResponse | ApiError]:
+        pending = [d for d in decided if isinstance(d, _Decided)]
+        try:
+            receipts = iter(self.sink.append_many([d.record for d in pending]))
+        except AuditUnavailable as exc:
+            for d in pending:
+                if d.approval is not None:  # never leave an approval open for an answer nobody received
+                    self.approvals.resolve(
+                        d.approval.approval_id, "rejected", "adl-enforcerd", "audit failed", lambda a: None
+                    )
+            unavailable = ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}")
+            return [d if isinstance(d, ApiError) else unavailable for d in decided]
+        return [d if isinstance(d, ApiError) else self._response(d, next(receipts)) for d in decided]
+
+    def _response(self, decided: _Decided, receipt: Receipt) -> pb.CheckResponse:
+        decision, approval = decided.decision, decided.approval
         response = pb.CheckResponse(
-            request_id=request_id,
+            request_id=decided.request_id,
             decision=VERDICTS[decision.verdict],
             reasons=_reasons(decision.reasons),
             obligations_json=orjson.dumps(dict(decision.obligations)).decode() if decision.obligations else "",
-            decision_id=decision_id,
+            decision_id=decided.decision_id,
             receipt=_receipt(receipt, self.sink.log_id),
             policy_digest=decision.policy_digest,
-            eval_us=eval_us,
-            agent=entry.key,
-            mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
+            eval_us=decided.eval_us,
+            agent=decided.entry.key,
+            mode=pb.DRY_RUN if decided.dry_run else pb.ENFORCE,
         )
         if approval is not None:
             response.approval_id = approval.approval_id
@@ -345,13 +376,13 @@ class EnforcerService:
         self.core = core
         self._status = status
 
-    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
+    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext | None) -> pb.CheckResponse:
         return self.core.check(request)
 
-    def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext) -> pb.CheckBatchResponse:
+    def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext | None) -> pb.CheckBatchResponse:
         if len(request.requests) > MAX_BATCH:
             raise ApiError(_STATUS.INVALID_ARGUMENT, f"at most {MAX_BATCH} requests in a batch")
-        return pb.CheckBatchResponse(responses=[self.core.check(r) for r in request.requests])
+        return pb.CheckBatchResponse(responses=[_raised(r) for r in self.core.check_many(request.requests)])
 
     def Explain(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
         entry, session = self.core.caller(request.agent, request.session, request.session_token)
@@ -446,34 +477,42 @@ def handlers(service: Any, service_name: str, max_request_bytes: int) -> grpc.Ge
     return grpc.method_handlers_generic_handler(descriptor.full_name, methods)
 
 
-def inline_handlers(
-    service: Any, service_name: str, names: tuple[str, ...], max_request_bytes: int
-) -> dict[str, Handler]:
-    """The same methods as handlers() gives, for the inline loop: bytes in; status, details and
-    bytes out. Only for methods that never block and do not use their context."""
-    descriptor = pb.DESCRIPTOR.services_by_name[service_name]
-    found = {}
-    for name in names:
-        method = descriptor.methods_by_name[name]
-        found[f"/{descriptor.full_name}/{name}"] = _inline(
-            getattr(service, name), tolerant(getattr(pb, method.input_type.name), max_request_bytes)
-        )
-    return found
+def inline_handlers(service: EnforcerService, max_request_bytes: int) -> dict[str, BatchHandler]:
+    """Check and CheckBatch for the inline loop, which hands each method every request that arrived
+    together: the Checks among them are decided and their records appended with one write."""
+    name = pb.DESCRIPTOR.services_by_name["Enforcer"].full_name
+    parse_check = tolerant(pb.CheckRequest, max_request_bytes)
+    parse_batch = tolerant(pb.CheckBatchRequest, max_request_bytes)
+
+    def check(messages: Sequence[bytes | None]) -> list[Answer]:
+        requests = [_parsed(parse_check, m) for m in messages]
+        results = iter(service.core.check_many([r for r in requests if not isinstance(r, ApiError)]))
+        return [_answer(r if isinstance(r, ApiError) else next(results)) for r in requests]
+
+    def check_batch(messages: Sequence[bytes | None]) -> list[Answer]:
+        answers = []
+        for message in messages:
+            try:
+                answers.append(_answer(service.CheckBatch(_raised(_parsed(parse_batch, message)), None)))
+            except ApiError as exc:
+                answers.append(_answer(exc))
+        return answers
+
+    return {f"/{name}/Check": check, f"/{name}/CheckBatch": check_batch}
 
 
-def _inline(method: Callable[[Any, None], Any], parse: Callable[[bytes], Any]) -> Handler:
-    def call(data: bytes | None) -> tuple[grpc.StatusCode, str, bytes | None]:
-        if data is None:
-            return _STATUS.INVALID_ARGUMENT, "a unary call needs exactly one request message", None
-        request = parse(data)
-        if isinstance(request, Malformed):
-            return _STATUS.INVALID_ARGUMENT, request.detail, None
-        try:
-            return _STATUS.OK, "", method(request, None).SerializeToString()
-        except ApiError as exc:
-            return exc.code, str(exc), None
+def _parsed(parse: Callable[[bytes], Any], message: bytes | None) -> Any:
+    """The request, or an ApiError in its place."""
+    if message is None:
+        return ApiError(_STATUS.INVALID_ARGUMENT, "a unary call needs exactly one request message")
+    request = parse(message)
+    return ApiError(_STATUS.INVALID_ARGUMENT, request.detail) if isinstance(request, Malformed) else request
 
-    return call
+
+def _answer(result: Any) -> Answer:
+    if isinstance(result, ApiError):
+        return result.code, str(result), None
+    return _STATUS.OK, "", result.SerializeToString()
 
 
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:

@@ -157,6 +157,46 @@ def test_reload_under_concurrent_checks_never_fails_and_keeps_the_last_good_vers
     assert problems and problems[-1]["payload"]["path"].endswith("sandboxed.adl.json")
 
 
+def test_concurrent_checks_each_get_their_own_answer_and_record(daemon: RunningDaemon) -> None:
+    """Checks that reach the daemon together are decided and recorded together (one write); each
+    answer must still carry its own decision and the receipt of its own record, and a bad request
+    among them fails alone."""
+    stub = daemon.enforcer()
+    raw = daemon.channel().unary_unary("/enforcer.v1.Enforcer/Check")
+    calls = []
+    for i in range(120):
+        if i % 40 == 7:
+            calls.append(("bad", raw.future(b"\xff\xff not a protobuf", timeout=20)))
+        elif i % 3:
+            calls.append(
+                (
+                    f"a-{i}",
+                    stub.Check.future(
+                        tool_request("Sandboxed", "read_note", {"name": "n"}, request_id=f"a-{i}"), timeout=20
+                    ),
+                )
+            )
+        else:
+            calls.append(
+                (f"d-{i}", stub.Check.future(tool_request("Sandboxed", "rm_rf", {}, request_id=f"d-{i}"), timeout=20))
+            )
+    records = {}
+    for label, call in calls:
+        if label == "bad":
+            assert call.exception().code() == grpc.StatusCode.INVALID_ARGUMENT
+            continue
+        response = call.result()
+        assert response.request_id == label
+        assert response.decision == (pb.ALLOW if label.startswith("a-") else pb.DENY)
+        records[label] = response
+    by_id = {r["payload"].get("decision_id"): r for r in daemon.records()}
+    for label, response in records.items():
+        record = by_id[response.decision_id]
+        assert record["payload"]["request_id"] == label
+        assert (record["seq"], record["hash"]) == (response.receipt.seq, response.receipt.hash)
+    assert len({r.receipt.seq for r in records.values()}) == len(records) == 117
+
+
 def test_bad_input_gets_invalid_argument_and_the_daemon_keeps_serving(daemon: RunningDaemon) -> None:
     channel = daemon.channel()
     raw = channel.unary_unary("/enforcer.v1.Enforcer/Check")

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
+from enforcer.audit import AuditUnavailable, AuditWriter, Entry, WriterSettings, records
 from enforcer.audit.verify import verify_directory
 from enforcer.audit.writer import log_files
 from enforcer.cli.audit import main as audit_main
@@ -278,6 +278,40 @@ def test_failure_is_sticky_and_closed(tmp_path: Path) -> None:
         writer.append(records.DECISION, {"decision": "allow"})
     with pytest.raises(AuditUnavailable):
         writer.append(records.DECISION, {"not json": object()})  # type: ignore[dict-item]
+
+
+def test_append_many_chains_like_single_appends_with_one_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = AuditWriter(tmp_path / "audit", tmp_path / "k.pem")
+    first = writer.append(records.DECISION, {"n": 0})
+    writes: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(
+        "enforcer.audit.writer.os.write", lambda fd, data: writes.append(len(data)) or real_write(fd, data)
+    )
+    receipts = writer.append_many([Entry(records.DECISION, {"n": n}, corr=f"c{n}") for n in range(1, 6)])
+    monkeypatch.undo()
+    assert len(writes) == 1  # five records, one write(2)
+    assert writer.append_many([]) == []
+    last = writer.append(records.DECISION, {"n": 6})
+    writer.close()
+    assert [r.seq for r in receipts] == list(range(first.seq + 1, first.seq + 6)) and last.seq == first.seq + 6
+    lines = [orjson.loads(line) for line in lines_of(log_files(tmp_path / "audit")[0])]
+    by_seq = {line["seq"]: line for line in lines}
+    for n, receipt in enumerate(receipts, start=1):
+        assert by_seq[receipt.seq]["hash"] == receipt.hash
+        assert by_seq[receipt.seq]["payload"] == {"n": n} and by_seq[receipt.seq]["corr"] == f"c{n}"
+    code, out = verify_cli(tmp_path / "audit", capsys)
+    assert code == 0, out
+
+
+def test_a_failing_entry_fails_the_whole_batch_and_writes_none(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "audit", tmp_path / "k.pem")
+    before = log_files(tmp_path / "audit")[0].read_bytes()
+    with pytest.raises(AuditUnavailable):
+        writer.append_many([Entry(records.DECISION, {"n": 1}), Entry(records.DECISION, {"bad": object()})])
+    assert log_files(tmp_path / "audit")[0].read_bytes() == before
 
 
 def test_unserialisable_payload_is_refused(tmp_path: Path) -> None:

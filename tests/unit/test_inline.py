@@ -3,24 +3,30 @@ server's own handlers, and stopped cleanly."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
 
-from enforcer.daemon.inline import InlineUnary, InlineUnavailable
+from enforcer.daemon.inline import MAX_BATCH, Answer, InlineUnary, InlineUnavailable
 
 ECHO = "/t.Test/Echo"
 
 
-def _echo(data: bytes | None) -> tuple[grpc.StatusCode, str, bytes | None]:
+def _echo_one(data: bytes | None) -> Answer:
     if data == b"refuse":
         return grpc.StatusCode.PERMISSION_DENIED, "refused: ✗", None
-    if data == b"crash":
-        raise RuntimeError("handler bug")
     return grpc.StatusCode.OK, "", b"echo:" + (data or b"")
+
+
+def _echo(messages: Sequence[bytes | None]) -> list[Answer]:
+    if b"crash" in messages:
+        raise RuntimeError("handler bug")
+    return [_echo_one(m) for m in messages]
 
 
 @pytest.fixture
@@ -79,3 +85,33 @@ def test_stop_ends_the_thread(served) -> None:
 def test_refuses_a_server_without_a_core() -> None:
     with pytest.raises(InlineUnavailable):
         InlineUnary(object(), {ECHO: _echo})  # type: ignore[arg-type]
+
+
+def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> None:
+    sizes: list[int] = []
+    first = threading.Event()
+
+    def slow_first(messages: Sequence[bytes | None]) -> list[Answer]:
+        sizes.append(len(messages))
+        if not first.is_set():  # hold the loop so the other calls queue up behind this one
+            first.set()
+            time.sleep(0.2)
+        return [_echo_one(m) for m in messages]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    loop = InlineUnary(server, {ECHO: slow_first})
+    server.add_insecure_port(f"unix:{tmp_path / 's.sock'}")
+    server.start()
+    loop.start()
+    try:
+        with grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel:
+            echo = channel.unary_unary(ECHO)
+            head = echo.future(b"head", timeout=10)
+            assert first.wait(5)
+            calls = [echo.future(b"%d" % i, timeout=10) for i in range(100)]
+            assert head.result() == b"echo:head"
+            assert [c.result() for c in calls] == [b"echo:%d" % i for i in range(100)]
+    finally:
+        server.stop(grace=1).wait(3)
+        loop.stop()
+    assert sum(sizes) == 101 and max(sizes) > 1 and max(sizes) <= MAX_BATCH
