@@ -50,6 +50,10 @@ class Settings(EgressSettings):
         default="one",
         description='CPUs for the gRPC process (not sessions): "one" (the last allowed), "all", or a list "0,2"',
     )
+    inline_check: bool = Field(
+        default=True,
+        description="serve Check and CheckBatch on the inline loop; false: on the gRPC worker threads (slower)",
+    )
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="larger requests get INVALID_ARGUMENT")
     max_pending_approvals: int = Field(default=10_000, ge=1)
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")

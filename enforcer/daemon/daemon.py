@@ -361,12 +361,14 @@ class Daemon:
         # The generic handlers cover every method; on the API socket the inline loop takes Check and
         # CheckBatch first (the core routes a registered method's calls only to it).
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
-        if not admin:
+        if not admin and not self.settings.inline_check:
+            log.info("Check and CheckBatch are served by the gRPC worker threads (inline_check is off)")
+        elif not admin:
             try:
                 self._inline = InlineUnary(server, inline_handlers(enforcer, limit), name="api-inline")
                 log.info("Check and CheckBatch are served on the inline loop")
             except InlineUnavailable as exc:
-                log.warning("Check and CheckBatch served by the sync server's threads (slower): %s", exc)
+                log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
         if admin:
             admin_service = AdminService(self.core, self.reload, self.terminate, self.status)
             server.add_generic_rpc_handlers((handlers(admin_service, "Admin", limit),))

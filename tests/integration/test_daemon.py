@@ -157,10 +157,9 @@ def test_reload_under_concurrent_checks_never_fails_and_keeps_the_last_good_vers
     assert problems and problems[-1]["payload"]["path"].endswith("sandboxed.adl.json")
 
 
-def test_concurrent_checks_each_get_their_own_answer_and_record(daemon: RunningDaemon) -> None:
-    """Checks that reach the daemon together are decided and recorded together (one write); each
-    answer must still carry its own decision and the receipt of its own record, and a bad request
-    among them fails alone."""
+def _concurrent_checks(daemon: RunningDaemon) -> None:
+    """120 Checks at once, a few of them malformed: each answer carries its own decision and the
+    receipt of its own record, and a bad request fails alone."""
     stub = daemon.enforcer()
     raw = daemon.channel().unary_unary("/enforcer.v1.Enforcer/Check")
     calls = []
@@ -168,19 +167,12 @@ def test_concurrent_checks_each_get_their_own_answer_and_record(daemon: RunningD
         if i % 40 == 7:
             calls.append(("bad", raw.future(b"\xff\xff not a protobuf", timeout=20)))
         elif i % 3:
-            calls.append(
-                (
-                    f"a-{i}",
-                    stub.Check.future(
-                        tool_request("Sandboxed", "read_note", {"name": "n"}, request_id=f"a-{i}"), timeout=20
-                    ),
-                )
-            )
+            request = tool_request("Sandboxed", "read_note", {"name": "n"}, request_id=f"a-{i}")
+            calls.append((f"a-{i}", stub.Check.future(request, timeout=20)))
         else:
-            calls.append(
-                (f"d-{i}", stub.Check.future(tool_request("Sandboxed", "rm_rf", {}, request_id=f"d-{i}"), timeout=20))
-            )
-    records = {}
+            request = tool_request("Sandboxed", "rm_rf", {}, request_id=f"d-{i}")
+            calls.append((f"d-{i}", stub.Check.future(request, timeout=20)))
+    responses = {}
     for label, call in calls:
         if label == "bad":
             assert call.exception().code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -188,13 +180,32 @@ def test_concurrent_checks_each_get_their_own_answer_and_record(daemon: RunningD
         response = call.result()
         assert response.request_id == label
         assert response.decision == (pb.ALLOW if label.startswith("a-") else pb.DENY)
-        records[label] = response
+        responses[label] = response
     by_id = {r["payload"].get("decision_id"): r for r in daemon.records()}
-    for label, response in records.items():
+    for label, response in responses.items():
         record = by_id[response.decision_id]
         assert record["payload"]["request_id"] == label
         assert (record["seq"], record["hash"]) == (response.receipt.seq, response.receipt.hash)
-    assert len({r.receipt.seq for r in records.values()}) == len(records) == 117
+    assert len({r.receipt.seq for r in responses.values()}) == len(responses) == 117
+
+
+def test_concurrent_checks_each_get_their_own_answer_and_record(daemon: RunningDaemon) -> None:
+    """Checks that reach the daemon together are decided and recorded together (one write)."""
+    _concurrent_checks(daemon)
+
+
+def test_with_the_inline_loop_off_the_worker_threads_answer_the_same(daemon: RunningDaemon) -> None:
+    daemon.stop()
+    daemon.extra_env["ADL_ENFORCER_INLINE_CHECK"] = "false"
+    daemon.start()
+    assert "served by the gRPC worker threads (inline_check is off)" in daemon.log.read_text()
+    _concurrent_checks(daemon)
+    batch = daemon.enforcer().CheckBatch(
+        pb.CheckBatchRequest(
+            requests=[tool_request("Sandboxed", "read_note", {"name": "x"}), tool_request("Sandboxed", "nope", {})]
+        )
+    )
+    assert [r.decision for r in batch.responses] == [pb.ALLOW, pb.DENY]
 
 
 def test_bad_input_gets_invalid_argument_and_the_daemon_keeps_serving(daemon: RunningDaemon) -> None:
