@@ -49,9 +49,7 @@ def action_facets(action: Action, masker: Masker) -> dict[str, Any]:
     raise TypeError(f"unknown action {type(action).__name__}")
 
 
-def decision_payload(
-    policy: Policy, action: Action, decision: Decision, masker: Masker, **extra: Any
-) -> dict[str, Any]:
+def decision_payload(policy: Policy, action: Action, decision: Decision, masker: Masker) -> dict[str, Any]:
     return {
         "agent": agent_of(policy),
         "decision": decision.verdict.lower(),
@@ -60,5 +58,4 @@ def decision_payload(
         "obligations": dict(decision.obligations),
         "policy_digest": decision.policy_digest,
         **action_facets(action, masker),
-        **extra,
     }

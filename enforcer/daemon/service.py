@@ -376,7 +376,7 @@ class EnforcerService:
         self.core = core
         self._status = status
 
-    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext | None) -> pb.CheckResponse:
+    def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
         return self.core.check(request)
 
     def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext | None) -> pb.CheckBatchResponse:
