@@ -1,11 +1,14 @@
 """Check over the unix socket against a bare gRPC echo on the same server stack, in one run.
 
-Both servers are grpcio sync servers with the daemon's thread pool size, on unix sockets, each in
-its own process placed like the daemon's API process (api_cpus "one": all its threads on one CPU);
-the daemon decides and appends an audit record (group commit) before answering. Each caller has
-its own channel and makes one call at a time; callers run as asyncio tasks, at most 8 to a client
-process, so that the clients' own CPU use leaves room for the servers. Prints p50/p99 latency and
-calls/s at 1 and 16 callers, and the ratio Check / echo.
+The daemon serves Check on its inline loop (enforcer/daemon/inline.py) beside a grpcio server; the
+echo server is built the same way (a grpcio server whose echo method the inline loop serves), and
+"sync-echo", grpcio's sync server with the daemon's thread pool size alone, is printed for scale.
+Every server listens on a unix socket in its own process placed like the daemon's API process
+(api_cpus "one": all its threads on one CPU); the daemon decides and appends an audit record
+(group commit) before answering. Each caller has its own channel and makes one call at a time;
+callers run as asyncio tasks, at most 8 to a client process, so that the clients' own CPU use
+leaves room for the servers. Prints p50/p99 latency and calls/s at 1 and 16 callers, and the ratio
+Check / echo.
 
 Targets: Check p50 within 1.3x of the echo round trip; at least 5,000 checks/s with 16 callers.
 
