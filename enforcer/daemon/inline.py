@@ -122,7 +122,10 @@ class InlineUnary:
             except Exception:  # the server is shutting down; the calls already asked for drain
                 log.debug("no further %s calls requested", method, exc_info=True)
             call = event.call
-            call.start_server_batch((self._receive(0),), (_MESSAGE, method, call))
+            try:
+                call.start_server_batch((self._receive(0),), (_MESSAGE, method, call))
+            except Exception:  # the call ended under us; nothing to answer
+                log.debug("inline call gone before its message", exc_info=True)
         elif kind == _MESSAGE and event.success:
             arrived.append((tag[1], tag[2], event.batch_operations[0].message()))
         return True

@@ -26,6 +26,8 @@ def _echo_one(data: bytes | None) -> Answer:
 def _echo(messages: Sequence[bytes | None]) -> list[Answer]:
     if b"crash" in messages:
         raise RuntimeError("handler bug")
+    if b"slow" in messages:
+        time.sleep(0.3)
     return [_echo_one(m) for m in messages]
 
 
@@ -65,6 +67,17 @@ def test_statuses_and_a_failing_handler_do_not_end_the_loop(served) -> None:
         echo(b"crash", timeout=5)
     assert crashed.value.code() == grpc.StatusCode.INTERNAL
     assert echo(b"still", timeout=5) == b"echo:still"
+
+
+def test_a_caller_that_gave_up_does_not_stop_the_loop(served) -> None:
+    channel, loop, _ = served
+    echo = channel.unary_unary(ECHO)
+    with pytest.raises(grpc.RpcError) as late:
+        echo(b"slow", timeout=0.05)  # answered after the caller's deadline: the send finds the call gone
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.4)
+    assert echo(b"after", timeout=5) == b"echo:after"
+    assert loop._thread.is_alive()
 
 
 def test_many_concurrent_calls(served) -> None:
