@@ -42,6 +42,8 @@ _SECRET_VALUES = [
     ("JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     ("bearer credential", re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9+/=._-]{16,}")),
 ]
+# All of the above in one pattern: most values match none, and one search is cheaper than eight.
+_ANY_SECRET_VALUE = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in _SECRET_VALUES))
 _SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|password|sig|signature)$", re.IGNORECASE)
 
 
@@ -59,9 +61,10 @@ def find_inline_credentials(document: Any) -> Iterator[Finding]:
 def credential_reason(member: str, value: str) -> str | None:
     if member not in _REFERENCE_MEMBERS and _SECRET_NAME.search(member) and not value.startswith(("$", "${")):
         return f"member '{member}' carries a secret value"
-    for label, pattern in _SECRET_VALUES:
-        if pattern.search(value):
-            return f"value looks like a {label}"
+    if _ANY_SECRET_VALUE.search(value):
+        for label, pattern in _SECRET_VALUES:  # the first kind in the list names it, as before
+            if pattern.search(value):
+                return f"value looks like a {label}"
     if "://" in value:
         try:
             parts = urlsplit(value)

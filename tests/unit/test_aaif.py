@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from enforcer.policy import DocumentRejected, ToolCall, decide
-from enforcer.policy.credentials import find_inline_credentials
+from enforcer.policy.credentials import credential_reason, find_inline_credentials
 from tests.conftest import base_adl, compile_doc
 
 TOOLS = [
@@ -159,6 +159,26 @@ def test_agents_must_match(schemas):
 )
 def test_inline_credentials_found(doc):
     assert list(find_inline_credentials(doc))
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        ("-----BEGIN RSA PRIVATE KEY-----", "private key"),
+        ("id AKIAIOSFODNN7EXAMPLE", "AWS access key"),
+        ("ghp_" + "a" * 36, "GitHub token"),
+        ("xoxb-1234567890-abcdef", "Slack token"),
+        ("sk-ant-" + "b" * 30, "API secret key"),
+        ("AIza" + "c" * 35, "Google API key"),
+        ("eyJhbGciOiJI.eyJzdWIiOiIx.abcdefghij", "JSON Web Token"),
+        ("Basic dXNlcjpwYXNzd29yZDEyMzQ=", "bearer credential"),
+        # two kinds in one value: the first in the list names it
+        ("Bearer abcdefghijklmnopqrstuvwxyz and AKIAIOSFODNN7EXAMPLE", "AWS access key"),
+    ],
+)
+def test_each_secret_value_kind_is_named(value, kind):
+    assert credential_reason("data", value) == f"value looks like a {kind}"
+    assert credential_reason("data", "src/app.py and nothing secret") is None
 
 
 def test_credential_references_are_fine(spec):
