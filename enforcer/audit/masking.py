@@ -12,8 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..policy.credentials import credential_reason
 from ..policy.errors import pointer
@@ -28,8 +27,7 @@ SECRET_MASK = "[masked:secret]"
 MIN_LITERAL_SECRET = 6
 
 
-@dataclass(frozen=True)
-class Masked:
+class Masked(NamedTuple):
     value: Any
     pointers: tuple[str, ...]
     digest: str  # "sha256:<hex>" of the canonical unmasked value

@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import orjson
@@ -79,10 +79,11 @@ def _text(value: str, what: str, limit: int = 4096) -> str:
 def to_action(request: pb.CheckRequest) -> Action:
     which = request.WhichOneof("action")
     if which == "tool":
-        name = _text(request.tool.name, "tool.name", 256)
+        tool = request.tool
+        name = _text(tool.name, "tool.name", 256)
         if not name:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "tool.name is empty")
-        raw = request.tool.arguments_json
+        raw = tool.arguments_json
         try:
             arguments = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
@@ -121,8 +122,7 @@ def _receipt(receipt: Receipt | None, log_id: str) -> pb.AuditReceipt | None:
     return pb.AuditReceipt(seq=receipt.seq, hash=receipt.hash, log_id=log_id)
 
 
-@dataclass
-class _Decided:
+class _Decided(NamedTuple):
     """A decision waiting for its audit record."""
 
     entry: AgentEntry
