@@ -110,7 +110,7 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
                 policy,
                 "tool.args_invalid",
                 schema_ptr,
-                f"arguments of '{call.name}' do not match its schema at {where}: {error.message}",
+                f"arguments of '{call.name}' do not match its schema at {where}: {_schema_failure(error)}",
                 document,
             )
     reasons: list[Reason] = []
@@ -148,6 +148,15 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
         )
         return Decision("ASK", (ask, *reasons), MappingProxyType(obligations), policy.digest)
     return Decision("ALLOW", (rule.allowed, *reasons), MappingProxyType(obligations), policy.digest)
+
+
+def _schema_failure(error: Any) -> str:
+    """What failed, told from the schema's side. The validator's own message quotes the offending
+    value, and reasons reach the audit log unmasked: a secret in a mistyped argument would too."""
+    keyword = str(error.schema_path[-1]) if len(error.schema_path) else "schema"
+    if keyword == "required":
+        return str(error.message)  # names the missing member, which the schema itself declares
+    return f"the value fails the schema's '{keyword}' rule"
 
 
 def _approval(

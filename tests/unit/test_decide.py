@@ -58,6 +58,18 @@ def policy(schemas):
     return compile_doc(schemas, base_adl(tools=TOOLS, permissions=PERMS))
 
 
+def test_a_schema_failure_never_quotes_the_argument(policy):
+    secret = "sk-ant-" + "s" * 30
+    for arguments in ({"q": 12345678}, {"q": secret, "extra": secret}, {"q": [secret]}):
+        decision = decide(policy, ToolCall("search", arguments))
+        assert decision.verdict == "DENY" and decision.reasons[0].rule == "tool.args_invalid"
+        text = decision.reasons[0].text
+        assert secret not in text and "12345678" not in text, text
+        assert "fails the schema's" in text
+    missing = decide(policy, ToolCall("search", {}))
+    assert '"q" is a required property' in missing.reasons[0].text
+
+
 def verdict(policy, action):
     d = decide(policy, action)
     return d.verdict, d.reasons[0].rule
