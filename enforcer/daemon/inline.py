@@ -131,22 +131,19 @@ class InlineUnary:
         return True
 
     def _answer_all(self, arrived: list[tuple[str, Any, bytes | None]]) -> None:
-        by_method: dict[str, list[int]] = {}
-        for i, (method, _, _) in enumerate(arrived):
-            by_method.setdefault(method, []).append(i)
-        answers: list[Answer | None] = [None] * len(arrived)
-        for method, indices in by_method.items():
+        by_method: dict[str, list[tuple[Any, bytes | None]]] = {}
+        for method, call, request in arrived:
+            by_method.setdefault(method, []).append((call, request))
+        for method, calls in by_method.items():
             try:
-                got = self._handlers[method]([arrived[i][2] for i in indices])
-                if len(got) != len(indices):
-                    raise ValueError(f"{len(got)} answers for {len(indices)} requests")
+                answers = self._handlers[method]([request for _, request in calls])
+                if len(answers) != len(calls):
+                    raise ValueError(f"{len(answers)} answers for {len(calls)} requests")
             except Exception:  # a bug in a handler must not end the loop
                 log.exception("inline handler for %s failed", method)
-                got = [(grpc.StatusCode.INTERNAL, "internal error", None)] * len(indices)
-            for i, answer in zip(indices, got, strict=True):
-                answers[i] = answer
-        for (_, call, _), answer in zip(arrived, answers, strict=True):
-            self._send(call, answer)  # type: ignore[arg-type]
+                answers = [(grpc.StatusCode.INTERNAL, "internal error", None)] * len(calls)
+            for (call, _), answer in zip(calls, answers, strict=True):
+                self._send(call, answer)
 
     def _send(self, call: Any, answer: Answer) -> None:
         code, details, response = answer
