@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 from ..policy.credentials import credential_reason
 from ..policy.errors import pointer
-from ..policy.jsonvalues import iter_strings, member_name
 from ..policy.pii import MAX_SCAN, scan_text
 from .records import canonical
 
@@ -40,16 +39,38 @@ class Masker:
     def mask(self, value: Any, always: Iterable[str] = ()) -> Masked:
         """Mask `value`; members at the `always` pointers are masked whatever they hold."""
         digest = "sha256:" + hashlib.sha256(canonical(value)).hexdigest()
-        forced = [p for p in (_resolve(value, ptr) for ptr in always) if p is not None]
-        replacements: dict[tuple[str | int, ...], str] = {p: SECRET_MASK for p in forced}
-        for path, text in iter_strings(value):
-            if forced and any(path[: len(f)] == f for f in forced):
-                continue
-            masked = self._mask_text(member_name(path), text)
-            if masked is not None:
-                replacements[path] = masked
+        forced: set[tuple[str | int, ...]] = set()
+        for ptr in always:
+            found = _resolve(value, ptr)
+            if found is not None:
+                forced.add(found)
+        if len(forced) > 1:  # a member inside another forced one goes with it
+            forced = {p for p in forced if not any(p[:n] in forced for n in range(1, len(p)))}
+        replacements: dict[tuple[str | int, ...], str] = dict.fromkeys(forced, SECRET_MASK)
+        # One walk over the string leaves, each with the object member it belongs to (an array item:
+        # its array's). Iterative, as arguments may nest deeply; written out rather than built on
+        # jsonvalues.iter_strings because every tool call on the Check path comes through here.
+        stack: list[tuple[Any, tuple[str | int, ...], str]] = [(value, (), "")]
+        while stack:
+            item, path, member = stack.pop()
+            if isinstance(item, str):
+                masked = self._mask_text(member, item)
+                if masked is not None:
+                    replacements[path] = masked
+            elif isinstance(item, dict):
+                for key, child in item.items():
+                    child_path = (*path, key)
+                    if child_path not in forced:
+                        stack.append((child, child_path, key if isinstance(key, str) else member))
+            elif isinstance(item, list):
+                for index, child in enumerate(item):
+                    child_path = (*path, index)
+                    if child_path not in forced:
+                        stack.append((child, child_path, member))
         if not replacements:
             return Masked(value, (), digest)
+        if () in replacements:  # the value is a string itself
+            return Masked(replacements[()], ("",), digest)
         out = copy.deepcopy(value)
         for path, text in replacements.items():
             _set(out, path, text)
@@ -60,9 +81,9 @@ class Masker:
             return None
         if len(text) > MAX_SCAN:
             return f"[masked:unscanned:{len(text)} characters]"
-        if any(secret in text for secret in self._secrets) or credential_reason(member, text):
+        if (self._secrets and any(secret in text for secret in self._secrets)) or credential_reason(member, text):
             return SECRET_MASK
-        spans = list(scan_text(text))
+        spans = scan_text(text)
         if not spans:
             return None
         parts, last = [], 0

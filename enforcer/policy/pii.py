@@ -5,7 +5,6 @@ are scanned, each at most MAX_SCAN characters."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +48,12 @@ def _iban_ok(text: str) -> bool:
     return 15 <= len(compact) <= 34 and int(number) % 97 == 1
 
 
-def scan_text(text: str) -> Iterator[tuple[str, int, int]]:
+def scan_text(text: str) -> list[tuple[str, int, int]]:
+    """Every PII match in `text` (its first MAX_SCAN characters): (kind, start, end)."""
     text = text[:MAX_SCAN]
     if not _ANY_PII_CHARACTER.search(text):
-        return
+        return []
+    found: list[tuple[str, int, int]] = []
     taken: list[tuple[int, int]] = []
 
     def free(a: int, b: int) -> bool:
@@ -60,29 +61,30 @@ def scan_text(text: str) -> Iterator[tuple[str, int, int]]:
 
     for m in _EMAIL.finditer(text):
         taken.append(m.span())
-        yield "email", *m.span()
+        found.append(("email", *m.span()))
     for m in _IBAN.finditer(text):
         if free(*m.span()) and _iban_ok(m.group()):
             taken.append(m.span())
-            yield "iban", *m.span()
+            found.append(("iban", *m.span()))
     for m in _CARD.finditer(text):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):
             taken.append(m.span())
-            yield "payment_card", *m.span()
+            found.append(("payment_card", *m.span()))
     for m in _SSN.finditer(text):
         if free(*m.span()):
             taken.append(m.span())
-            yield "us_ssn", *m.span()
+            found.append(("us_ssn", *m.span()))
     for m in _NINO.finditer(text):
         if free(*m.span()):
             taken.append(m.span())
-            yield "uk_nino", *m.span()
+            found.append(("uk_nino", *m.span()))
     for m in _PHONE.finditer(text):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 9 <= len(digits) <= 15:
             taken.append(m.span())
-            yield "phone", *m.span()
+            found.append(("phone", *m.span()))
+    return found
 
 
 def scan(value: Any) -> list[PiiFinding]:

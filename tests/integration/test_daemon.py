@@ -55,6 +55,14 @@ def test_check_allow_deny_ask_with_reasons_and_audit_receipts(daemon: RunningDae
     )
     assert [r.decision for r in batch.responses] == [pb.ALLOW, pb.DENY]
 
+    # arguments that are a string, not an object: denied, recorded, and masked like any other argument
+    bare = stub.Check(
+        pb.CheckRequest(agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json='"ops@acme.example"'))
+    )
+    assert bare.decision == pb.DENY and bare.reasons[0].rule == "tool.args_invalid"
+    bare_record = by_decision_id(daemon, bare.decision_id)
+    assert bare_record["payload"]["args"] == "[masked:email]" and bare_record["payload"]["masked"] == [""]
+
     file_deny = stub.Check(pb.CheckRequest(agent="Sandboxed", file=pb.FileAccess(path="/etc/shadow", mode="read")))
     assert file_deny.decision == pb.DENY
     explain = stub.Explain(tool_request("Sandboxed", "pay", {"amount": 1}))

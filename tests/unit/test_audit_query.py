@@ -10,6 +10,8 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from enforcer.audit import AuditWriter, Masker, records
 from enforcer.audit.events import decision_payload
@@ -18,6 +20,8 @@ from enforcer.audit.keys import load_or_create
 from enforcer.audit.query import QueryError, parse_seq_range, parse_time
 from enforcer.cli.audit import main as audit_main
 from enforcer.policy import FileAccess, NetworkConnect, ToolCall, decide
+from enforcer.policy.errors import pointer
+from enforcer.policy.jsonvalues import iter_strings, member_name
 
 from ..conftest import base_adl, compile_doc
 
@@ -193,6 +197,66 @@ def test_masking_keeps_every_seeded_value_out_of_the_files(tmp_path: Path, schem
         "/body",
     }
     assert payload["args"]["to"] == "Please mail [masked:email] today"
+
+
+_LEAF_TEXT = st.sampled_from(
+    [
+        "",
+        "src/app.py",
+        "ops@acme.example",
+        "+44 20 7946 0958",
+        SEEDED["card"],
+        SEEDED["github"],
+        SECRET_ENV_VALUE,
+        "https://u:pw@host/x",
+        "a" * 40,
+    ]
+) | st.text(max_size=12)
+_MEMBER = st.sampled_from(["path", "password", "api_key", "notes", "to", "x"]) | st.text(max_size=6)
+_JSON = st.recursive(
+    _LEAF_TEXT | st.integers(-(2**63), 2**64 - 1) | st.booleans() | st.none(),  # orjson.loads gives no wider int
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_MEMBER, children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON, always=st.lists(st.sampled_from(["/password", "/notes", "/notes/0", "/x/path", "/nothing"])))
+def test_masking_masks_exactly_the_leaves_each_leaf_check_names(value: Any, always: list[str]) -> None:
+    """Masker.mask walks the value itself (it is on the Check path); it must agree leaf for leaf with
+    the shared walk (iter_strings and member_name) and the per-leaf rule."""
+    masker = Masker(secrets=[SECRET_ENV_VALUE])
+    forced = {p for p in always if _resolves(value, p)}
+    forced = {p for p in forced if not any(_under(p, f) and p != f for f in forced)}
+    expected = {pointer(*path): masker._mask_text(member_name(path), text) for path, text in iter_strings(value)}
+    expected = {
+        ptr: text for ptr, text in expected.items() if text is not None and not any(_under(ptr, f) for f in forced)
+    }
+    expected.update(dict.fromkeys(forced, "[masked:secret]"))
+    masked = masker.mask(value, always=always)
+    assert masked.pointers == tuple(sorted(expected))
+    assert masked.digest == "sha256:" + hashlib.sha256(records.canonical(value)).hexdigest()
+    for ptr, text in expected.items():
+        assert _at(masked.value, ptr) == text
+
+
+def _resolves(value: Any, ptr: str) -> bool:
+    try:
+        _at(value, ptr)
+    except (KeyError, IndexError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _under(ptr: str, prefix: str) -> bool:
+    return ptr == prefix or ptr.startswith(prefix + "/")
+
+
+def _at(value: Any, ptr: str) -> Any:
+    for token in ptr.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        value = value[int(token)] if isinstance(value, list) else value[token]
+    return value
 
 
 def test_session_evidence_validates_and_verifies(tmp_path: Path, spec: Path) -> None:
