@@ -93,6 +93,7 @@ class RunningDaemon:
         self._channels: list[grpc.Channel] = []
         self.extra_env: dict[str, str] = {}
         self.wrap: list[str] = []  # a prefix for the daemon (the network lab's nsenter)
+        self.program = ["-m", "enforcer.cli.enforcerd"]  # what the interpreter runs
 
     # -- policies -------------------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ class RunningDaemon:
     def start(self, wait: bool = True) -> None:
         log = open(self.log, "ab")  # noqa: SIM115 (the daemon keeps it)
         self.proc = subprocess.Popen(
-            [*self.wrap, sys.executable, "-m", "enforcer.cli.enforcerd"], env=self.env(), stdout=log, stderr=log
+            [*self.wrap, sys.executable, *self.program], env=self.env(), stdout=log, stderr=log
         )
         log.close()
         if wait:

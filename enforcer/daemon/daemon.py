@@ -40,6 +40,7 @@ from .store import PolicyStore, ReloadResult
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
+CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
 
 
@@ -344,7 +345,7 @@ class Daemon:
         except KeyError:
             raise StartupError(f"socket_group {self.settings.socket_group!r}: no such group") from None
 
-    def _grpc_server(self, path: Path, mode: int, gid: int | None, *, admin: bool) -> grpc.Server:
+    def _grpc_server(self, path: Path, mode: int, gid: int | None, *, admin: bool, inline: bool = True) -> grpc.Server:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         path.unlink(missing_ok=True)
         server = grpc.server(
@@ -363,10 +364,9 @@ class Daemon:
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
         if not admin and not self.settings.inline_check:
             log.info("Check and CheckBatch are served by the gRPC worker threads (inline_check is off)")
-        elif not admin:
+        elif not admin and inline:
             try:
                 self._inline = InlineUnary(server, inline_handlers(enforcer, limit), name="api-inline")
-                log.info("Check and CheckBatch are served on the inline loop")
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
         if admin:
@@ -384,6 +384,17 @@ class Daemon:
                 self._inline.start()
         finally:
             os.umask(old)
+        if not admin and self._inline is not None:
+            try:
+                # An empty batch: answered with a message, and nothing is decided or recorded.
+                self._inline.probe(f"unix:{path}", CHECK_BATCH, b"")
+            except InlineUnavailable as exc:
+                log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
+                server.stop(None)
+                self._inline.stop()
+                self._inline = None
+                return self._grpc_server(path, mode, gid, admin=False, inline=False)
+            log.info("Check and CheckBatch are served on the inline loop")
         os.chmod(path, mode)
         if gid is not None:
             os.chown(path, -1, gid)

@@ -89,6 +89,21 @@ class InlineUnary:
         self._queue.shutdown()
         self._thread.join(timeout_s)
 
+    def probe(self, target: str, method: str, request: bytes, timeout_s: float = 5.0) -> None:
+        """One call to `method` through the loop, from a client in this process, must be answered OK.
+        Construction only finds the names the loop uses in this grpcio; the probe proves they still
+        behave as the loop expects (receive, hand over, send a message and a status) before any
+        caller depends on them. Raises InlineUnavailable otherwise."""
+        with grpc.insecure_channel(target) as channel:
+            try:
+                channel.unary_unary(method)(request, timeout=timeout_s)
+                return
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details()
+        raise InlineUnavailable(
+            f"grpcio {grpc.__version__}: a probe call through the inline loop got {code.name}: {details}"
+        )
+
     def _request(self, method: str) -> None:
         self._core.request_registered_call(self._queue, self._queue, method, (_NEW, method))
 

@@ -216,6 +216,17 @@ def test_with_the_inline_loop_off_the_worker_threads_answer_the_same(daemon: Run
     assert [r.decision for r in batch.responses] == [pb.ALLOW, pb.DENY]
 
 
+def test_an_inline_loop_that_fails_its_probe_leaves_check_to_the_worker_threads(daemon: RunningDaemon) -> None:
+    daemon.stop()
+    logged_before = len(daemon.log.read_bytes())
+    daemon.program = [str(Path(__file__).parent.parent / "inline_broken.py")]
+    daemon.start()
+    log = daemon.log.read_bytes()[logged_before:].decode()
+    assert "a probe call through the inline loop got" in log
+    assert "served by the gRPC worker threads (slower)" in log and "served on the inline loop" not in log
+    _concurrent_checks(daemon)
+
+
 def test_bad_input_gets_invalid_argument_and_the_daemon_keeps_serving(daemon: RunningDaemon) -> None:
     channel = daemon.channel()
     raw = channel.unary_unary("/enforcer.v1.Enforcer/Check")

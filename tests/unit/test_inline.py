@@ -95,6 +95,22 @@ def test_stop_ends_the_thread(served) -> None:
     assert not loop._thread.is_alive()
 
 
+def test_the_probe_passes_on_a_working_loop_and_fails_on_one_that_never_answers(
+    served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, loop, _ = served
+    target = f"unix:{tmp_path / 's.sock'}"
+    loop.probe(target, ECHO, b"probe", timeout_s=5)
+    with pytest.raises(InlineUnavailable, match="got PERMISSION_DENIED: refused"):
+        loop.probe(target, ECHO, b"refuse", timeout_s=5)
+    # What a grpcio whose core calls changed behaviour would look like: nothing is ever sent.
+    monkeypatch.setattr(loop, "_send", lambda call, answer: None)
+    started = time.monotonic()
+    with pytest.raises(InlineUnavailable, match=r"got (DEADLINE_EXCEEDED|CANCELLED)"):
+        loop.probe(target, ECHO, b"probe", timeout_s=0.5)
+    assert time.monotonic() - started < 5
+
+
 def test_refuses_a_server_without_a_core() -> None:
     with pytest.raises(InlineUnavailable):
         InlineUnary(object(), {ECHO: _echo})  # type: ignore[arg-type]
