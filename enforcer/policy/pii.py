@@ -54,35 +54,28 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     if not _ANY_PII_CHARACTER.search(text):
         return []
     found: list[tuple[str, int, int]] = []
-    taken: list[tuple[int, int]] = []
 
     def free(a: int, b: int) -> bool:
-        return all(b <= s or a >= e for s, e in taken)
+        return all(b <= s or a >= e for _, s, e in found)
 
     for m in _EMAIL.finditer(text):
-        taken.append(m.span())
         found.append(("email", *m.span()))
     for m in _IBAN.finditer(text):
         if free(*m.span()) and _iban_ok(m.group()):
-            taken.append(m.span())
             found.append(("iban", *m.span()))
     for m in _CARD.finditer(text):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):
-            taken.append(m.span())
             found.append(("payment_card", *m.span()))
     for m in _SSN.finditer(text):
         if free(*m.span()):
-            taken.append(m.span())
             found.append(("us_ssn", *m.span()))
     for m in _NINO.finditer(text):
         if free(*m.span()):
-            taken.append(m.span())
             found.append(("uk_nino", *m.span()))
     for m in _PHONE.finditer(text):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 9 <= len(digits) <= 15:
-            taken.append(m.span())
             found.append(("phone", *m.span()))
     return found
 
