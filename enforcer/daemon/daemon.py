@@ -89,6 +89,7 @@ class Daemon:
         self._stop_wanted = threading.Event()
         self._reload_lock = threading.Lock()
         self._serving = False
+        self._started = False  # every socket is listening: health may say SERVING from then on
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class Daemon:
         )
         self._launch.start(0o660, group)
         threading.Thread(target=self._spawner_events, name="spawner-events", daemon=True).start()
+        self._started = True
         self._update_health()
         notify.send("READY=1", self._status_line())
 
@@ -318,7 +320,7 @@ class Daemon:
 
     def _update_health(self) -> None:
         spawner_alive = self.spawner.sock.fileno() >= 0
-        ok = self.sink.healthy and bool(self.store.snapshot.agents) and not self._stop_wanted.is_set()
+        ok = self._started and self.sink.healthy and bool(self.store.snapshot.agents) and not self._stop_wanted.is_set()
         self._serving = ok and spawner_alive
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *SERVICES):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from enforcer.audit.verify import verify_directory
 from enforcer.client import AsyncClient, Client
@@ -225,6 +226,32 @@ def test_an_inline_loop_that_fails_its_probe_leaves_check_to_the_worker_threads(
     assert "a probe call through the inline loop got" in log
     assert "served by the gRPC worker threads (slower)" in log and "served on the inline loop" not in log
     _concurrent_checks(daemon)
+
+
+def test_health_says_serving_only_once_every_socket_listens(daemon: RunningDaemon) -> None:
+    """A client that waits for SERVING on the API socket may go straight to the admin or launch
+    socket; the API socket listens first and probes its inline loop, so health must wait. Here the
+    loop holds every call, so the probe takes its whole 5 s deadline before the admin socket opens."""
+    daemon.stop()
+    assert not daemon.admin.exists()
+    daemon.program = [str(Path(__file__).parent.parent / "inline_broken.py")]
+    daemon.extra_env["ADL_TEST_INLINE"] = "hold"
+    daemon.start(wait=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if daemon.api.exists():
+            with grpc.insecure_channel(f"unix:{daemon.api}") as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.RpcError:
+                    reply = None
+            if reply is not None and reply.status == health_pb2.HealthCheckResponse.SERVING:
+                assert daemon.admin.exists() and daemon.launch.exists()
+                assert "got DEADLINE_EXCEEDED" in daemon.log.read_text()  # the probe did hold it up
+                _concurrent_checks(daemon)  # answered by the worker threads
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"never SERVING:\n{daemon.log.read_text()}")
 
 
 def test_bad_input_gets_invalid_argument_and_the_daemon_keeps_serving(daemon: RunningDaemon) -> None:
