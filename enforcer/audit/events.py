@@ -49,7 +49,8 @@ def action_facets(action: Action, masker: Masker) -> dict[str, Any]:
     raise TypeError(f"unknown action {type(action).__name__}")
 
 
-def decision_payload(policy: Policy, action: Action, decision: Decision, masker: Masker) -> dict[str, Any]:
+def decision_members(policy: Policy, decision: Decision) -> dict[str, Any]:
+    """The members of a decision record that follow from the decision alone."""
     return {
         "agent": agent_of(policy),
         "decision": decision.verdict.lower(),
@@ -57,5 +58,8 @@ def decision_payload(policy: Policy, action: Action, decision: Decision, masker:
         "reasons": [r.to_json() for r in decision.reasons],
         "obligations": dict(decision.obligations),
         "policy_digest": decision.policy_digest,
-        **action_facets(action, masker),
     }
+
+
+def decision_payload(policy: Policy, action: Action, decision: Decision, masker: Masker) -> dict[str, Any]:
+    return {**decision_members(policy, decision), **action_facets(action, masker)}

@@ -39,13 +39,7 @@ class Masker:
     def mask(self, value: Any, always: Iterable[str] = ()) -> Masked:
         """Mask `value`; members at the `always` pointers are masked whatever they hold."""
         digest = "sha256:" + hashlib.sha256(canonical(value)).hexdigest()
-        forced: set[tuple[str | int, ...]] = set()
-        for ptr in always:
-            found = _resolve(value, ptr)
-            if found is not None:
-                forced.add(found)
-        if len(forced) > 1:  # a member inside another forced one goes with it
-            forced = {p for p in forced if not any(p[:n] in forced for n in range(1, len(p)))}
+        forced = _forced(value, always) if always else _NOTHING_FORCED
         replacements: dict[tuple[str | int, ...], str] = dict.fromkeys(forced, SECRET_MASK)
         # One walk over the string leaves, each with the object member it belongs to (an array item:
         # its array's). Iterative, as arguments may nest deeply; written out rather than built on
@@ -92,6 +86,18 @@ class Masker:
             last = end
         parts.append(text[last:])
         return "".join(parts)
+
+
+_NOTHING_FORCED: frozenset[tuple[str | int, ...]] = frozenset()
+
+
+def _forced(value: Any, always: Iterable[str]) -> set[tuple[str | int, ...]]:
+    """The paths of the members at the `always` pointers that exist in `value`; a member inside
+    another one goes with it."""
+    forced = {found for ptr in always if (found := _resolve(value, ptr)) is not None}
+    if len(forced) > 1:
+        forced = {p for p in forced if not any(p[:n] in forced for n in range(1, len(p)))}
+    return forced
 
 
 def _resolve(value: Any, ptr: str) -> tuple[str | int, ...] | None:

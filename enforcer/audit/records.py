@@ -114,11 +114,11 @@ def parse_ts(text: str) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _json_text(value: str) -> bytes:
-    """A JSON string, cached: source, kind, priority and session ids repeat across records."""
+    """A JSON string, cached: source, kind, priority and the log id repeat across records."""
     return orjson.dumps(value)
 
 
-def canonical_envelope(
+def envelope_parts(
     *,
     log_id: str,
     seq: int,
@@ -130,20 +130,19 @@ def canonical_envelope(
     payload: dict[str, Any],
     trace: dict[str, str] | None = None,
     priority: str = "normal",
-) -> bytes:
-    """The canonical bytes of an unsigned record (see the module docstring for the chain rule),
-    assembled from its parts.
+) -> tuple[bytes, bytes]:
+    """The canonical bytes of an unsigned record (see the module docstring for the chain rule) in two
+    pieces, split where the `hash` member goes: the record's hash is that of head + tail, and its
+    line is head + `,"hash":"<hex>"` + tail.
 
     Every decision is appended on the hot path; building the 17-member envelope dict, sorting it and
     re-encoding the strings that repeat in every record cost about a third of an append. The member
     order below is the sorted order; a unit test holds this byte-for-byte equal to canonical() of
     the same record built as a dict."""
-    return b"".join(
+    # corr is not cached: it is often a decision id, new with every record.
+    head = b'{"corr":%b,"from":%b' % (orjson.dumps(corr), _json_text(source))
+    tail = b"".join(
         (
-            b'{"corr":',
-            _json_text(corr),
-            b',"from":',
-            _json_text(source),
             b',"id":',
             _json_text(log_id)[:-1],
             b'.%d","intent":' % seq,
@@ -161,3 +160,4 @@ def canonical_envelope(
             b'","type":"event","v":"1"}',
         )
     )
+    return head, tail

@@ -57,7 +57,15 @@ class AuditSink:
         return self._write(lambda writer: writer.append(kind, payload, **kw))
 
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
-        return self._write(lambda writer: writer.append_many(entries, sync=sync))
+        # _write written out: every Check comes through here.
+        writer = self._writer
+        if writer is None or self._error is not None:
+            raise AuditUnavailable(self._error or "audit log not open")
+        try:
+            return writer.append_many(entries, sync=sync)
+        except AuditUnavailable as exc:
+            self._fail(str(exc))
+            raise
 
     def _write(self, write: Callable[[AuditWriter], _T]) -> _T:
         writer = self._writer

@@ -22,6 +22,7 @@ from .model import (
     DEFAULT_APPROVAL_TIMEOUT_S,
     ApprovalGate,
     CompileOptions,
+    Decision,
     ExecutionRules,
     FilesystemRules,
     Lifecycle,
@@ -118,6 +119,8 @@ class _Builder:
         handling = obj(obj(self.adl.get("data_classification")).get("handling"))
         invocation = obj(obj(self.adl.get("runtime")).get("tool_invocation"))
         timeout = invocation.get("timeout_ms")
+        timeout = timeout if isinstance(timeout, int) and timeout > 0 else None
+        obligations = MappingProxyType({"timeout_ms": timeout} if timeout else {})
         return Policy(
             agent_name=str(self.adl.get("name", "")),
             agent_id=self.adl.get("id") if isinstance(self.adl.get("id"), str) else None,
@@ -139,12 +142,15 @@ class _Builder:
             pii_mode=self.pii_mode(),
             audit_required=bool(self.compliance.get("audit_log")) or bool(handling.get("logging_required")),
             safety_level=safety_level,
-            tool_timeout_ms=timeout if isinstance(timeout, int) and timeout > 0 else None,
+            tool_timeout_ms=timeout,
             secret_env=frozenset(t.auth_env_var for t in tools.values() if t.auth_env_var),
             warnings=(),
             options=self.options,
             public_test_networks=tuple(ipaddress.ip_network(n, strict=False) for n in self.options.public_test_ranges),
             host_ips=tuple(ipaddress.ip_address(a) for a in self.options.host_addresses),
+            tool_allowed=MappingProxyType(
+                {name: Decision("ALLOW", (rule.allowed,), obligations, digest) for name, rule in tools.items()}
+            ),
         )
 
     def lifecycle(self) -> Lifecycle:

@@ -139,9 +139,11 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
                     "aaif",
                 )
             )
+    ask = _approval(policy, call, rule.requires_confirmation, rule.read_only, rule.sensitivity, rule.pointer)
+    if ask is None and not reasons:
+        return policy.tool_allowed[call.name]
     if policy.tool_timeout_ms:
         obligations["timeout_ms"] = policy.tool_timeout_ms
-    ask = _approval(policy, call, rule.requires_confirmation, rule.read_only, rule.sensitivity, rule.pointer)
     if ask is not None:
         obligations["approval_timeout_s"] = (
             policy.approval.timeout_seconds if policy.approval else DEFAULT_APPROVAL_TIMEOUT_S

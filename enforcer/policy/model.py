@@ -216,5 +216,8 @@ class Policy:
     secret_env: frozenset[str]
     warnings: tuple[Finding, ...]
     options: CompileOptions
+    # The decision of every plain ALLOW of a tool (no PII found, no approval needed), built once:
+    # each such call gets the same object, so that what callers derive from it can be kept too.
+    tool_allowed: Mapping[str, Decision]
     public_test_networks: tuple[Any, ...] = ()
     host_ips: tuple[Any, ...] = ()

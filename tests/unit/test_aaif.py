@@ -196,3 +196,24 @@ def test_inline_credential_rejects_compile(schemas):
     with pytest.raises(DocumentRejected) as exc:
         compile_doc(schemas, doc)
     assert "ENF-2001" in [f.code for f in exc.value.findings]
+
+
+def test_a_plain_allow_is_the_policys_shared_decision_and_nothing_else_is(schemas):
+    p = policy(
+        schemas,
+        {
+            "pii_handling": "detect",
+            "human_in_the_loop": {
+                "enabled": True,
+                "trigger": {"lang": "jsonlogic", "expr": {">": [{"var": "arguments.amount"}, 100]}},
+            },
+        },
+    )
+    plain = decide(p, ToolCall("send_money", {"amount": 1, "memo": "rent"}))
+    assert plain is decide(p, ToolCall("send_money", {"amount": 2})) is p.tool_allowed["send_money"]
+    assert (plain.verdict, [r.rule for r in plain.reasons]) == ("ALLOW", ["tool.allowed"])
+    with_pii = decide(p, ToolCall("send_money", {"amount": 1, "memo": "mail ops@acme.example"}))
+    asks = decide(p, ToolCall("send_money", {"amount": 500}))
+    assert with_pii.verdict == "ALLOW" and "pii" in with_pii.obligations and with_pii is not plain
+    assert asks.verdict == "ASK" and asks is not plain
+    assert decide(p, ToolCall("read_doc", {})) is p.tool_allowed["read_doc"] is not plain

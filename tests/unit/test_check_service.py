@@ -1,0 +1,124 @@
+"""The Check path in process: what is built once per shared decision (record members, the encoded
+decision part of the response) gives the same records and answers as building it for each call."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+
+from enforcer.audit import Receipt, WriterSettings, records
+from enforcer.audit.events import decision_payload
+from enforcer.audit.verify import verify_directory
+from enforcer.daemon.approvals import Approvals
+from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.registry import SessionRegistry
+from enforcer.daemon.service import Core, EnforcerService, inline_handlers, to_action
+from enforcer.daemon.store import PolicyStore
+from enforcer.policy import CompileOptions, decide
+from enforcer.v1 import enforcer_pb2 as pb
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+CHECK = "/enforcer.v1.Enforcer/Check"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@pytest.fixture
+def core(tmp_path: Path, schemas: Any) -> Iterator[Core]:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    for name in ("coding-agent.adl.json", "invoice-processor.adl.json", "invoice-processor.aaif.json"):
+        shutil.copy(EXAMPLES / name, policies)
+    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
+    assert not store.reload().snapshot.problems
+    sink = AuditSink(tmp_path / "audit", tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
+    sink.open()
+    try:
+        yield Core(store, sink, SessionRegistry(), Approvals(_now_ms, 10), _now_ms)
+    finally:
+        sink.close()
+
+
+def _tool(agent: str, name: str, arguments: dict[str, Any], **extra: Any) -> pb.CheckRequest:
+    return pb.CheckRequest(agent=agent, tool=pb.ToolCall(name=name, arguments_json=orjson.dumps(arguments)), **extra)
+
+
+REQUESTS = [
+    _tool("Coding Agent", "read_file", {"path": "src/app.py"}, request_id="r1"),  # plain ALLOW (shared)
+    _tool("Coding Agent", "read_file", {"path": "docs/ops@acme.example.md"}),  # shared, masked arguments
+    _tool("Coding Agent", "read_file", {"path": "src/app.py"}, mode=pb.DRY_RUN),  # shared, dry run
+    _tool("Coding Agent", "format_disk", {}),  # DENY
+    _tool("Invoice Processor", "notify_vendor", {"invoice_id": "INV-1", "message": "call +44 20 7946 0958"}),  # PII
+    _tool("Invoice Processor", "approve_payment", {"invoice_id": "INV-1", "amount": 5}),  # ASK
+]
+
+
+def _decision_records(core: Core) -> list[dict[str, Any]]:
+    lines = b"".join(p.read_bytes() for p in sorted(core.sink.directory.glob("*.jsonl"))).splitlines()
+    found = []
+    for line in lines:
+        record = orjson.loads(line)
+        unhashed = {k: v for k, v in record.items() if k != "hash"}
+        assert records.with_hash(records.canonical(unhashed), record["hash"]) == line + b"\n"  # canonical as stored
+        found.append(record)
+    return [r for r in found if records.kind_of(r) == records.DECISION]
+
+
+def _per_call(payload: dict[str, Any]) -> dict[str, Any]:
+    keys = ("decision_id", "eval_us", "request_id", "mode", "approval_id", "approval_expires_ms")
+    return {k: payload[k] for k in keys if k in payload}
+
+
+@pytest.mark.parametrize("serialized", [True, False])
+def test_records_and_answers_match_those_built_for_each_call(core: Core, serialized: bool) -> None:
+    if serialized:
+        check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+        answers = [pb.CheckResponse.FromString(body) for _, _, body in check([r.SerializeToString() for r in REQUESTS])]
+    else:
+        answers = [core.check(r) for r in REQUESTS]
+    again = core.check_many(REQUESTS)  # the shared decisions' parts now come from the memo
+    assert [a.decision for a in answers] == [pb.ALLOW, pb.ALLOW, pb.ALLOW, pb.DENY, pb.ALLOW, pb.ASK]
+    written = _decision_records(core)
+    assert len(written) == 2 * len(REQUESTS)
+    snapshot = core.store.snapshot
+    for request, answer, record in zip(REQUESTS * 2, answers + again, written, strict=True):
+        entry = snapshot.resolve(request.agent)
+        action = to_action(request)
+        payload = record["payload"]
+        expected = decision_payload(entry.policy, action, decide(entry.policy, action), entry.masker)
+        assert payload == {**expected, **_per_call(payload)}
+        built = core._response(core._decide(entry, "", request, dry_run=request.mode == pb.DRY_RUN), _receipt(record))
+        for member in ("decision", "reasons", "obligations_json", "policy_digest", "agent", "mode"):
+            assert getattr(answer, member) == getattr(built, member), member
+        assert (answer.decision_id, answer.request_id) == (payload["decision_id"], request.request_id)
+        assert (answer.receipt.seq, answer.receipt.hash) == (record["seq"], record["hash"])
+    assert "[masked:email]" in written[1]["payload"]["args"]["path"]
+    assert written[4]["payload"]["obligations"]["pii"]["kinds"] == ["phone"]
+    assert written[5]["payload"]["approval_id"] == answers[5].approval_id
+    assert verify_directory(core.sink.directory).intact
+
+
+def _receipt(record: dict[str, Any]) -> Receipt:
+    return Receipt(record["seq"], record["hash"], record["id"])
+
+
+def test_an_unparsable_request_keeps_its_place_among_the_answers(core: Core) -> None:
+    check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+    good = REQUESTS[0].SerializeToString()
+    answers = check([good, b"\xff\xff", None, good])
+    assert [code for code, _, _ in answers] == [
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OK,
+    ]
+    assert len(_decision_records(core)) == 2
