@@ -297,8 +297,9 @@ class Core:
         return response
 
     def _response_bytes(self, decided: _Decided, receipt: Receipt) -> bytes:
-        """_response encoded. The members that follow from the decision alone are encoded once per
-        decision and the call's own members appended: protobuf reads the two as one message."""
+        """_response encoded. The members that follow from the decision alone are encoded once for a
+        shared decision (see _Derived) and the call's own members appended: protobuf reads the two
+        as one message."""
         encoded = decided.derived.encoded
         part = encoded.get(decided.dry_run)
         if part is None:
