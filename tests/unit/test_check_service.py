@@ -3,6 +3,7 @@ decision part of the response) gives the same records and answers as building it
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from typing import Any
 import grpc
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from enforcer.audit import Receipt, WriterSettings, records
 from enforcer.audit.events import decision_payload
@@ -32,20 +35,32 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@pytest.fixture
-def core(tmp_path: Path, schemas: Any) -> Iterator[Core]:
-    policies = tmp_path / "policies"
+@contextlib.contextmanager
+def _running_core(directory: Path, schemas: Any) -> Iterator[Core]:
+    policies = directory / "policies"
     policies.mkdir()
     for name in ("coding-agent.adl.json", "invoice-processor.adl.json", "invoice-processor.aaif.json"):
         shutil.copy(EXAMPLES / name, policies)
     store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
     assert not store.reload().snapshot.problems
-    sink = AuditSink(tmp_path / "audit", tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
+    sink = AuditSink(directory / "audit", directory / "key.pem", WriterSettings(), on_change=lambda ok: None)
     sink.open()
     try:
         yield Core(store, sink, SessionRegistry(), Approvals(_now_ms, 10), _now_ms)
     finally:
         sink.close()
+
+
+@pytest.fixture
+def core(tmp_path: Path, schemas: Any) -> Iterator[Core]:
+    with _running_core(tmp_path, schemas) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def core_for_many(tmp_path_factory: pytest.TempPathFactory, schemas: Any) -> Iterator[Core]:
+    with _running_core(tmp_path_factory.mktemp("check"), schemas) as running:
+        yield running
 
 
 def _tool(agent: str, name: str, arguments: dict[str, Any], **extra: Any) -> pb.CheckRequest:
@@ -89,22 +104,27 @@ def test_records_and_answers_match_those_built_for_each_call(core: Core, seriali
     assert [a.decision for a in answers] == [pb.ALLOW, pb.ALLOW, pb.ALLOW, pb.DENY, pb.ALLOW, pb.ASK]
     written = _decision_records(core)
     assert len(written) == 2 * len(REQUESTS)
-    snapshot = core.store.snapshot
     for request, answer, record in zip(REQUESTS * 2, answers + again, written, strict=True):
-        entry = snapshot.resolve(request.agent)
-        action = to_action(request)
-        payload = record["payload"]
-        expected = decision_payload(entry.policy, action, decide(entry.policy, action), entry.masker)
-        assert payload == {**expected, **_per_call(payload)}
-        built = core._response(core._decide(entry, "", request, dry_run=request.mode == pb.DRY_RUN), _receipt(record))
-        for member in ("decision", "reasons", "obligations_json", "policy_digest", "agent", "mode"):
-            assert getattr(answer, member) == getattr(built, member), member
-        assert (answer.decision_id, answer.request_id) == (payload["decision_id"], request.request_id)
-        assert (answer.receipt.seq, answer.receipt.hash) == (record["seq"], record["hash"])
+        _assert_built_as_for_each_call(core, request, answer, record)
     assert "[masked:email]" in written[1]["payload"]["args"]["path"]
     assert written[4]["payload"]["obligations"]["pii"]["kinds"] == ["phone"]
     assert written[5]["payload"]["approval_id"] == answers[5].approval_id
     assert verify_directory(core.sink.directory).intact
+
+
+def _assert_built_as_for_each_call(core: Core, request: pb.CheckRequest, answer: Any, record: dict[str, Any]) -> None:
+    """The record and the answer equal what the per-call builders make of the same decision."""
+    entry = core.store.snapshot.resolve(request.agent)
+    assert entry is not None
+    action = to_action(request)
+    payload = record["payload"]
+    expected = decision_payload(entry.policy, action, decide(entry.policy, action), entry.masker)
+    assert payload == {**expected, **_per_call(payload)}
+    built = core._response(core._decide(entry, "", request, dry_run=request.mode == pb.DRY_RUN), _receipt(record))
+    for member in ("decision", "reasons", "obligations_json", "policy_digest", "agent", "mode"):
+        assert getattr(answer, member) == getattr(built, member), member
+    assert (answer.decision_id, answer.request_id) == (payload["decision_id"], request.request_id)
+    assert (answer.receipt.seq, answer.receipt.hash) == (record["seq"], record["hash"])
 
 
 def _receipt(record: dict[str, Any]) -> Receipt:
@@ -122,3 +142,33 @@ def test_an_unparsable_request_keeps_its_place_among_the_answers(core: Core) -> 
         grpc.StatusCode.OK,
     ]
     assert len(_decision_records(core)) == 2
+
+
+_TEXT = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["src/app.py", "ops@acme.example", "+44 20 7946 0958", "4111 1111 1111 1111", "sk-" + "a" * 24]),
+)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(["read_file", "write_file", "run_tests", "delete_path", "format_disk"]),
+    arguments=st.dictionaries(st.sampled_from(["path", "content", "pattern"]) | _TEXT, _JSON, max_size=3),
+    dry_run=st.booleans(),
+    request_id=st.sampled_from(["", "r-7"]),
+)
+def test_any_tool_call_is_recorded_and_answered_as_built_for_each_call(
+    core_for_many: Core, name: str, arguments: dict[str, Any], dry_run: bool, request_id: str
+) -> None:
+    request = _tool("Coding Agent", name, arguments, request_id=request_id, mode=pb.DRY_RUN if dry_run else pb.ENFORCE)
+    check = inline_handlers(EnforcerService(core_for_many, pb.StatusResponse), 1 << 20)[CHECK]
+    ((code, _, body),) = check([request.SerializeToString()])
+    assert code == grpc.StatusCode.OK
+    answers = [pb.CheckResponse.FromString(body), core_for_many.check(request)]
+    for answer, record in zip(answers, _decision_records(core_for_many)[-2:], strict=True):
+        _assert_built_as_for_each_call(core_for_many, request, answer, record)
