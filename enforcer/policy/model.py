@@ -218,6 +218,7 @@ class Policy:
     options: CompileOptions
     # The decision of every plain ALLOW of a tool (no PII found, no approval needed), built once:
     # each such call gets the same object, so that what callers derive from it can be kept too.
-    tool_allowed: Mapping[str, Decision]
+    # Derived from the members above, so left out of comparisons and repr.
+    tool_allowed: Mapping[str, Decision] = field(repr=False, compare=False)
     public_test_networks: tuple[Any, ...] = ()
     host_ips: tuple[Any, ...] = ()
