@@ -32,15 +32,20 @@ _REFERENCE_MEMBERS = {
     "name",
     "algorithm",
 }
+# Each pattern starts by consuming a character it needs and only then looks behind for the word
+# boundary (`A(?<!\wA)KIA` is `\bAKIA`): with a leading `\b` or lookbehind the regex engine tries
+# every position of a value (a 10 KB argument took 1.7-3.4 ms to search; now 0.1-0.3 ms). The
+# engine now skips to candidate first characters. tests/unit/test_scan_patterns.py holds each equal
+# to its plain form.
 _SECRET_VALUES = [
     ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
-    ("AWS access key", re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
-    ("Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}")),
-    ("API secret key", re.compile(r"\bsk-(proj-|ant-)?[A-Za-z0-9_-]{20,}")),
-    ("Google API key", re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b")),
-    ("JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("bearer credential", re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9+/=._-]{16,}")),
+    ("AWS access key", re.compile(r"A(?<!\wA)(?:KIA|SIA)[0-9A-Z]{16}\b")),
+    ("GitHub token", re.compile(r"g(?<!\wg)h[pousr]_[A-Za-z0-9]{30,}\b")),
+    ("Slack token", re.compile(r"x(?<!\wx)ox[abprs]-[A-Za-z0-9-]{10,}")),
+    ("API secret key", re.compile(r"s(?<!\ws)k-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
+    ("Google API key", re.compile(r"A(?<!\wA)Iza[0-9A-Za-z_-]{35}\b")),
+    ("JSON Web Token", re.compile(r"e(?<!\we)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
+    ("bearer credential", re.compile(r"B(?<!\wB)(?:earer|asic)\s+[A-Za-z0-9+/=._-]{16,}")),
 ]
 # All of the above in one pattern: most values match none, and one search is cheaper than eight.
 _ANY_SECRET_VALUE = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in _SECRET_VALUES))

@@ -1,0 +1,84 @@
+"""The PII and secret patterns are written so that the regex engine can skip to candidate first
+characters (see enforcer/policy/pii.py). Here each is held equal, match for match, to its plain
+form: the same pattern with its boundary test first, as a reader would write it."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from enforcer.policy import credentials, pii
+
+PLAIN_PII = {
+    "_PHONE": r"(?<![\w+])\+?\d[\d\s().-]{7,18}\d(?!\w)",
+    "_CARD": r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)",
+    "_IBAN": r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b",
+    "_SSN": r"(?<!\d)(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?!\d)",
+    "_NINO": r"\b(?![DFIQUV])[A-Z](?![DFIOQUV])[A-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b",
+}
+PLAIN_SECRETS = {
+    "private key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+    "AWS access key": r"\b(AKIA|ASIA)[0-9A-Z]{16}\b",
+    "GitHub token": r"\bgh[pousr]_[A-Za-z0-9]{30,}\b",
+    "Slack token": r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
+    "API secret key": r"\bsk-(proj-|ant-)?[A-Za-z0-9_-]{20,}",
+    "Google API key": r"\bAIza[0-9A-Za-z_-]{35}\b",
+    "JSON Web Token": r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+    "bearer credential": r"\b(Bearer|Basic)\s+[A-Za-z0-9+/=._-]{16,}",
+}
+PAIRS = [(name, re.compile(plain), getattr(pii, name)) for name, plain in PLAIN_PII.items()] + [
+    (label, re.compile(PLAIN_SECRETS[label]), pattern) for label, pattern in credentials._SECRET_VALUES
+]
+
+# Texts are built from characters the patterns care about and pieces that come close to (or make)
+# a match, so that every pattern matches in many of them and fails narrowly in many more.
+CHARACTERS = "0123456789      --+().@_AKISBDFQUVOXYZaekgh/=.\né"
+PIECES = [
+    *("AKIA", "ASIA", "ghp_", "xoxb-", "sk-", "sk-proj-", "AIza", "eyJ", "Bearer ", "Basic "),
+    *("-----BEGIN RSA PRIVATE KEY-----", "000", "666", "900", "GB", "DE89", "QQ", "AB", "+44", "4111"),
+    *("@acme.example", "x_", "9", "123-45-6789", "AB123456C", "AB 12 34 56 C", "+44 20 7946 0958"),
+    *("4111 1111 1111 1111", "GB82 WEST 1234 5698 7654 32", "AKIAABCDEFGHIJKLMNOP", "ghp_" + "a" * 36),
+    *("xoxb-1234567890", "sk-" + "a" * 24, "AIza" + "b" * 35, "eyJabcdefghij.eyJabcdefghij.abcdefghij"),
+    "Bearer abcdefghijklmnopqrst",
+]
+
+
+def _texts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(0, 12)):
+            if rng.random() < 0.4:
+                parts.append(rng.choice(PIECES))
+            else:
+                parts.append("".join(rng.choice(CHARACTERS) for _ in range(rng.randint(0, 5))))
+        texts.append("".join(parts))
+    return texts
+
+
+TEXTS = _texts(20_000, seed=7)
+
+
+@pytest.mark.parametrize(("name", "plain", "fast"), PAIRS, ids=[name for name, _, _ in PAIRS])
+def test_each_pattern_matches_exactly_where_its_plain_form_does(name: str, plain: re.Pattern, fast: re.Pattern) -> None:
+    matched = 0
+    for text in TEXTS:
+        expected = [m.span() for m in plain.finditer(text)]
+        assert [m.span() for m in fast.finditer(text)] == expected, (name, text)
+        matched += bool(expected)
+    assert matched > 100, f"{name} matched only {matched} texts: the texts no longer exercise it"
+
+
+def test_the_combined_secret_search_finds_a_secret_exactly_when_one_pattern_does() -> None:
+    for text in TEXTS:
+        assert bool(credentials._ANY_SECRET_VALUE.search(text)) == any(
+            pattern.search(text) for _, pattern in credentials._SECRET_VALUES
+        ), text
+
+
+def test_scan_text_without_an_at_sign_finds_no_email_and_with_one_the_same_spans() -> None:
+    assert pii.scan_text("call 0800 and write to nobody") == []
+    assert pii.scan_text("write to ops@acme.example today") == [("email", 9, 25)]
