@@ -5,6 +5,7 @@ are scanned, each at most MAX_SCAN characters."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,10 @@ _SSN = re.compile(r"\d(?<!\d\d)(?<=(?!000|666|9\d\d)\d)\d\d-(?!00)\d{2}-(?!0000)
 _NINO = re.compile(r"[A-CEGHJ-PR-TW-Z](?<!\w[A-Z])[A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
 # Every pattern above needs an "@" (email) or a digit (the rest); text with neither skips them all.
 _ANY_PII_CHARACTER = re.compile(r"[@\d]")
+# Phone numbers, cards and SSNs are digits and separators only, nine characters at the least, and
+# their patterns start at any digit: in long text with many numbers they are searched for only in
+# the runs that could hold one.
+_NUMBER_RUN = re.compile(r"\d[\d\s().+-]{8,}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,15 @@ def _iban_ok(text: str) -> bool:
     return 15 <= len(compact) <= 34 and int(number) % 97 == 1
 
 
+def in_number_runs(pattern: re.Pattern[str], text: str, runs: list[tuple[int, int]]) -> Iterator[re.Match[str]]:
+    """pattern.finditer(text) for a pattern whose matches are digits and separators only: searched in
+    each run of _NUMBER_RUN, from the character before it (a phone number's "+") to the one after it
+    (what the pattern's closing lookahead reads). No match crosses a run's end, as the character
+    after a run is no separator."""
+    for start, end in runs:
+        yield from pattern.finditer(text, max(start - 1, 0), end + 1)
+
+
 def scan_text(text: str) -> list[tuple[str, int, int]]:
     """Every PII match in `text` (its first MAX_SCAN characters): (kind, start, end)."""
     text = text[:MAX_SCAN]
@@ -67,17 +81,18 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     for m in _IBAN.finditer(text):
         if free(*m.span()) and _iban_ok(m.group()):
             found.append(("iban", *m.span()))
-    for m in _CARD.finditer(text):
+    runs = [m.span() for m in _NUMBER_RUN.finditer(text)]
+    for m in in_number_runs(_CARD, text, runs):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):
             found.append(("payment_card", *m.span()))
-    for m in _SSN.finditer(text):
+    for m in in_number_runs(_SSN, text, runs):
         if free(*m.span()):
             found.append(("us_ssn", *m.span()))
     for m in _NINO.finditer(text):
         if free(*m.span()):
             found.append(("uk_nino", *m.span()))
-    for m in _PHONE.finditer(text):
+    for m in in_number_runs(_PHONE, text, runs):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 9 <= len(digits) <= 15:
             found.append(("phone", *m.span()))

@@ -82,3 +82,22 @@ def test_the_combined_secret_search_finds_a_secret_exactly_when_one_pattern_does
 def test_scan_text_without_an_at_sign_finds_no_email_and_with_one_the_same_spans() -> None:
     assert pii.scan_text("call 0800 and write to nobody") == []
     assert pii.scan_text("write to ops@acme.example today") == [("email", 9, 25)]
+
+
+def _long_numeric_texts(count: int, seed: int) -> list[str]:
+    """Long texts where numbers, separators and the pieces above crowd together."""
+    rng = random.Random(seed)
+    tokens = ["2024", "42", "0.5", "(1, 2)", "-1", "+", " ", "  ", "-", "x", "ab", "\n", *PIECES]
+    return ["".join(rng.choice(tokens) for _ in range(rng.randint(20, 200))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("name", ["_CARD", "_SSN", "_PHONE"])
+def test_searching_only_the_number_runs_finds_every_match(name: str) -> None:
+    pattern = getattr(pii, name)
+    matched = 0
+    for text in TEXTS + _long_numeric_texts(3_000, seed=11):
+        runs = [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        expected = [m.span() for m in pattern.finditer(text)]
+        assert [m.span() for m in pii.in_number_runs(pattern, text, runs)] == expected, (name, text)
+        matched += bool(expected)
+    assert matched > 100
