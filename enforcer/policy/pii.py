@@ -16,7 +16,8 @@ MAX_SCAN = 65536
 
 # The patterns that begin at a boundary consume their first character before they look behind for
 # it (`\d(?<!\d\d)` is `(?<!\d)\d`), so that the regex engine skips to candidate first characters
-# instead of trying every position: 10 KB of code-like text took 2.3 ms to scan, now 0.8 ms.
+# instead of trying every position (10 KB of code-like text: 2.3 ms to scan before, 0.8 ms after;
+# 0.27 ms with the number runs below).
 # tests/unit/test_scan_patterns.py holds each equal to its plain form.
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,24}")
 _PHONE = re.compile(r"(?:\+(?<![\w+]\+)\d|\d(?<![\w+]\d))[\d\s().-]{7,18}\d(?!\w)")
