@@ -31,6 +31,9 @@ _ANY_PII_CHARACTER = re.compile(r"[@\d]")
 # their patterns start at any digit: in long text with many numbers they are searched for only in
 # the runs that could hold one.
 _NUMBER_RUN = re.compile(r"\d[\d\s().+-]{8,}")
+# An email is letters, digits, "._%+-" and one "@": it lies within one run of those characters, and
+# its pattern can start at nearly any character. Only the runs around an "@" are searched.
+_EMAIL_RUN = re.compile(r"[A-Za-z0-9._%+@-]*")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,19 @@ def in_number_runs(pattern: re.Pattern[str], text: str, runs: list[tuple[int, in
         yield from pattern.finditer(text, max(start - 1, 0), end + 1)
 
 
+def email_matches(text: str) -> Iterator[re.Match[str]]:
+    """_EMAIL.finditer(text), searched only in the runs of _EMAIL_RUN's characters around each "@"."""
+    at = text.find("@")
+    if at < 0:
+        return
+    backwards = text[::-1]  # the run's start is found by matching leftwards from the "@"
+    while at >= 0:
+        start = at - (_EMAIL_RUN.match(backwards, len(text) - at).end() - (len(text) - at))
+        end = _EMAIL_RUN.match(text, at).end()
+        yield from _EMAIL.finditer(text, start, end)
+        at = text.find("@", end)
+
+
 def scan_text(text: str) -> list[tuple[str, int, int]]:
     """Every PII match in `text` (its first MAX_SCAN characters): (kind, start, end)."""
     text = text[:MAX_SCAN]
@@ -77,8 +93,7 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     def free(a: int, b: int) -> bool:
         return all(b <= s or a >= e for _, s, e in found)
 
-    if "@" in text:  # every email has one, and the pattern's scan is slow on long text without
-        found.extend(("email", *m.span()) for m in _EMAIL.finditer(text))
+    found.extend(("email", *m.span()) for m in email_matches(text))
     for m in _IBAN.finditer(text):
         if free(*m.span()) and _iban_ok(m.group()):
             found.append(("iban", *m.span()))

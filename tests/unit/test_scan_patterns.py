@@ -101,3 +101,15 @@ def test_searching_only_the_number_runs_finds_every_match(name: str) -> None:
         assert [m.span() for m in pii.in_number_runs(pattern, text, runs)] == expected, (name, text)
         matched += bool(expected)
     assert matched > 100
+
+
+def test_searching_only_the_runs_around_an_at_sign_finds_every_email() -> None:
+    rng = random.Random(13)
+    tokens = ["@", "@@", "a", "ops", ".", "-", "_", "%", "+", " ", "\n", "acme.example", "x.co", "é", "(", *PIECES]
+    crowded = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 120))) for _ in range(5_000)]
+    matched = 0
+    for text in TEXTS + crowded:
+        expected = [m.span() for m in pii._EMAIL.finditer(text)]
+        assert [m.span() for m in pii.email_matches(text)] == expected, text
+        matched += bool(expected)
+    assert matched > 100
