@@ -12,11 +12,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, WriterSettings, records
-
-_T = TypeVar("_T")
 
 
 class AuditSink:
@@ -52,27 +50,26 @@ class AuditSink:
         self._writer = AuditWriter(self.directory, self.key, source="adl-enforcerd", settings=self.settings)
         self._set(None)
 
-    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> Receipt:
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        corr: str | None = None,
+        trace: dict[str, str] | None = None,
+        priority: str = "normal",
+        sync: bool = False,
+    ) -> Receipt:
         """AuditWriter.append, with the sink's health kept."""
-        return self._write(lambda writer: writer.append(kind, payload, **kw))
+        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
 
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
-        # _write written out: every Check comes through here.
+        """AuditWriter.append_many, with the sink's health kept."""
         writer = self._writer
         if writer is None or self._error is not None:
             raise AuditUnavailable(self._error or "audit log not open")
         try:
             return writer.append_many(entries, sync=sync)
-        except AuditUnavailable as exc:
-            self._fail(str(exc))
-            raise
-
-    def _write(self, write: Callable[[AuditWriter], _T]) -> _T:
-        writer = self._writer
-        if writer is None or self._error is not None:
-            raise AuditUnavailable(self._error or "audit log not open")
-        try:
-            return write(writer)
         except AuditUnavailable as exc:
             self._fail(str(exc))
             raise
