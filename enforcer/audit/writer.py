@@ -16,6 +16,7 @@ Directory layout:
 
 from __future__ import annotations
 
+import abc
 import fcntl
 import hashlib
 import os
@@ -98,7 +99,27 @@ def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
         return last, pos + end, torn
 
 
-class AuditWriter:
+class Appender(abc.ABC):
+    """Something records are appended to: append() is one entry of append_many()."""
+
+    @abc.abstractmethod
+    def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
+        """Append `entries` in order; with `sync`, return once they are on stable storage."""
+
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        corr: str | None = None,
+        trace: dict[str, str] | None = None,
+        priority: str = "normal",
+        sync: bool = False,
+    ) -> Receipt:
+        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
+
+
+class AuditWriter(Appender):
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -179,18 +200,6 @@ class AuditWriter:
     @property
     def failed(self) -> Exception | None:
         return self._failed
-
-    def append(
-        self,
-        kind: str,
-        payload: dict[str, Any],
-        *,
-        corr: str | None = None,
-        trace: dict[str, str] | None = None,
-        priority: str = "normal",
-        sync: bool = False,
-    ) -> Receipt:
-        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
 
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
         """Append `entries` in order, chained exactly as one append each, with one lock and one

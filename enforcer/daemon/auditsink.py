@@ -12,12 +12,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, WriterSettings, records
+from ..audit.writer import Appender
 
 
-class AuditSink:
+class AuditSink(Appender):
     def __init__(
         self,
         directory: Path,
@@ -49,19 +49,6 @@ class AuditSink:
     def open(self) -> None:
         self._writer = AuditWriter(self.directory, self.key, source="adl-enforcerd", settings=self.settings)
         self._set(None)
-
-    def append(
-        self,
-        kind: str,
-        payload: dict[str, Any],
-        *,
-        corr: str | None = None,
-        trace: dict[str, str] | None = None,
-        priority: str = "normal",
-        sync: bool = False,
-    ) -> Receipt:
-        """AuditWriter.append, with the sink's health kept."""
-        return self.append_many((Entry(kind, payload, corr, trace, priority),), sync=sync)[0]
 
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
         """AuditWriter.append_many, with the sink's health kept."""
