@@ -5,14 +5,21 @@ echo server is built the same way (a grpcio server whose echo method the inline 
 "sync-echo", grpcio's sync server with the daemon's thread pool size alone, is printed for scale.
 Every server listens on a unix socket in its own process placed like the daemon's API process
 (api_cpus "one": all its threads on one CPU); the daemon decides and appends an audit record
-(group commit) before answering. Each caller has its own channel and makes one call at a time;
-callers run as asyncio tasks, at most 8 to a client process, so that the clients' own CPU use
-leaves room for the servers. Prints p50/p99 latency and calls/s at 1 and 16 callers, and the ratio
-Check / echo.
+(group commit) before answering. Each caller has its own channel to each service and makes one call
+at a time; callers run as asyncio tasks, at most 8 to a client process, so that the clients' own
+CPU use leaves room for the servers.
+
+These machines are shared: their speed moves by a third within seconds, so services measured one
+after the other in long runs compare the machine's states as much as the services. Here the
+services take turns in short windows (ROUNDS rounds; in each, one window per service, echo and
+Check next to each other, their order swapped every round), and every caller switches service at
+the same instant. Each round gives a Check/echo pair measured on the same machine state. Prints,
+per caller count, p50/p99 latency and calls/s over all windows, and the median (and range) of the
+rounds' Check/echo p50 ratios and of Check's calls/s per window.
 
 Targets: Check p50 within 1.3x of the echo round trip; at least 5,000 checks/s with 16 callers.
 
-Run (as root): .venv/bin/python bench/check.py [SECONDS_PER_CASE]
+Run (as root): .venv/bin/python bench/check.py [--rounds N] [--window SECONDS]
 """
 
 from __future__ import annotations
@@ -31,8 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ECHO_METHOD = "/bench.Echo/Echo"
-
-
+CHECK_METHOD = "/enforcer.v1.Enforcer/Check"
 CALLERS_PER_PROCESS = 8
 
 
@@ -62,73 +68,129 @@ def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: in
     server.wait_for_termination()
 
 
+# One window: (service, start, end) in time.time() seconds.
+Window = tuple[str, float, float]
+
+
 def client_process(
-    kind: str,
-    path: str,
+    targets: dict[str, tuple[str, str]],
     payload: bytes,
     callers: int,
-    seconds: float,
-    start_at: float,
+    windows: list[Window],
     out: multiprocessing.Queue,  # type: ignore[type-arg]
 ) -> None:
     import asyncio
 
     import grpc
 
-    method = "/enforcer.v1.Enforcer/Check" if kind == "check" else ECHO_METHOD
+    # Windows are set in wall-clock time (shared by all client processes) and timed with perf_counter.
+    to_perf = time.perf_counter() - time.time()
 
-    async def caller(latencies: list[float], errors: list[int]) -> None:
-        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-            call = channel.unary_unary(method)
-            for _ in range(50):  # warm the connection
-                await call(payload, timeout=5)
-            await asyncio.sleep(max(start_at - time.time(), 0))
-            end = time.perf_counter() + seconds
-            while (now := time.perf_counter()) < end:
-                try:
+    async def caller(latencies: list[list[float]], errors: list[int]) -> None:
+        channels = {kind: grpc.aio.insecure_channel(f"unix:{path}") for kind, (path, _) in targets.items()}
+        try:
+            calls = {kind: channels[kind].unary_unary(method) for kind, (_, method) in targets.items()}
+            for call in calls.values():
+                for _ in range(50):  # warm the connection
                     await call(payload, timeout=5)
-                except grpc.RpcError:
-                    errors.append(1)
-                latencies.append(time.perf_counter() - now)
+            for index, (kind, start, end) in enumerate(windows):
+                call, got = calls[kind], latencies[index]
+                await asyncio.sleep(max(start - time.time(), 0))
+                end_perf = end + to_perf
+                while (now := time.perf_counter()) < end_perf:
+                    try:
+                        await call(payload, timeout=5)
+                    except grpc.RpcError:
+                        errors[index] += 1
+                    got.append(time.perf_counter() - now)
+        finally:
+            for channel in channels.values():
+                await channel.close()
 
-    async def run() -> tuple[list[float], int]:
-        latencies: list[float] = []
-        errors: list[int] = []
+    async def run() -> tuple[list[list[float]], list[int]]:
+        latencies: list[list[float]] = [[] for _ in windows]
+        errors = [0] * len(windows)
         await asyncio.gather(*(caller(latencies, errors) for _ in range(callers)))
-        return latencies, len(errors)
+        return latencies, errors
 
     out.put(asyncio.run(run()))
 
 
-def measure(kind: str, path: str, payload: bytes, callers: int, seconds: float) -> dict[str, float]:
+def schedule(kinds: list[str], rounds: int, window_s: float, gap_s: float, start: float) -> list[Window]:
+    """Every round runs each service once; echo and Check (the first two kinds) are next to each
+    other and swap places every round, so neither always follows the other."""
+    windows: list[Window] = []
+    at = start
+    for round_ in range(rounds):
+        pair = kinds[:2] if round_ % 2 == 0 else kinds[1::-1]
+        for kind in pair + kinds[2:]:
+            windows.append((kind, at, at + window_s))
+            at += window_s + gap_s
+    return windows
+
+
+def measure(
+    targets: dict[str, tuple[str, str]], payload: bytes, callers: int, rounds: int, window_s: float
+) -> tuple[list[Window], list[list[float]], list[int]]:
+    """Latencies and errors per window, all callers together. `targets`: service -> (socket path,
+    method); the first two are the pair every round puts next to each other."""
     # Fresh interpreters: this process has used gRPC (the health check), and gRPC state inherited
     # through fork can deadlock a child's first channel.
     spawn = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = spawn.Queue()  # type: ignore[type-arg]
-    start_at = time.time() + 4.0
+    # Time for every client process to start and warm its channels before the first window.
+    windows = schedule(list(targets), rounds, window_s, gap_s=0.2, start=time.time() + 6.0)
     shares = [CALLERS_PER_PROCESS] * (callers // CALLERS_PER_PROCESS)
     if callers % CALLERS_PER_PROCESS:
         shares.append(callers % CALLERS_PER_PROCESS)
-    procs = [
-        spawn.Process(target=client_process, args=(kind, path, payload, n, seconds, start_at, out)) for n in shares
-    ]
+    procs = [spawn.Process(target=client_process, args=(targets, payload, n, windows, out)) for n in shares]
     for p in procs:
         p.start()
-    latencies: list[float] = []
-    errors = 0
+    latencies: list[list[float]] = [[] for _ in windows]
+    errors = [0] * len(windows)
     for _ in procs:
-        got, err = out.get(timeout=seconds + 60)
-        latencies += got
-        errors += err
+        got, err = out.get(timeout=windows[-1][2] - time.time() + 60)
+        for index in range(len(windows)):
+            latencies[index] += got[index]
+            errors[index] += err[index]
     for p in procs:
         p.join()
-    latencies.sort()
-    return {
-        "p50_us": statistics.median(latencies) * 1e6,
-        "p99_us": latencies[int(len(latencies) * 0.99)] * 1e6,
-        "per_s": len(latencies) / seconds,
-        "errors": errors,
-    }
+    return windows, latencies, errors
+
+
+def p50_us(latencies: list[float]) -> float:
+    return statistics.median(latencies) * 1e6
+
+
+def p99_us(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[int(len(ordered) * 0.99)] * 1e6
+
+
+def spread(values: list[float], form: str) -> str:
+    return f"median {form.format(statistics.median(values))} ({form.format(min(values))}-{form.format(max(values))})"
+
+
+def report(
+    callers: int, windows: list[Window], latencies: list[list[float]], errors: list[int], window_s: float
+) -> None:
+    kinds = list(dict.fromkeys(kind for kind, _, _ in windows))
+    for kind in kinds:
+        mine = [i for i, (k, _, _) in enumerate(windows) if k == kind]
+        pooled = [x for i in mine for x in latencies[i]]
+        per_s = len(pooled) / (window_s * len(mine))
+        failed = sum(errors[i] for i in mine)
+        print(f"{callers:>7} {kind:>9} {p50_us(pooled):>8.0f} {p99_us(pooled):>8.0f} {per_s:>9.0f} {failed:>6}")
+    # The first two services (echo and Check) have one window each in every round, next to each other.
+    base, measured = ([latencies[i] for i, (k, _, _) in enumerate(windows) if k == kind] for kind in kinds[:2])
+    ratios = [p50_us(m) / p50_us(b) for b, m in zip(base, measured, strict=True)]
+    shares = [len(m) / len(b) for b, m in zip(base, measured, strict=True)]
+    rates = [len(m) / window_s for m in measured]
+    print(f"{callers:>7}  {kinds[1]}/{kinds[0]} p50 by round: {spread(ratios, 'x{:.2f}')}")
+    print(
+        f"{callers:>7}  {kinds[1]} calls/s by window: {spread(rates, '{:,.0f}')}; "
+        f"{spread(shares, '{:.0%}')} of {kinds[0]}'s"
+    )
 
 
 def start_daemon(tmp: Path) -> subprocess.Popen[bytes]:
@@ -167,9 +229,14 @@ def start_daemon(tmp: Path) -> subprocess.Popen[bytes]:
 
 
 def main() -> None:
+    import argparse
+
     from enforcer.v1 import enforcer_pb2 as pb
 
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=8, help="windows per service and caller count (default 8)")
+    parser.add_argument("--window", type=float, default=2.0, help="seconds per window (default 2)")
+    args = parser.parse_args()
     request = pb.CheckRequest(
         agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json='{"path": "src/app.py"}')
     ).SerializeToString()
@@ -178,27 +245,25 @@ def main() -> None:
         echoes = []
         for label, inline in (("echo", True), ("sync-echo", False)):
             ready = multiprocessing.Event()
-            args = (str(tmp / f"{label}.sock"), ready, 16, inline)
-            echoes.append(multiprocessing.Process(target=echo_server, args=args, daemon=True))
+            server_args = (str(tmp / f"{label}.sock"), ready, 16, inline)
+            echoes.append(multiprocessing.Process(target=echo_server, args=server_args, daemon=True))
             echoes[-1].start()
             ready.wait(30)
         daemon = start_daemon(tmp)
+        targets = {
+            "echo": (str(tmp / "echo.sock"), ECHO_METHOD),
+            "check": (str(tmp / "api.sock"), CHECK_METHOD),
+            "sync-echo": (str(tmp / "sync-echo.sock"), ECHO_METHOD),
+        }
         try:
-            print(f"{seconds:.0f} s per case; Check is read_file on the coding agent example (ALLOW, audited)")
+            print(
+                f"{args.rounds} rounds of {args.window:g} s windows per service, in turns; "
+                "Check is read_file on the coding agent example (ALLOW, audited)"
+            )
             print("echo: the daemon's stack (inline loop); sync-echo: grpcio's sync server alone, for scale")
             print(f"{'callers':>7} {'service':>9} {'p50 µs':>8} {'p99 µs':>8} {'calls/s':>9} {'errors':>6}")
             for callers in (1, 16):
-                results = {}
-                for kind in ("echo", "check", "sync-echo"):
-                    path = tmp / ("api.sock" if kind == "check" else f"{kind}.sock")
-                    results[kind] = r = measure(kind, str(path), request, callers, seconds)
-                    print(
-                        f"{callers:>7} {kind:>9} {r['p50_us']:>8.0f} {r['p99_us']:>8.0f} {r['per_s']:>9.0f} "
-                        f"{r['errors']:>6.0f}"
-                    )
-                ratio = results["check"]["p50_us"] / results["echo"]["p50_us"]
-                share = results["check"]["per_s"] / results["echo"]["per_s"]
-                print(f"{callers:>7}  check/echo: p50 x{ratio:.2f}, throughput {share:.0%} of echo")
+                report(callers, *measure(targets, request, callers, args.rounds, args.window), args.window)
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(20)
