@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import shutil
 import signal
 import statistics
@@ -35,6 +36,7 @@ import tempfile
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ECHO_METHOD = "/bench.Echo/Echo"
@@ -148,14 +150,32 @@ def measure(
         p.start()
     latencies: list[list[float]] = [[] for _ in windows]
     errors = [0] * len(windows)
+    deadline = windows[-1][2] + 60
     for _ in procs:
-        got, err = out.get(timeout=windows[-1][2] - time.time() + 60)
+        got, err = _next_result(out, procs, deadline)
         for index in range(len(windows)):
             latencies[index] += got[index]
             errors[index] += err[index]
     for p in procs:
         p.join()
     return windows, latencies, errors
+
+
+def _next_result(
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+    procs: list[multiprocessing.process.BaseProcess],
+    deadline: float,
+) -> Any:
+    """The next client's results; stops the run if a client died without any (its traceback is above)."""
+    while time.time() < deadline:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise SystemExit("a client process failed; see its error above") from None
+    raise SystemExit("the client processes did not report in time")
 
 
 def p50_us(latencies: list[float]) -> float:
