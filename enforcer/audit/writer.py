@@ -410,12 +410,12 @@ class AuditWriter(Appender):
         kind: str,
         payload: dict[str, Any],
         *,
-        corr: str | None = None,
-        trace: dict[str, str] | None = None,
         priority: str = "normal",
         sig_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Receipt:
-        line, receipt = self._line(kind, payload, corr, trace, priority, sig_fn)
+        """One of the writer's own records (open, close, gap, checkpoint, rotate), under the locks
+        its caller holds; they carry the writer's default corr and no trace."""
+        line, receipt = self._line(kind, payload, None, None, priority, sig_fn)
         self._put(line)
         return receipt
 
