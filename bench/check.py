@@ -6,8 +6,15 @@ echo server is built the same way (a grpcio server whose echo method the inline 
 Every server listens on a unix socket in its own process placed like the daemon's API process
 (api_cpus "one": all its threads on one CPU); the daemon decides and appends an audit record
 (group commit) before answering. Each caller has its own channel to each service and makes one call
-at a time; callers run as asyncio tasks, at most 8 to a client process, so that the clients' own
-CPU use leaves room for the servers.
+at a time, with a 5 s deadline. Two kinds of callers are measured, one after the other:
+
+- py: Python runtimes' callers, grpc.aio, as asyncio tasks, at most 8 to a client process (so that
+  the clients' own CPU use leaves room for the servers). They spend about as much CPU per call as
+  the daemon, on the same two CPUs, so their figures at 16 callers are a limit of the machine as
+  much as of the server.
+- c++: threads of bench/loadgen.cc (grpc++'s generic stub, built here with g++ and pkg-config from
+  Debian's libgrpc++-dev), which spend about half as much per call. Their figures are nearer what the
+  server itself can serve; their round trip is shorter, so the same server cost is a larger ratio.
 
 These machines are shared: their speed moves by a third within seconds, so services measured one
 after the other in long runs compare the machine's states as much as the services. Here the
@@ -19,7 +26,7 @@ rounds' Check/echo p50 ratios and of Check's calls/s per window.
 
 Targets: Check p50 within 1.3x of the echo round trip; at least 5,000 checks/s with 16 callers.
 
-Run (as root): .venv/bin/python bench/check.py [--rounds N] [--window SECONDS]
+Run (as root): .venv/bin/python bench/check.py [--rounds N] [--window SECONDS] [--callers both|python|cpp]
 """
 
 from __future__ import annotations
@@ -132,16 +139,24 @@ def schedule(kinds: list[str], rounds: int, window_s: float, gap_s: float, start
 
 
 def measure(
-    targets: dict[str, tuple[str, str]], payload: bytes, callers: int, rounds: int, window_s: float
+    targets: dict[str, tuple[str, str]],
+    payload: bytes,
+    callers: int,
+    rounds: int,
+    window_s: float,
+    loadgen: Path | None = None,
 ) -> tuple[list[Window], list[list[float]], list[int]]:
     """Latencies and errors per window, all callers together. `targets`: service -> (socket path,
-    method); the first two are the pair every round puts next to each other."""
+    method); the first two are the pair every round puts next to each other. Callers are Python
+    (grpc.aio) client processes, or with `loadgen` threads of that C++ program."""
+    # Time for every client process to start and warm its channels before the first window.
+    windows = schedule(list(targets), rounds, window_s, gap_s=0.2, start=time.time() + 6.0)
+    if loadgen is not None:
+        return windows, *run_loadgen(loadgen, targets, payload, callers, windows)
     # Fresh interpreters: this process has used gRPC (the health check), and gRPC state inherited
     # through fork can deadlock a child's first channel.
     spawn = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = spawn.Queue()  # type: ignore[type-arg]
-    # Time for every client process to start and warm its channels before the first window.
-    windows = schedule(list(targets), rounds, window_s, gap_s=0.2, start=time.time() + 6.0)
     shares = [CALLERS_PER_PROCESS] * (callers // CALLERS_PER_PROCESS)
     if callers % CALLERS_PER_PROCESS:
         shares.append(callers % CALLERS_PER_PROCESS)
@@ -178,6 +193,55 @@ def _next_result(
     raise SystemExit("the client processes did not report in time")
 
 
+def build_loadgen(directory: Path) -> Path:
+    """bench/loadgen.cc compiled into `directory` (needs g++, pkg-config and libgrpc++-dev)."""
+    binary = directory / "loadgen"
+    try:
+        flags = subprocess.run(
+            ["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        subprocess.run(
+            ["g++", "-O2", "-std=c++17", "-o", str(binary), str(REPO / "bench" / "loadgen.cc"), *flags],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise SystemExit(
+            f"cannot build the C++ callers ({detail.strip()[:300]}); install them with "
+            "`apt-get install -y g++ pkg-config libgrpc++-dev`, or run with --callers python"
+        ) from None
+    return binary
+
+
+def run_loadgen(
+    binary: Path, targets: dict[str, tuple[str, str]], payload: bytes, callers: int, windows: list[Window]
+) -> tuple[list[list[float]], list[int]]:
+    """Latencies (seconds) and errors per window from one loadgen process running `callers` threads."""
+    job = [f"callers {callers}", f"payload {payload.hex()}"]
+    job += [f"target {kind} {path} {method}" for kind, (path, method) in targets.items()]
+    job += [f"window {kind} {start!r} {end!r}" for kind, start, end in windows]
+    done = subprocess.run(
+        [str(binary)],
+        input="\n".join(job) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=windows[-1][2] - time.time() + 60,
+    )
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != len(windows):
+        raise SystemExit(f"loadgen failed (exit {done.returncode}): {done.stderr.strip()[:500]}")
+    latencies, errors = [], []
+    for line, (kind, _, _) in zip(lines, windows, strict=True):
+        got_kind, failed, *nanoseconds = line.split()
+        if got_kind != kind:
+            raise SystemExit(f"loadgen reported {got_kind!r} for a {kind!r} window")
+        latencies.append([int(ns) / 1e9 for ns in nanoseconds])
+        errors.append(int(failed))
+    return latencies, errors
+
+
 def p50_us(latencies: list[float]) -> float:
     return statistics.median(latencies) * 1e6
 
@@ -192,7 +256,7 @@ def spread(values: list[float], form: str) -> str:
 
 
 def report(
-    callers: int, windows: list[Window], latencies: list[list[float]], errors: list[int], window_s: float
+    callers: str, windows: list[Window], latencies: list[list[float]], errors: list[int], window_s: float
 ) -> None:
     kinds = list(dict.fromkeys(kind for kind, _, _ in windows))
     for kind in kinds:
@@ -256,12 +320,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=8, help="windows per service and caller count (default 8)")
     parser.add_argument("--window", type=float, default=2.0, help="seconds per window (default 2)")
+    parser.add_argument(
+        "--callers",
+        choices=("both", "python", "cpp"),
+        default="both",
+        help="Python (grpc.aio) callers, C++ callers (bench/loadgen.cc, built here), or both (default)",
+    )
     args = parser.parse_args()
     request = pb.CheckRequest(
         agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json='{"path": "src/app.py"}')
     ).SerializeToString()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
+        implementations: list[tuple[str, Path | None]] = []
+        if args.callers in ("both", "python"):
+            implementations.append(("py", None))
+        if args.callers in ("both", "cpp"):
+            implementations.append(("c++", build_loadgen(tmp)))
         echoes = []
         for label, inline in (("echo", True), ("sync-echo", False)):
             ready = multiprocessing.Event()
@@ -282,8 +357,10 @@ def main() -> None:
             )
             print("echo: the daemon's stack (inline loop); sync-echo: grpcio's sync server alone, for scale")
             print(f"{'callers':>7} {'service':>9} {'p50 µs':>8} {'p99 µs':>8} {'calls/s':>9} {'errors':>6}")
-            for callers in (1, 16):
-                report(callers, *measure(targets, request, callers, args.rounds, args.window), args.window)
+            for impl, loadgen in implementations:
+                for callers in (1, 16):
+                    measured = measure(targets, request, callers, args.rounds, args.window, loadgen)
+                    report(f"{callers} {impl}", *measured, args.window)
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(20)
