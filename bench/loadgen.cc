@@ -157,12 +157,12 @@ int main() {
   for (auto& thread : threads) thread.join();
   for (size_t w = 0; w < job.windows.size(); ++w) {
     int errors = 0;
-    std::string line = job.windows[w].kind;
+    std::string latencies;
     for (auto& caller : callers) {
       errors += caller->errors[w];
-      for (int64_t ns : caller->latencies[w]) line += " " + std::to_string(ns);
+      for (int64_t ns : caller->latencies[w]) latencies += " " + std::to_string(ns);
     }
-    std::printf("%s %d%s\n", job.windows[w].kind.c_str(), errors, line.substr(job.windows[w].kind.size()).c_str());
+    std::printf("%s %d%s\n", job.windows[w].kind.c_str(), errors, latencies.c_str());
   }
   return 0;
 }
