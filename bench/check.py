@@ -255,24 +255,22 @@ def spread(values: list[float], form: str) -> str:
     return f"median {form.format(statistics.median(values))} ({form.format(min(values))}-{form.format(max(values))})"
 
 
-def report(
-    callers: str, windows: list[Window], latencies: list[list[float]], errors: list[int], window_s: float
-) -> None:
+def report(label: str, windows: list[Window], latencies: list[list[float]], errors: list[int], window_s: float) -> None:
     kinds = list(dict.fromkeys(kind for kind, _, _ in windows))
     for kind in kinds:
         mine = [i for i, (k, _, _) in enumerate(windows) if k == kind]
         pooled = [x for i in mine for x in latencies[i]]
         per_s = len(pooled) / (window_s * len(mine))
         failed = sum(errors[i] for i in mine)
-        print(f"{callers:>7} {kind:>9} {p50_us(pooled):>8.0f} {p99_us(pooled):>8.0f} {per_s:>9.0f} {failed:>6}")
+        print(f"{label:>7} {kind:>9} {p50_us(pooled):>8.0f} {p99_us(pooled):>8.0f} {per_s:>9.0f} {failed:>6}")
     # The first two services (echo and Check) have one window each in every round, next to each other.
     base, measured = ([latencies[i] for i, (k, _, _) in enumerate(windows) if k == kind] for kind in kinds[:2])
     ratios = [p50_us(m) / p50_us(b) for b, m in zip(base, measured, strict=True)]
     shares = [len(m) / len(b) for b, m in zip(base, measured, strict=True)]
     rates = [len(m) / window_s for m in measured]
-    print(f"{callers:>7}  {kinds[1]}/{kinds[0]} p50 by round: {spread(ratios, 'x{:.2f}')}")
+    print(f"{label:>7}  {kinds[1]}/{kinds[0]} p50 by round: {spread(ratios, 'x{:.2f}')}")
     print(
-        f"{callers:>7}  {kinds[1]} calls/s by window: {spread(rates, '{:,.0f}')}; "
+        f"{label:>7}  {kinds[1]} calls/s by window: {spread(rates, '{:,.0f}')}; "
         f"{spread(shares, '{:.0%}')} of {kinds[0]}'s"
     )
 
