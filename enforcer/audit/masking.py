@@ -40,31 +40,32 @@ class Masker:
         """Mask `value`; members at the `always` pointers are masked whatever they hold."""
         digest = "sha256:" + hashlib.sha256(canonical(value)).hexdigest()
         forced = _forced(value, always) if always else _NOTHING_FORCED
+        if isinstance(value, str):  # a leaf itself: no member name, never forced
+            text = self._mask_text("", value)
+            return Masked(value, (), digest) if text is None else Masked(text, ("",), digest)
         replacements: dict[tuple[str | int, ...], str] = dict.fromkeys(forced, SECRET_MASK)
-        # One walk over the string leaves, each with the object member it belongs to (an array item:
-        # its array's). Iterative, as arguments may nest deeply; written out rather than built on
+        mask_text = self._mask_text
+        # One walk over the containers; a string leaf is looked at where it is found, with the object
+        # member it belongs to (an array item: its array's), and gets a path only if it is masked.
+        # Iterative, as arguments may nest deeply; written out rather than built on
         # jsonvalues.iter_strings because every tool call on the Check path comes through here.
-        stack: list[tuple[Any, tuple[str | int, ...], str]] = [(value, (), "")]
+        stack: list[tuple[Any, tuple[str | int, ...], str]] = (
+            [(value, (), "")] if isinstance(value, (dict, list)) else []
+        )
         while stack:
             item, path, member = stack.pop()
-            if isinstance(item, str):
-                masked = self._mask_text(member, item)
-                if masked is not None:
-                    replacements[path] = masked
-            elif isinstance(item, dict):
-                for key, child in item.items():
-                    child_path = (*path, key)
-                    if child_path not in forced:
-                        stack.append((child, child_path, key if isinstance(key, str) else member))
-            elif isinstance(item, list):
-                for index, child in enumerate(item):
-                    child_path = (*path, index)
-                    if child_path not in forced:
-                        stack.append((child, child_path, member))
+            is_object = isinstance(item, dict)
+            for key, child in item.items() if is_object else enumerate(item):
+                if forced and (*path, key) in forced:
+                    continue
+                name = key if is_object and isinstance(key, str) else member
+                if isinstance(child, str):
+                    if child and (text := mask_text(name, child)) is not None:
+                        replacements[(*path, key)] = text
+                elif isinstance(child, (dict, list)):
+                    stack.append((child, (*path, key), name))
         if not replacements:
             return Masked(value, (), digest)
-        if () in replacements:  # the value is a string itself
-            return Masked(replacements[()], ("",), digest)
         out = copy.deepcopy(value)
         for path, text in replacements.items():
             _set(out, path, text)

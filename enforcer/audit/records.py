@@ -118,6 +118,19 @@ def _json_text(value: str) -> bytes:
     return orjson.dumps(value)
 
 
+@functools.lru_cache(maxsize=256)
+def _intent_json(kind: str) -> bytes:
+    return orjson.dumps(INTENT_PREFIX + kind)
+
+
+# The envelope after `hash`, members in sorted order: id (log id, without its closing quote, and
+# seq), intent, payload, prev, priority, seq, trace, ts.
+_TAIL = (
+    b',"id":%b.%d","intent":%b,"payload":%b,"prev":%b,"priority":%b,"reply_to":null,"requires":null,'
+    b'"seq":%d,"sig":null,"to":"audit","trace":%b,"ts":"%b","type":"event","v":"1"}'
+)
+
+
 def envelope_parts(
     *,
     log_id: str,
@@ -136,28 +149,20 @@ def envelope_parts(
     line is head + `,"hash":"<hex>"` + tail.
 
     Every decision is appended on the hot path; building the 17-member envelope dict, sorting it and
-    re-encoding the strings that repeat in every record cost about a third of an append. The member
-    order below is the sorted order; a unit test holds this byte-for-byte equal to canonical() of
+    re-encoding the strings that repeat in every record cost about a third of an append. The members
+    are written in sorted order (here and in _TAIL); a unit test holds this byte-for-byte equal to canonical() of
     the same record built as a dict."""
     # corr is not cached: it is often a decision id, new with every record.
     head = b'{"corr":%b,"from":%b' % (orjson.dumps(corr), _json_text(source))
-    tail = b"".join(
-        (
-            b',"id":',
-            _json_text(log_id)[:-1],
-            b'.%d","intent":' % seq,
-            _json_text(INTENT_PREFIX + kind),
-            b',"payload":',
-            orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
-            b',"prev":',
-            orjson.dumps(prev),
-            b',"priority":',
-            _json_text(priority),
-            b',"reply_to":null,"requires":null,"seq":%d,"sig":null,"to":"audit","trace":' % seq,
-            b"null" if trace is None else orjson.dumps(trace, option=orjson.OPT_SORT_KEYS),
-            b',"ts":"',
-            format_ts(ts_ns).encode(),
-            b'","type":"event","v":"1"}',
-        )
+    tail = _TAIL % (
+        _json_text(log_id)[:-1],
+        seq,
+        _intent_json(kind),
+        orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
+        orjson.dumps(prev),
+        _json_text(priority),
+        seq,
+        b"null" if trace is None else orjson.dumps(trace, option=orjson.OPT_SORT_KEYS),
+        format_ts(ts_ns).encode(),
     )
     return head, tail

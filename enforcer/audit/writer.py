@@ -54,7 +54,12 @@ class Entry(NamedTuple):
 class Receipt(NamedTuple):
     seq: int
     hash: str
-    id: str
+    log_id: str
+
+    @property
+    def id(self) -> str:
+        """The record's id (its `id` member)."""
+        return f"{self.log_id}.{self.seq}"
 
 
 @dataclass(frozen=True)
@@ -207,15 +212,22 @@ class AuditWriter(Appender):
         if not entries:
             return []
         with self._lock:
-            self._check_usable()
+            if self._failed is not None or self._fd < 0:
+                self._check_usable()
             try:
-                self._take_lock()
-                lines, receipts = [], []
-                for entry in entries:
-                    line, receipt = self._line(entry.kind, entry.payload, entry.corr, entry.trace, entry.priority)
-                    lines.append(line)
-                    receipts.append(receipt)
-                self._put(lines[0] if len(lines) == 1 else b"".join(lines))
+                if not self._leased:
+                    self._take_lock()
+                if len(entries) == 1:  # most appends: no lists to build and join
+                    data, receipt = self._line(*entries[0])  # an Entry holds _line's arguments, in order
+                    receipts = [receipt]
+                else:
+                    lines, receipts = [], []
+                    for entry in entries:
+                        line, receipt = self._line(*entry)
+                        lines.append(line)
+                        receipts.append(receipt)
+                    data = b"".join(lines)
+                self._put(data)
                 if self._now >= self._next_due_ns or self._seq >= self._due_seq or self._size >= self._due_size:
                     self._maybe_checkpoint_and_rotate()
                     if not sync:
@@ -227,7 +239,7 @@ class AuditWriter(Appender):
                 raise AuditUnavailable(f"audit record not written: {exc}") from exc
             if self._flusher is None or self._failed is not None:
                 self._release_lease()
-        if sync and receipts:
+        if sync:
             self.sync(receipts[-1].seq)
         return receipts
 
@@ -457,7 +469,7 @@ class AuditWriter(Appender):
         self._unsynced += 1
         self._since_checkpoint += 1
         self._now = now
-        return line, Receipt(seq, digest, f"{self._log_id}.{seq}")
+        return line, Receipt(seq, digest, self._log_id)
 
     def _put(self, data: bytes) -> None:
         written = os.write(self._fd, data)

@@ -59,16 +59,33 @@ class Malformed:
     detail: str
 
 
-def tolerant(message_type: Any, max_bytes: int) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
+def parse_or_error(message_type: Any, max_bytes: int) -> Callable[[bytes | None], Any]:
+    """A parser that gives the message, or an INVALID_ARGUMENT ApiError in its place (None: a unary
+    call that sent no message)."""
+    from_string = message_type.FromString
+
+    def parse(data: bytes | None) -> Any:
+        if data is None:
+            return ApiError(_STATUS.INVALID_ARGUMENT, "a unary call needs exactly one request message")
         if len(data) > max_bytes:
-            return Malformed(f"request of {len(data)} bytes exceeds the limit of {max_bytes}")
+            return ApiError(_STATUS.INVALID_ARGUMENT, f"request of {len(data)} bytes exceeds the limit of {max_bytes}")
         try:
-            return message_type.FromString(data)
+            return from_string(data)
         except Exception as exc:  # DecodeError and friends: the bytes are not this message
-            return Malformed(f"request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
+            return ApiError(_STATUS.INVALID_ARGUMENT, f"request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
 
     return parse
+
+
+def tolerant(message_type: Any, max_bytes: int) -> Callable[[bytes], Any]:
+    """A request deserializer for grpcio: bytes that are not a request become Malformed."""
+    parse = parse_or_error(message_type, max_bytes)
+
+    def deserialize(data: bytes) -> Any:
+        request = parse(data)
+        return Malformed(str(request)) if type(request) is ApiError else request
+
+    return deserialize
 
 
 def _text(value: str, what: str, limit: int = 4096) -> str:
@@ -117,10 +134,10 @@ def _reasons(reasons: tuple[Reason, ...]) -> list[pb.Reason]:
     return [pb.Reason(rule=r.rule, pointer=r.pointer, document=r.document, text=r.text) for r in reasons]
 
 
-def _receipt(receipt: Receipt | None, log_id: str) -> pb.AuditReceipt | None:
+def _receipt(receipt: Receipt | None) -> pb.AuditReceipt | None:
     if receipt is None:
         return None
-    return pb.AuditReceipt(seq=receipt.seq, hash=receipt.hash, log_id=log_id)
+    return pb.AuditReceipt(seq=receipt.seq, hash=receipt.hash, log_id=receipt.log_id)
 
 
 class _Derived(NamedTuple):
@@ -176,6 +193,10 @@ class Core:
     def caller(self, agent: str, session: str, token: str) -> tuple[AgentEntry, str]:
         """The policy entry a request speaks for, and its session ('' for none)."""
         snapshot = self.store.snapshot
+        if not session and len(agent) <= 256:  # the usual caller: a loaded agent, by key, id or name
+            entry = snapshot.aliases.get(agent)
+            if entry is not None:
+                return entry, ""
         if not snapshot.agents:
             raise ApiError(_STATUS.FAILED_PRECONDITION, "no policy is loaded")
         if session:
@@ -200,13 +221,27 @@ class Core:
     def check(self, request: pb.CheckRequest) -> pb.CheckResponse:
         return _raised(self.check_many((request,))[0])
 
-    def check_many(self, requests: Sequence[pb.CheckRequest | ApiError], *, serialized: bool = False) -> list[Any]:
-        """Decide every request, append all their records with one write, then answer each with a
-        CheckResponse, or its encoding if `serialized`. A request that fails gets its ApiError in
-        its place; one that could not be parsed comes as its ApiError and keeps its place."""
+    def check_many(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[pb.CheckResponse | ApiError]:
+        """Decide every request, append all their records with one write, then answer each. A request
+        that fails gets its ApiError in its place; one that could not be parsed comes as its ApiError
+        and keeps its place."""
+        return self._record_and_answer(self._decide_all(requests), self._response, _same)
+
+    def check_answers(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[Answer]:
+        """check_many for the inline loop: each answer as its status and encoded CheckResponse."""
+        return self._record_and_answer(self._decide_all(requests), self._encoded_answer, _error_answer)
+
+    def decide_for(
+        self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
+    ) -> pb.CheckResponse:
+        """Decide for an identified caller, record the decision, and answer."""
+        decided = [self._decide(entry, session, request, dry_run=dry_run)]
+        return _raised(self._record_and_answer(decided, self._response, _same)[0])
+
+    def _decide_all(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[_Decided | ApiError]:
         decided: list[_Decided | ApiError] = []
         for request in requests:
-            if isinstance(request, ApiError):
+            if type(request) is ApiError:
                 decided.append(request)
                 continue
             try:
@@ -214,14 +249,7 @@ class Core:
                 decided.append(self._decide(entry, session, request, dry_run=request.mode == pb.DRY_RUN))
             except ApiError as exc:
                 decided.append(exc)
-        return self._record_and_answer(decided, self._response_bytes if serialized else self._response)
-
-    def decide_for(
-        self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
-    ) -> pb.CheckResponse:
-        """Decide for an identified caller, record the decision, and answer."""
-        decided = [self._decide(entry, session, request, dry_run=dry_run)]
-        return _raised(self._record_and_answer(decided, self._response)[0])
+        return decided
 
     def _decide(self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool) -> _Decided:
         action = to_action(request)
@@ -230,7 +258,9 @@ class Core:
             trace = {"traceparent": _text(request.trace.traceparent, "traceparent", 512)}
             if request.trace.tracestate:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
-        request_id = _text(request.request_id, "request_id", 256)
+        request_id = request.request_id
+        if request_id:
+            _text(request_id, "request_id", 256)
         started = time.perf_counter_ns()
         decision = decide(entry.policy, action)
         eval_us = (time.perf_counter_ns() - started) // 1000
@@ -277,10 +307,15 @@ class Core:
         return derived
 
     def _record_and_answer(
-        self, decided: list[_Decided | ApiError], answer: Callable[[_Decided, Receipt], Any]
+        self,
+        decided: list[_Decided | ApiError],
+        answer: Callable[[_Decided, Receipt], Any],
+        refuse: Callable[[ApiError], Any],
     ) -> list[Any]:
+        """Append the decisions' records, then answer each decision with `answer` and each error with
+        `refuse`, in order."""
         try:
-            receipts = iter(self.sink.append_many([d.record for d in decided if type(d) is _Decided]))
+            receipts = self.sink.append_many([d.record for d in decided if type(d) is _Decided])
         except AuditUnavailable as exc:
             for d in decided:  # never leave an approval open for an answer nobody received
                 if type(d) is _Decided and d.approval is not None:
@@ -288,23 +323,26 @@ class Core:
                         d.approval.approval_id, "rejected", "adl-enforcerd", "audit failed", lambda a: None
                     )
             unavailable = ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}")
-            return [unavailable if type(d) is _Decided else d for d in decided]
-        return [answer(d, next(receipts)) if type(d) is _Decided else d for d in decided]
+            return [refuse(unavailable if type(d) is _Decided else d) for d in decided]
+        if len(receipts) == len(decided):  # nothing refused: the usual case
+            return list(map(answer, decided, receipts))
+        receipt = iter(receipts)
+        return [answer(d, next(receipt)) if type(d) is _Decided else refuse(d) for d in decided]
 
     def _response(self, decided: _Decided, receipt: Receipt) -> pb.CheckResponse:
         response = self._decision_part(decided)
         response.MergeFrom(self._call_part(decided, receipt))
         return response
 
-    def _response_bytes(self, decided: _Decided, receipt: Receipt) -> bytes:
-        """_response encoded. The members that follow from the decision alone are encoded once for a
-        shared decision (see _Derived) and the call's own members appended: protobuf reads the two
-        as one message."""
+    def _encoded_answer(self, decided: _Decided, receipt: Receipt) -> Answer:
+        """_response encoded, as an OK answer. The members that follow from the decision alone are
+        encoded once for a shared decision (see _Derived) and the call's own members appended:
+        protobuf reads the two as one message."""
         encoded = decided.derived.encoded
         part = encoded.get(decided.dry_run)
         if part is None:
             part = encoded[decided.dry_run] = self._decision_part(decided).SerializeToString()
-        return part + self._call_part(decided, receipt).SerializeToString()
+        return _STATUS.OK, "", part + self._call_part(decided, receipt).SerializeToString()
 
     def _decision_part(self, decided: _Decided) -> pb.CheckResponse:
         decision = decided.derived.decision
@@ -324,7 +362,7 @@ class Core:
         response.decision_id = decided.decision_id
         response.eval_us = decided.eval_us
         stamp = response.receipt
-        stamp.seq, stamp.hash, stamp.log_id = receipt.seq, receipt.hash, self.sink.log_id
+        stamp.seq, stamp.hash, stamp.log_id = receipt  # a Receipt is (seq, hash, log_id)
         if decided.approval is not None:
             response.approval_id = decided.approval.approval_id
             response.approval_expires_unix_ms = decided.approval.expires_ms
@@ -408,7 +446,7 @@ class Core:
             approval_id=approval.approval_id,
             approval_expires_unix_ms=approval.expires_ms,
             agent=approval.agent,
-            receipt=_receipt(approval.receipt, self.sink.log_id),
+            receipt=_receipt(approval.receipt),
         )
 
 
@@ -495,7 +533,7 @@ class AdminService:
         )
         return pb.ApprovalResult(
             decision=pb.ALLOW if outcome == "approved" else pb.DENY,
-            receipt=_receipt(approval.receipt, self.core.sink.log_id),
+            receipt=_receipt(approval.receipt),
         )
 
     def Approve(self, request: pb.ApprovalDecision, context: grpc.ServicerContext) -> pb.ApprovalResult:
@@ -538,37 +576,31 @@ def inline_handlers(service: EnforcerService, max_request_bytes: int) -> dict[st
     """Check and CheckBatch for the inline loop, which hands each method every request that arrived
     together: the Checks among them are decided and their records appended with one write."""
     name = pb.DESCRIPTOR.services_by_name["Enforcer"].full_name
-    parse_check = tolerant(pb.CheckRequest, max_request_bytes)
-    parse_batch = tolerant(pb.CheckBatchRequest, max_request_bytes)
+    parse_check = parse_or_error(pb.CheckRequest, max_request_bytes)
+    parse_batch = parse_or_error(pb.CheckBatchRequest, max_request_bytes)
 
     def check(messages: Sequence[bytes | None]) -> list[Answer]:
-        requests = [_parsed(parse_check, m) for m in messages]
-        return [_answer(r) for r in service.core.check_many(requests, serialized=True)]
+        return service.core.check_answers([parse_check(m) for m in messages])
 
     def check_batch(messages: Sequence[bytes | None]) -> list[Answer]:
         answers = []
         for message in messages:
             try:
-                answers.append(_answer(service.CheckBatch(_raised(_parsed(parse_batch, message)), None)))
+                response = service.CheckBatch(_raised(parse_batch(message)), None)
+                answers.append((_STATUS.OK, "", response.SerializeToString()))
             except ApiError as exc:
-                answers.append(_answer(exc))
+                answers.append(_error_answer(exc))
         return answers
 
     return {f"/{name}/Check": check, f"/{name}/CheckBatch": check_batch}
 
 
-def _parsed(parse: Callable[[bytes], Any], message: bytes | None) -> Any:
-    """The request, or an ApiError in its place."""
-    if message is None:
-        return ApiError(_STATUS.INVALID_ARGUMENT, "a unary call needs exactly one request message")
-    request = parse(message)
-    return ApiError(_STATUS.INVALID_ARGUMENT, request.detail) if isinstance(request, Malformed) else request
+def _same(error: ApiError) -> ApiError:
+    return error
 
 
-def _answer(result: Any) -> Answer:
-    if isinstance(result, ApiError):
-        return result.code, str(result), None
-    return _STATUS.OK, "", result if isinstance(result, bytes) else result.SerializeToString()
+def _error_answer(error: ApiError) -> Answer:
+    return error.code, str(error), None
 
 
 def _guarded(method: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
