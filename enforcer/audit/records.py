@@ -150,8 +150,8 @@ def envelope_parts(
 
     Every decision is appended on the hot path; building the 17-member envelope dict, sorting it and
     re-encoding the strings that repeat in every record cost about a third of an append. The members
-    are written in sorted order (here and in _TAIL); a unit test holds this byte-for-byte equal to canonical() of
-    the same record built as a dict."""
+    are written in sorted order (here and in _TAIL); a unit test holds this byte-for-byte equal to
+    canonical() of the same record built as a dict."""
     # corr is not cached: it is often a decision id, new with every record.
     head = b'{"corr":%b,"from":%b' % (orjson.dumps(corr), _json_text(source))
     tail = _TAIL % (

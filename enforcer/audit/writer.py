@@ -54,12 +54,7 @@ class Entry(NamedTuple):
 class Receipt(NamedTuple):
     seq: int
     hash: str
-    log_id: str
-
-    @property
-    def id(self) -> str:
-        """The record's id (its `id` member)."""
-        return f"{self.log_id}.{self.seq}"
+    log_id: str  # the record's id is "<log_id>.<seq>"
 
 
 @dataclass(frozen=True)
