@@ -118,11 +118,6 @@ def _json_text(value: str) -> bytes:
     return orjson.dumps(value)
 
 
-@functools.lru_cache(maxsize=256)
-def _intent_json(kind: str) -> bytes:
-    return orjson.dumps(INTENT_PREFIX + kind)
-
-
 # The envelope after `hash`, members in sorted order: id (log id, without its closing quote, and
 # seq), intent, payload, prev, priority, seq, trace, ts.
 _TAIL = (
@@ -157,7 +152,7 @@ def envelope_parts(
     tail = _TAIL % (
         _json_text(log_id)[:-1],
         seq,
-        _intent_json(kind),
+        _json_text(INTENT_PREFIX + kind),
         orjson.dumps(payload, option=orjson.OPT_SORT_KEYS),
         orjson.dumps(prev),
         _json_text(priority),

@@ -210,8 +210,7 @@ class AuditWriter(Appender):
             if self._failed is not None or self._fd < 0:
                 self._check_usable()
             try:
-                if not self._leased:
-                    self._take_lock()
+                self._take_lock()
                 if len(entries) == 1:  # most appends: no lists to build and join
                     data, receipt = self._line(*entries[0])  # an Entry holds _line's arguments, in order
                     receipts = [receipt]

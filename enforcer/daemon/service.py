@@ -258,9 +258,7 @@ class Core:
             trace = {"traceparent": _text(request.trace.traceparent, "traceparent", 512)}
             if request.trace.tracestate:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
-        request_id = request.request_id
-        if request_id:
-            _text(request_id, "request_id", 256)
+        request_id = _text(request.request_id, "request_id", 256)
         started = time.perf_counter_ns()
         decision = decide(entry.policy, action)
         eval_us = (time.perf_counter_ns() - started) // 1000
