@@ -55,6 +55,7 @@ def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: in
     import grpc
 
     from enforcer.daemon import affinity
+    from enforcer.daemon.config import Settings
     from enforcer.daemon.inline import InlineUnary
 
     def echo(request: bytes, context: object) -> bytes:
@@ -63,7 +64,8 @@ def echo_server(path: str, ready: multiprocessing.synchronize.Event, workers: in
     affinity.pin_this_process("one")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     if inline:
-        loop = InlineUnary(server, {ECHO_METHOD: lambda messages: [(grpc.StatusCode.OK, "", m) for m in messages]})
+        echo_all = {ECHO_METHOD: lambda messages: [(grpc.StatusCode.OK, "", m) for m in messages]}
+        loop = InlineUnary(server, echo_all, nice=Settings.model_fields["inline_nice"].default)  # as the daemon's
     else:
         handler = grpc.method_handlers_generic_handler(
             "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo, lambda b: b, lambda b: b)}

@@ -54,6 +54,13 @@ class Settings(EgressSettings):
         default=True,
         description="serve Check and CheckBatch on the inline loop; false: on the gRPC worker threads (slower)",
     )
+    inline_nice: int = Field(
+        default=-10,
+        ge=-20,
+        le=0,
+        description="nice value of the inline loop's thread: below 0, gRPC's I/O threads wait for its batch "
+        "instead of interrupting it (needs CAP_SYS_NICE or LimitNICE); 0 leaves it as the other threads",
+    )
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="larger requests get INVALID_ARGUMENT")
     max_pending_approvals: int = Field(default=10_000, ge=1)
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")

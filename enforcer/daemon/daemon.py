@@ -368,7 +368,9 @@ class Daemon:
             log.info("Check and CheckBatch are served by the gRPC worker threads (inline_check is off)")
         elif not admin and inline:
             try:
-                self._inline = InlineUnary(server, inline_handlers(enforcer, limit), name="api-inline")
+                self._inline = InlineUnary(
+                    server, inline_handlers(enforcer, limit), name="api-inline", nice=self.settings.inline_nice
+                )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
         if admin:
@@ -396,7 +398,7 @@ class Daemon:
                 self._inline.stop()
                 self._inline = None
                 return self._grpc_server(path, mode, gid, admin=False, inline=False)
-            log.info("Check and CheckBatch are served on the inline loop")
+            log.info("Check and CheckBatch are served on the inline loop (nice %s)", self._inline.nice)
         os.chmod(path, mode)
         if gid is not None:
             os.chown(path, -1, gid)

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -74,6 +75,9 @@ def start(config: dict[str, Any]) -> SpawnerHandle:
         try:
             ours.close()
             _die_with_parent(parent)
+            # A limit that lets the daemon's inline loop lower its nice value (LimitNICE in the unit)
+            # must not pass on to sessions: nothing the spawner starts may raise its own priority.
+            resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

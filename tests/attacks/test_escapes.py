@@ -288,9 +288,10 @@ check("packet socket", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM
 check("unix socket upper-bit garbage", lambda: sys(41, ctypes.c_long(0xDEAD00000000 | 1), 1, 0))
 check("bpf", lambda: sys(321, 0, None, 0))
 check("TIOCSTI", lambda: sys(16, 0, 0x5412, ctypes.byref(ctypes.c_char(b"x"))))
+check("raise own priority", lambda: os.setpriority(os.PRIO_PROCESS, 0, -5))
 """,
     )
-    assert out.count("BLOCKED") == 12
+    assert out.count("BLOCKED") == 13
 
 
 def test_unix_sockets_in_the_host(sandbox: Sandbox, tmp_path: Path) -> None:

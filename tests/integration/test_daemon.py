@@ -318,8 +318,11 @@ def test_launch_through_the_daemon_enforces_and_records_the_session(daemon: Runn
     assert placed.returncode == 0, placed.stderr
     assert _allowed_cpus(placed.stdout) == os.sched_getaffinity(0)  # sessions keep every CPU...
     assert daemon.proc is not None
+    nice = []
     for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir():  # ...while the API process has one
         assert _allowed_cpus((task / "status").read_text()) == {max(os.sched_getaffinity(0))}
+        nice.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    assert sorted(nice) == [-10] + [0] * (len(nice) - 1)  # the inline loop (inline_nice), and no other thread
     kinds = [r["intent"].rsplit(".", 1)[-1] for r in daemon.records()]
     assert kinds.count("launch") == 3 and kinds.count("exit") == 3 and kinds.count("refused") == 2
     launch = next(r for r in daemon.records() if r["intent"].endswith(".launch"))

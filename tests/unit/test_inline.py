@@ -3,6 +3,11 @@ server's own handlers, and stopped cleanly."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -144,3 +149,46 @@ def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> N
         server.stop(grace=1).wait(3)
         loop.stop()
     assert sum(sizes) == 101 and max(sizes) > 1 and max(sizes) <= MAX_BATCH
+
+
+# Serves one echo on a loop asked for nice -5; prints the nice values of the loop's thread (as the
+# loop reports it and as /proc shows it) and of the main thread.
+NICE_PROBE = """
+import logging, os, sys
+from concurrent import futures
+import grpc
+from enforcer.daemon.inline import InlineUnary
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+loop = InlineUnary(server, {"/t.Test/Echo": lambda ms: [(grpc.StatusCode.OK, "", m) for m in ms]}, nice=-5)
+server.add_insecure_port("unix:" + sys.argv[1])
+server.start()
+loop.start()
+with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
+    assert channel.unary_unary("/t.Test/Echo")(b"x", timeout=5) == b"x"
+stat = open(f"/proc/self/task/{loop._thread.native_id}/stat").read()
+print("nice", loop.nice, int(stat.rsplit(")", 1)[1].split()[16]), os.getpriority(os.PRIO_PROCESS, 0))
+server.stop(None)
+loop.stop()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lowering a nice value needs root (CI runs as root)")
+def test_the_loop_alone_takes_its_nice_value(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", NICE_PROBE, str(tmp_path / "s.sock")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-4:] == ["nice", "-5", "-5", "0"], done.stdout
+
+
+@pytest.mark.skipif(shutil.which("capsh") is None or os.geteuid() != 0, reason="needs root and capsh")
+def test_a_loop_that_may_not_lower_its_nice_value_keeps_it_and_says_so(tmp_path: Path) -> None:
+    command = shlex.join([sys.executable, "-c", NICE_PROBE, str(tmp_path / "s.sock")])
+    done = subprocess.run(
+        ["capsh", "--drop=cap_sys_nice", "--", "-c", f"exec {command}"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-4:] == ["nice", "0", "0", "0"], done.stdout
+    assert "the inline loop keeps nice 0 (Permission denied)" in done.stdout
+    assert "LimitNICE=-5" in done.stdout
