@@ -21,13 +21,13 @@ lacks what it needs; the caller then leaves those methods to the sync server's h
 answers, lower throughput) and says so.
 
 The loop can run at a lower nice value than the process's other threads. gRPC's I/O threads wake
-for every request; at the same priority each wake-up preempts the loop in the middle of a batch
-(on one CPU, 3.4-3.7 context switches per Check at 16 callers). At nice -10 they wait for the loop
-to finish its batch, and then read every socket that is ready in one go: 1.5-1.8 switches per Check,
-and 84-86% of the echo's calls/s instead of 70-76% (bench/RESULTS.md). The other threads keep
-their full share of the CPU, and still preempt other processes on wake-up as before. SCHED_BATCH
-for the I/O threads cut as many switches, but a batch thread never preempts on wake-up: with a
-busy process on the same CPU, Check's p50 went from 0.5 to 4 ms, so it is not used.
+for every request; at the same nice value each wake-up preempted the loop in the middle of a batch
+(3.4-4.5 context switches per Check at 16 callers, all on one CPU). At nice -10 they wait until the
+loop blocks, and then read every socket that is ready in one go: about 2 switches per Check, and
+Check's share of the echo's calls/s went from 70-77% to 71-85% (bench/RESULTS.md). Every thread
+keeps its share of the CPU, and the I/O threads still preempt other processes on wake-up.
+SCHED_BATCH for the I/O threads cut as many switches, but a batch thread never preempts on wake-up:
+with a busy process on the same CPU, Check's p50 went from 0.5 to 4 ms, so it is not used.
 """
 
 from __future__ import annotations
