@@ -207,8 +207,7 @@ class AuditWriter(Appender):
         if not entries:
             return []
         with self._lock:
-            if self._failed is not None or self._fd < 0:
-                self._check_usable()
+            self._check_usable()
             try:
                 self._take_lock()
                 if len(entries) == 1:  # most appends: no lists to build and join
