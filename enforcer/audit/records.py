@@ -118,8 +118,9 @@ def _json_text(value: str) -> bytes:
     return orjson.dumps(value)
 
 
-# The envelope after `hash`, members in sorted order: id (log id, without its closing quote, and
-# seq), intent, payload, prev, priority, seq, trace, ts.
+# The envelope after `hash`, members in sorted order. The placeholders fill id (the log id without
+# its closing quote, then the seq), intent, payload, prev, priority, seq, trace and ts; the other
+# members are the same in every record.
 _TAIL = (
     b',"id":%b.%d","intent":%b,"payload":%b,"prev":%b,"priority":%b,"reply_to":null,"requires":null,'
     b'"seq":%d,"sig":null,"to":"audit","trace":%b,"ts":"%b","type":"event","v":"1"}'

@@ -194,7 +194,7 @@ class Core:
         """The policy entry a request speaks for, and its session ('' for none)."""
         snapshot = self.store.snapshot
         if not session and len(agent) <= 256:  # the usual caller: a loaded agent, by key, id or name
-            entry = snapshot.aliases.get(agent)
+            entry = snapshot.resolve(agent)
             if entry is not None:
                 return entry, ""
         if not snapshot.agents:
