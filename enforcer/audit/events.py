@@ -6,9 +6,12 @@ Every payload puts the facets reviewers filter on at its top level: `agent`, `de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from ..policy.jsonvalues import Path
 from ..policy.model import Action, Decision, EnvVar, FileAccess, NetworkConnect, Policy, ProcessExec, ToolCall
+from ..policy.pii import Spans
 from .masking import Masker
 
 
@@ -16,9 +19,10 @@ def agent_of(policy: Policy) -> str:
     return policy.agent_id or policy.agent_name
 
 
-def action_facets(action: Action, masker: Masker) -> dict[str, Any]:
+def action_facets(action: Action, masker: Masker, pii: Mapping[Path, Spans] | None = None) -> dict[str, Any]:
+    """`pii`: scan_leaves() of a tool call's arguments, when the caller has scanned them already."""
     if isinstance(action, ToolCall):
-        masked = masker.mask(action.arguments)
+        masked = masker.mask(action.arguments, pii=pii)
         facets: dict[str, Any] = {
             "action": "tool",
             "tool": action.name,

@@ -33,6 +33,7 @@ from ..policy.model import (
     Reason,
     ToolCall,
 )
+from ..policy.pii import scan_leaves
 from ..v1 import enforcer_pb2 as pb
 from .approvals import Approval, ApprovalError, Approvals
 from .auditsink import AuditSink
@@ -260,13 +261,15 @@ class Core:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
         request_id = _text(request.request_id, "request_id", 256)
         started = time.perf_counter_ns()
-        decision = decide(entry.policy, action)
+        # The decision and the record's masking both need the arguments' PII: searched for once.
+        pii = scan_leaves(action.arguments) if entry.policy.pii_mode != "none" and type(action) is ToolCall else None
+        decision = decide(entry.policy, action, pii=pii)
         eval_us = (time.perf_counter_ns() - started) // 1000
         decision_id = f"{self._id_prefix}{next(self._id_counter)}"
         derived = self._derive(entry, action, decision)
         payload = {
             **derived.members,
-            **action_facets(action, entry.masker),
+            **action_facets(action, entry.masker, pii),
             "decision_id": decision_id,
             "eval_us": eval_us,
         }

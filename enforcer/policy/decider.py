@@ -13,6 +13,7 @@ from typing import Any
 
 from .addresses import classify
 from .errors import pointer
+from .jsonvalues import Path
 from .model import (
     DEFAULT_APPROVAL_TIMEOUT_S,
     Action,
@@ -27,7 +28,7 @@ from .model import (
     ToolCall,
 )
 from .patterns import PatternError, normalize_host
-from .pii import scan
+from .pii import Spans, findings, scan_leaves
 
 SHELLS = frozenset(
     {"sh", "bash", "dash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "ash", "busybox", "rbash", "yash", "posh"}
@@ -66,12 +67,13 @@ def _deny(policy: Policy, rule: str, ptr: str, text: str, document: str = "adl")
     return Decision("DENY", (Reason(rule, ptr, text, document),), _EMPTY, policy.digest)  # type: ignore[arg-type]
 
 
-def decide(policy: Policy, action: Action) -> Decision:
+def decide(policy: Policy, action: Action, *, pii: Mapping[Path, Spans] | None = None) -> Decision:
+    """`pii`: scan_leaves() of a tool call's arguments, when the caller has scanned them already."""
     try:
         if policy.lifecycle.verdict == "refuse":
             return _deny(policy, "lifecycle.refused", "/lifecycle/status", policy.lifecycle.reason)
         if isinstance(action, ToolCall):
-            return _tool(policy, action)
+            return _tool(policy, action, pii)
         if isinstance(action, NetworkConnect):
             return _network(policy, action)
         if isinstance(action, FileAccess):
@@ -88,7 +90,7 @@ def decide(policy: Policy, action: Action) -> Decision:
 # ---- tool calls ------------------------------------------------------------------------------
 
 
-def _tool(policy: Policy, call: ToolCall) -> Decision:
+def _tool(policy: Policy, call: ToolCall, pii: Mapping[Path, Spans] | None) -> Decision:
     rule = policy.tools.get(call.name) if isinstance(call.name, str) else None
     if rule is None:
         if call.name in policy.aaif_only_tools:
@@ -116,10 +118,10 @@ def _tool(policy: Policy, call: ToolCall) -> Decision:
     reasons: list[Reason] = []
     obligations: dict[str, Any] = {}
     if policy.pii_mode != "none":
-        findings = scan(call.arguments)
-        if findings:
-            kinds = sorted({f.kind for f in findings})
-            where = sorted({f.pointer for f in findings})
+        found = findings(scan_leaves(call.arguments) if pii is None else pii)
+        if found:
+            kinds = sorted({f.kind for f in found})
+            where = sorted({f.pointer for f in found})
             if policy.pii_mode == "reject":
                 return _deny(
                     policy,

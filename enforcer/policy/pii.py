@@ -5,14 +5,16 @@ are scanned, each at most MAX_SCAN characters."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import pointer
-from .jsonvalues import iter_strings
+from .jsonvalues import Path, iter_strings
 
 MAX_SCAN = 65536
+# A string's PII matches: (kind, start, end).
+Spans = Sequence[tuple[str, int, int]]
 
 # The patterns that begin at a boundary consume their first character before they look behind for
 # it (`\d(?<!\d\d)` is `(?<!\d)\d`), so that the regex engine skips to candidate first characters
@@ -115,11 +117,22 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     return found
 
 
-def scan(value: Any) -> list[PiiFinding]:
-    """Every PII match in the string leaves of a JSON value, with the leaf's JSON Pointer."""
-    found: list[PiiFinding] = []
+def scan_leaves(value: Any) -> dict[Path, Spans]:
+    """The PII matches of every string leaf of a JSON value that has any, by the leaf's path. The daemon
+    scans a tool call's arguments once and hands the result to decide() and to the record's masking."""
+    found: dict[Path, Spans] = {}
     for path, text in iter_strings(value):
+        spans = scan_text(text)
+        if spans:
+            found[path] = spans
+    return found
+
+
+def findings(scanned: Mapping[Path, Spans]) -> list[PiiFinding]:
+    """scan_leaves' result as findings with JSON Pointers, ordered by pointer and start."""
+    found: list[PiiFinding] = []
+    for path, spans in scanned.items():
         ptr = pointer(*path)
-        found.extend(PiiFinding(kind, ptr, a, b) for kind, a, b in scan_text(text))
+        found.extend(PiiFinding(kind, ptr, a, b) for kind, a, b in spans)
     found.sort(key=lambda f: (f.pointer, f.start))
     return found

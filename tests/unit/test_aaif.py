@@ -6,6 +6,7 @@ import pytest
 
 from enforcer.policy import DocumentRejected, ToolCall, decide
 from enforcer.policy.credentials import credential_reason, find_inline_credentials
+from enforcer.policy.pii import scan_leaves
 from tests.conftest import base_adl, compile_doc
 
 TOOLS = [
@@ -105,8 +106,11 @@ def test_unsupported_condition_rejected_when_strict(schemas, level):
 )
 def test_pii_modes(schemas, mode, expected):
     p = policy(schemas, {"pii_handling": mode})
-    d = decide(p, ToolCall("send_money", {"amount": 1, "memo": "card 4111 1111 1111 1111"}))
+    call = ToolCall("send_money", {"amount": 1, "memo": "card 4111 1111 1111 1111"})
+    d = decide(p, call)
     assert d.verdict == expected
+    assert decide(p, call, pii=scan_leaves(call.arguments)) == d  # the arguments searched by the caller
+    assert decide(p, call, pii={}).verdict == "ALLOW"  # the caller's search is trusted, not repeated
     if mode in ("detect", "anonymize"):
         assert d.obligations["pii"]["kinds"] == ["payment_card"]
     if mode == "anonymize":

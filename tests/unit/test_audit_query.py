@@ -22,6 +22,7 @@ from enforcer.cli.audit import main as audit_main
 from enforcer.policy import FileAccess, NetworkConnect, ToolCall, decide
 from enforcer.policy.errors import pointer
 from enforcer.policy.jsonvalues import iter_strings, member_name
+from enforcer.policy.pii import scan_leaves
 
 from ..conftest import base_adl, compile_doc
 
@@ -234,6 +235,7 @@ def test_masking_masks_exactly_the_leaves_each_leaf_check_names(value: Any, alwa
     }
     expected.update(dict.fromkeys(forced, "[masked:secret]"))
     masked = masker.mask(value, always=always)
+    assert masker.mask(value, always=always, pii=scan_leaves(value)) == masked  # PII searched for by the caller
     assert masked.pointers == tuple(sorted(expected))
     assert masked.digest == "sha256:" + hashlib.sha256(records.canonical(value)).hexdigest()
     for ptr, text in expected.items():
