@@ -46,8 +46,20 @@ _SECRET_VALUES = [
     ("JSON Web Token", re.compile(r"e(?<!\we)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     ("bearer credential", re.compile(r"B(?<!\wB)(?:earer|asic)\s+[A-Za-z0-9+/=._-]{16,}")),
 ]
-# All of the above in one pattern: most values match none, and one search is cheaper than eight.
-_ANY_SECRET_VALUE = re.compile("|".join(f"(?:{pattern.pattern})" for _, pattern in _SECRET_VALUES))
+# All of the above in one pattern: most values match none, and one search is cheaper than eight. The
+# engine tries every character that can start one of them; with "s" (sk-) and "e" (eyJ) among those,
+# that was one letter in six. Here those two, and the private key, start at a rarer character inside
+# them and look behind for the rest (10 KB of code-like text: 180 µs to search before, 86 after).
+# Only whether it matches is used. tests/unit/test_scan_patterns.py holds it finding a secret exactly
+# when one of the patterns above does.
+_RARER_START = {
+    "private key": r"N(?<=-----BEGIN) [A-Z ]*PRIVATE KEY-----",
+    "API secret key": r"k(?<=(?<!\w)sk)-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",
+    "JSON Web Token": r"J(?<=(?<!\w)eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+}
+_ANY_SECRET_VALUE = re.compile(
+    "|".join(f"(?:{_RARER_START.get(label, pattern.pattern)})" for label, pattern in _SECRET_VALUES)
+)
 _SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|password|sig|signature)$", re.IGNORECASE)
 
 

@@ -33,6 +33,10 @@ _ANY_PII_CHARACTER = re.compile(r"[@\d]")
 # their patterns start at any digit: in long text with many numbers they are searched for only in
 # the runs that could hold one.
 _NUMBER_RUN = re.compile(r"\d[\d\s().+-]{8,}")
+# IBANs and UK national insurance numbers start with two capital letters at the start of a word and
+# a digit after them (the latter may put a space between): both are searched for from the first place
+# that has these, and not at all in text without one (each search cost about 60 µs in 10 KB).
+_CAPITALS_THEN_DIGIT = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z] ?\d")
 # An email is letters, digits, "._%+-" and one "@": it lies within one run of those characters, and
 # its pattern can start at nearly any character. Only the runs around an "@" are searched.
 _EMAIL_RUN = re.compile(r"[A-Za-z0-9._%+@-]*")
@@ -72,6 +76,13 @@ def in_number_runs(pattern: re.Pattern[str], text: str, runs: list[tuple[int, in
         yield from pattern.finditer(text, max(start - 1, 0), end + 1)
 
 
+def capitals_start(text: str) -> int | None:
+    """Where an IBAN or a national insurance number could first start in `text`, or None: searching
+    from there finds every match of _IBAN and _NINO."""
+    found = _CAPITALS_THEN_DIGIT.search(text)
+    return found.start() if found else None
+
+
 def email_matches(text: str) -> Iterator[re.Match[str]]:
     """_EMAIL.finditer(text), searched only in the runs of _EMAIL_RUN's characters around each "@"."""
     at = text.find("@")
@@ -96,7 +107,8 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
         return all(b <= s or a >= e for _, s, e in found)
 
     found.extend(("email", *m.span()) for m in email_matches(text))
-    for m in _IBAN.finditer(text):
+    capitals = capitals_start(text)
+    for m in _IBAN.finditer(text, capitals) if capitals is not None else ():
         if free(*m.span()) and _iban_ok(m.group()):
             found.append(("iban", *m.span()))
     runs = [m.span() for m in _NUMBER_RUN.finditer(text)]
@@ -107,7 +119,7 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     for m in in_number_runs(_SSN, text, runs):
         if free(*m.span()):
             found.append(("us_ssn", *m.span()))
-    for m in _NINO.finditer(text):
+    for m in _NINO.finditer(text, capitals) if capitals is not None else ():
         if free(*m.span()):
             found.append(("uk_nino", *m.span()))
     for m in in_number_runs(_PHONE, text, runs):

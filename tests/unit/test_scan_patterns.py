@@ -37,7 +37,8 @@ PAIRS = [(name, re.compile(plain), getattr(pii, name)) for name, plain in PLAIN_
 CHARACTERS = "0123456789      --+().@_AKISBDFQUVOXYZaekgh/=.\né"
 PIECES = [
     *("AKIA", "ASIA", "ghp_", "xoxb-", "sk-", "sk-proj-", "AIza", "eyJ", "Bearer ", "Basic "),
-    *("-----BEGIN RSA PRIVATE KEY-----", "000", "666", "900", "GB", "DE89", "QQ", "AB", "+44", "4111"),
+    *("-----BEGIN RSA PRIVATE KEY-----", "----BEGIN EC PRIVATE KEY-----", "000", "666", "900", "GB"),
+    *("DE89", "QQ", "AB", "+44", "4111"),
     *("@acme.example", "x_", "9", "123-45-6789", "AB123456C", "AB 12 34 56 C", "+44 20 7946 0958"),
     *("4111 1111 1111 1111", "GB82 WEST 1234 5698 7654 32", "AKIAABCDEFGHIJKLMNOP", "ghp_" + "a" * 36),
     *("xoxb-1234567890", "sk-" + "a" * 24, "AIza" + "b" * 35, "eyJabcdefghij.eyJabcdefghij.abcdefghij"),
@@ -111,5 +112,21 @@ def test_searching_only_the_runs_around_an_at_sign_finds_every_email() -> None:
     for text in TEXTS + crowded:
         expected = [m.span() for m in pii._EMAIL.finditer(text)]
         assert [m.span() for m in pii.email_matches(text)] == expected, text
+        matched += bool(expected)
+    assert matched > 100
+
+
+@pytest.mark.parametrize("name", ["_IBAN", "_NINO"])
+def test_searching_from_the_first_capitals_finds_every_match(name: str) -> None:
+    pattern = getattr(pii, name)
+    rng = random.Random(17)
+    tokens = ["GB", "AB", "QQ", "DE", "Z", "x", "_", " ", "  ", "8", "12", "82", "WEST", "1234", "\n", *PIECES]
+    crowded = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 80))) for _ in range(5_000)]
+    matched = 0
+    for text in TEXTS + crowded:
+        start = pii.capitals_start(text)
+        expected = [m.span() for m in pattern.finditer(text)]
+        found = [m.span() for m in pattern.finditer(text, start)] if start is not None else []
+        assert found == expected, text
         matched += bool(expected)
     assert matched > 100
