@@ -33,6 +33,12 @@ _ANY_PII_CHARACTER = re.compile(r"[@\d]")
 # their patterns start at any digit: in long text with many numbers they are searched for only in
 # the runs that could hold one.
 _NUMBER_RUN = re.compile(r"\d[\d\s().+-]{8,}")
+# The same for text that is all ASCII, with \d and \s spelled out as the ASCII characters they match
+# there: the engine then tests each character against a table instead of looking up its Unicode
+# category (10 KB of code-like text: about 210 µs to search before, 76 after).
+_ASCII_DIGITS = "".join(c for c in map(chr, range(128)) if re.match(r"\d", c))
+_ASCII_SPACES = "".join(c for c in map(chr, range(128)) if re.match(r"\s", c))
+_ASCII_NUMBER_RUN = re.compile(f"[{_ASCII_DIGITS}][{re.escape(_ASCII_DIGITS + _ASCII_SPACES)}().+-]{{8,}}")
 # IBANs and UK national insurance numbers start with two capital letters at the start of a word and
 # a digit after them (the latter may put a space between): both are searched for from the first place
 # that has these, and not at all in text without one (each search cost about 60 µs in 10 KB).
@@ -65,6 +71,12 @@ def _iban_ok(text: str) -> bool:
     rearranged = compact[4:] + compact[:4]
     number = "".join(str(int(c, 36)) for c in rearranged)
     return 15 <= len(compact) <= 34 and int(number) % 97 == 1
+
+
+def number_runs(text: str) -> list[tuple[int, int]]:
+    """The spans of _NUMBER_RUN's matches in `text`."""
+    pattern = _ASCII_NUMBER_RUN if text.isascii() else _NUMBER_RUN
+    return [m.span() for m in pattern.finditer(text)]
 
 
 def in_number_runs(pattern: re.Pattern[str], text: str, runs: list[tuple[int, int]]) -> Iterator[re.Match[str]]:
@@ -111,7 +123,7 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     for m in _IBAN.finditer(text, capitals) if capitals is not None else ():
         if free(*m.span()) and _iban_ok(m.group()):
             found.append(("iban", *m.span()))
-    runs = [m.span() for m in _NUMBER_RUN.finditer(text)]
+    runs = number_runs(text)
     for m in in_number_runs(_CARD, text, runs):
         digits = re.sub(r"\D", "", m.group())
         if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):

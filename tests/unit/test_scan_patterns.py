@@ -97,11 +97,26 @@ def test_searching_only_the_number_runs_finds_every_match(name: str) -> None:
     pattern = getattr(pii, name)
     matched = 0
     for text in TEXTS + _long_numeric_texts(3_000, seed=11):
-        runs = [m.span() for m in pii._NUMBER_RUN.finditer(text)]
         expected = [m.span() for m in pattern.finditer(text)]
-        assert [m.span() for m in pii.in_number_runs(pattern, text, runs)] == expected, (name, text)
+        assert [m.span() for m in pii.in_number_runs(pattern, text, pii.number_runs(text))] == expected, (name, text)
         matched += bool(expected)
     assert matched > 100
+
+
+def test_the_number_runs_of_ascii_text_are_those_of_any_text() -> None:
+    """number_runs() spells out \\d and \\s for ASCII text; other text (Unicode digits and spaces
+    among it here) takes the plain pattern. Both give _NUMBER_RUN's matches."""
+    rng = random.Random(19)
+    tokens = ["7", "12", " ", "(", ")", ".", "+", "-", "\t", "\x1c", "\x1f", "\x0b", "a", "_"]
+    unicode = ["\u0663", "\uff13", "\u00a0", "\u2003", "\u3000", "\x85", "\u2028"]
+    ascii_texts = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 60))) for _ in range(4_000)]
+    mixed = ["".join(rng.choice(tokens + unicode) for _ in range(rng.randint(5, 60))) for _ in range(4_000)]
+    runs_found = 0
+    for text in TEXTS + ascii_texts + mixed:
+        expected = [m.span() for m in pii._NUMBER_RUN.finditer(text)]
+        assert pii.number_runs(text) == expected, repr(text)
+        runs_found += bool(expected) and text.isascii()
+    assert runs_found > 500
 
 
 def test_searching_only_the_runs_around_an_at_sign_finds_every_email() -> None:
