@@ -35,7 +35,7 @@ _ANY_PII_CHARACTER = re.compile(r"[@\d]")
 _NUMBER_RUN = re.compile(r"\d[\d\s().+-]{8,}")
 # The same for text that is all ASCII, with \d and \s spelled out as the ASCII characters they match
 # there: the engine then tests each character against a table instead of looking up its Unicode
-# category (10 KB of code-like text: about 210 µs to search before, 76 after).
+# category (10 KB of code-like text: 232-244 µs to find the runs before, 128-129 after).
 _ASCII_DIGITS = "".join(c for c in map(chr, range(128)) if re.match(r"\d", c))
 _ASCII_SPACES = "".join(c for c in map(chr, range(128)) if re.match(r"\s", c))
 _ASCII_NUMBER_RUN = re.compile(f"[{_ASCII_DIGITS}][{re.escape(_ASCII_DIGITS + _ASCII_SPACES)}().+-]{{8,}}")
