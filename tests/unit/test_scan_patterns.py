@@ -85,11 +85,17 @@ def test_scan_text_without_an_at_sign_finds_no_email_and_with_one_the_same_spans
     assert pii.scan_text("write to ops@acme.example today") == [("email", 9, 25)]
 
 
+def _crowded(tokens: list[str], count: int, seed: int, lengths: tuple[int, int]) -> list[str]:
+    """`count` texts of `lengths` tokens each, drawn from `tokens`: the pieces a search cares about
+    crowded together."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(tokens) for _ in range(rng.randint(*lengths))) for _ in range(count)]
+
+
 def _long_numeric_texts(count: int, seed: int) -> list[str]:
     """Long texts where numbers, separators and the pieces above crowd together."""
-    rng = random.Random(seed)
     tokens = ["2024", "42", "0.5", "(1, 2)", "-1", "+", " ", "  ", "-", "x", "ab", "\n", *PIECES]
-    return ["".join(rng.choice(tokens) for _ in range(rng.randint(20, 200))) for _ in range(count)]
+    return _crowded(tokens, count, seed, (20, 200))
 
 
 @pytest.mark.parametrize("name", ["_CARD", "_SSN", "_PHONE"])
@@ -106,11 +112,10 @@ def test_searching_only_the_number_runs_finds_every_match(name: str) -> None:
 def test_the_number_runs_of_ascii_text_are_those_of_any_text() -> None:
     """number_runs() spells out \\d and \\s for ASCII text; other text (Unicode digits and spaces
     among it here) takes the plain pattern. Both give _NUMBER_RUN's matches."""
-    rng = random.Random(19)
     tokens = ["7", "12", " ", "(", ")", ".", "+", "-", "\t", "\x1c", "\x1f", "\x0b", "a", "_"]
     unicode = ["\u0663", "\uff13", "\u00a0", "\u2003", "\u3000", "\x85", "\u2028"]
-    ascii_texts = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 60))) for _ in range(4_000)]
-    mixed = ["".join(rng.choice(tokens + unicode) for _ in range(rng.randint(5, 60))) for _ in range(4_000)]
+    ascii_texts = _crowded(tokens, 4_000, seed=19, lengths=(5, 60))
+    mixed = _crowded(tokens + unicode, 4_000, seed=23, lengths=(5, 60))
     runs_found = 0
     for text in TEXTS + ascii_texts + mixed:
         expected = [m.span() for m in pii._NUMBER_RUN.finditer(text)]
@@ -120,9 +125,8 @@ def test_the_number_runs_of_ascii_text_are_those_of_any_text() -> None:
 
 
 def test_searching_only_the_runs_around_an_at_sign_finds_every_email() -> None:
-    rng = random.Random(13)
     tokens = ["@", "@@", "a", "ops", ".", "-", "_", "%", "+", " ", "\n", "acme.example", "x.co", "é", "(", *PIECES]
-    crowded = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 120))) for _ in range(5_000)]
+    crowded = _crowded(tokens, 5_000, seed=13, lengths=(5, 120))
     matched = 0
     for text in TEXTS + crowded:
         expected = [m.span() for m in pii._EMAIL.finditer(text)]
@@ -134,9 +138,8 @@ def test_searching_only_the_runs_around_an_at_sign_finds_every_email() -> None:
 @pytest.mark.parametrize("name", ["_IBAN", "_NINO"])
 def test_searching_from_the_first_capitals_finds_every_match(name: str) -> None:
     pattern = getattr(pii, name)
-    rng = random.Random(17)
     tokens = ["GB", "AB", "QQ", "DE", "Z", "x", "_", " ", "  ", "8", "12", "82", "WEST", "1234", "\n", *PIECES]
-    crowded = ["".join(rng.choice(tokens) for _ in range(rng.randint(5, 80))) for _ in range(5_000)]
+    crowded = _crowded(tokens, 5_000, seed=17, lengths=(5, 80))
     matched = 0
     for text in TEXTS + crowded:
         start = pii.capitals_start(text)
