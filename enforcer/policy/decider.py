@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
+import re
+import socket
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -50,16 +52,12 @@ DEFAULT_PORTS = {
     "grpc": (443,),
     "tls": (443,),
 }
-_TCP_CARRIED = {"http", "https", "tls", "ws", "wss", "grpc", "tcp"}
-# What the egress filter observes on the wire -> the declared protocols that traffic satisfies.
-# Opaque TCP (ssh, postgres, ...) cannot be told apart, so it satisfies any protocol the filter
-# could not have recognised; recognisable traffic must match a protocol that carries it.
-_RECOGNISABLE = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "smtps", "imaps"})
-_SATISFIES = {
-    "http": frozenset({"http", "ws"}),
-    "https": frozenset({"https", "wss", "grpc", "tls"}),
-    "tls": frozenset({"tls", "grpc", "smtps", "imaps"}),
-}
+# A declared `tcp` grants any stream over TCP, so the protocols carried on one too. No other
+# declared protocol stands in for a different one: the caller names what it will speak, and
+# traffic the egress filter cannot tell apart on the wire is its business to resolve or refuse.
+_TCP_CARRIED = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "tcp"})
+# The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
+_INET_ATON_FORM = re.compile(r"\A(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -229,34 +227,24 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     if conn.port not in ports:
         granted = ", ".join(map(str, sorted(ports))) or "none"
         return _deny(policy, "net.port_not_allowed", ports_ptr, f"port {conn.port} is not allowed (allowed: {granted})")
-    address = None
+    literal = ip_literal(host)
+    address = literal
+    addresses = [literal] if literal is not None else []
     if conn.address is not None:
         try:
             address = ipaddress.ip_address(conn.address)
         except ValueError:
             return _deny(policy, "net.address_invalid", "", f"{conn.address!r} is not an IP address", "enforcer")
-        cls = classify(address, policy.host_ips, policy.public_test_networks)
-        if cls == "metadata":
-            return _deny(
-                policy,
-                "net.metadata_address",
-                "/permissions/network/deny_private",
-                f"{address} is a cloud metadata address; never reachable",
-                "enforcer",
-            )
-        if cls != "public" and rules.deny_private:
-            why = "deny_private is true" if rules.deny_private_explicit else "deny_private defaults to true"
-            return _deny(
-                policy,
-                "net.private_address",
-                "/permissions/network/deny_private",
-                f"{address} is a {cls.replace('_', ' ')} address and {why}",
-            )
+        addresses.append(address)
+    # A literal host is its own address: it is classified even when the caller names no address,
+    # and both are when the caller names one that differs.
+    for candidate in dict.fromkeys(addresses):
+        denial = _address_denial(policy, rules, candidate)
+        if denial is not None:
+            return denial
     regions = policy.options.regions.regions_for(host, address) if policy.residency else set()
     for constraint in policy.residency:
         if not regions:
-            if policy.safety_level == "minimal" and constraint.document == "aaif":
-                continue
             return _deny(
                 policy,
                 "net.residency_unknown",
@@ -287,6 +275,45 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     )
 
 
+def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a host name denotes by itself: an IPv4 or IPv6 literal (brackets and a zone
+    allowed) or one of the numeric IPv4 forms resolvers accept (127.1, 0x7f000001, 2130706433)."""
+    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    if _INET_ATON_FORM.match(text):
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(text))
+        except OSError:
+            return None
+    return None
+
+
+def _address_denial(
+    policy: Policy, rules: NetworkRules, address: ipaddress.IPv4Address | ipaddress.IPv6Address
+) -> Decision | None:
+    cls = classify(address, policy.host_ips, policy.public_test_networks)
+    if cls == "metadata":
+        return _deny(
+            policy,
+            "net.metadata_address",
+            "/permissions/network/deny_private",
+            f"{address} is a cloud metadata address; never reachable",
+            "enforcer",
+        )
+    if cls != "public" and rules.deny_private:
+        why = "deny_private is true" if rules.deny_private_explicit else "deny_private defaults to true"
+        return _deny(
+            policy,
+            "net.private_address",
+            "/permissions/network/deny_private",
+            f"{address} is a {cls.replace('_', ' ')} address and {why}",
+        )
+    return None
+
+
 def granted_ports(rules: NetworkRules) -> frozenset[int]:
     """allowed_ports, else the default ports of allowed_protocols."""
     if rules.ports is not None:
@@ -295,11 +322,7 @@ def granted_ports(rules: NetworkRules) -> frozenset[int]:
 
 
 def _protocol_allowed(protocol: str, allowed: frozenset[str]) -> bool:
-    if protocol in allowed or ("tcp" in allowed and protocol in _TCP_CARRIED):
-        return True
-    if protocol == "tcp":
-        return any(p not in _RECOGNISABLE for p in allowed)
-    return bool(_SATISFIES.get(protocol, frozenset()) & allowed)
+    return protocol in allowed or ("tcp" in allowed and protocol in _TCP_CARRIED)
 
 
 # ---- filesystem ------------------------------------------------------------------------------
@@ -312,6 +335,15 @@ def normalize_path(path: str) -> str | None:
     return "/" + normal.lstrip("/")  # normpath keeps a leading '//'
 
 
+def _self_and_ancestors(path: str) -> list[str]:
+    """'/a/b/c' -> ['/a/b/c', '/a/b', '/a', '/'] for a normalised absolute path."""
+    out = [path]
+    while path != "/":
+        path = posixpath.dirname(path)
+        out.append(path)
+    return out
+
+
 def _file(policy: Policy, access: FileAccess) -> Decision:
     rules = policy.filesystem
     if rules is None:
@@ -319,14 +351,18 @@ def _file(policy: Policy, access: FileAccess) -> Decision:
     path = normalize_path(access.path)
     if path is None:
         return _deny(policy, "fs.path_invalid", "/permissions/filesystem", f"{access.path!r} is not an absolute path")
-    denied = rules.denied.first(path)
-    if denied is not None:
-        return _deny(
-            policy,
-            "fs.denied",
-            pointer("permissions", "filesystem", "denied_paths", denied),
-            f"'{path}' matches denied path '{rules.denied.patterns[denied]}'",
-        )
+    # A denied pattern that names a directory denies everything under it, as the sandbox masks
+    # the whole directory: the path and each of its ancestors are checked.
+    for candidate in _self_and_ancestors(path):
+        denied = rules.denied.first(candidate)
+        if denied is not None:
+            inside = "" if candidate == path else f" (inside '{candidate}')"
+            return _deny(
+                policy,
+                "fs.denied",
+                pointer("permissions", "filesystem", "denied_paths", denied),
+                f"'{path}'{inside} matches denied path '{rules.denied.patterns[denied]}'",
+            )
     matches = rules.allowed.match(path)
     need = {"read": {"read"}, "write": {"write"}, "read_write": {"read", "write"}}.get(access.mode)
     if need is None:

@@ -154,9 +154,10 @@ def test_observed_protocols_against_declared_ones(schemas: Any) -> None:
     assert verdict(["https"], "https", 443) == "ALLOW"
     assert verdict(["https"], "http", 443) == "DENY"  # plain HTTP on an HTTPS-only grant
     assert verdict(["https"], "tcp", 443) == "DENY"  # opaque bytes are not HTTPS
-    assert verdict(["ssh"], "tcp", 22) == "ALLOW"  # opaque TCP can only be trusted as what cannot be seen
+    assert verdict(["ssh"], "ssh", 22) == "ALLOW"
+    assert verdict(["ssh"], "tcp", 22) == "DENY"  # decide() never reads one protocol as another
     assert verdict(["ssh"], "http", 22) == "DENY"
-    assert verdict(["wss"], "https", 443) == "ALLOW"
+    assert verdict(["wss"], "https", 443) == "DENY"
     tcp_any = base_adl(permissions={"network": {"allowed_hosts": ["h.test"], "allowed_protocols": ["tcp"],
                                                 "allowed_ports": [443], "deny_private": False}})  # fmt: skip
     assert decide(compile_doc(schemas, tcp_any), NetworkConnect("h.test", 443, "tls")).verdict == "ALLOW"
