@@ -37,6 +37,9 @@ def read_document(path: str | os.PathLike[str], expect: str | None = None) -> di
     parsed = parse_document(data, name)
     if not parsed.ok:
         raise PolicyFileError(name, parsed.findings[0].detail, list(parsed.findings))
+    if expect == "adl" and parsed.kind is None:
+        detail = "Required member 'adl_spec' is missing"
+        raise PolicyFileError(name, detail, [Finding("ADL-1003", detail, "")])
     if expect and parsed.kind != expect:
         what = {
             "adl": "an ADL document (it has no adl_spec member)",

@@ -24,9 +24,8 @@ from ..policy import (
     ToolCall,
     decide,
 )
-from ..policy.aaif import condition_findings, validate_aaif
+from ..policy.aaif import PROVIDED_CAPABILITIES, capability_findings, condition_findings, validate_aaif
 from ..policy.adl import validate_adl
-from ..policy.errors import Finding
 from ..policy.formats import parse_timestamp
 from ..policy.loader import detect_kind
 
@@ -54,8 +53,13 @@ def _now(value: str | None) -> datetime:
     return parsed
 
 
+def _capabilities(args: argparse.Namespace) -> frozenset[str]:
+    return PROVIDED_CAPABILITIES | frozenset(args.runtime_capability or ())
+
+
 def _options(args: argparse.Namespace) -> CompileOptions:
     return CompileOptions(
+        runtime_capabilities=tuple(sorted(set(args.runtime_capability or ()))),
         production=args.production,
         require_signature=not args.no_require_signature,
         home_region=args.home_region,
@@ -79,22 +83,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
             results[name] = findings
             continue
         kind = detect_kind(document)
-        if kind == "adl":
-            findings, _sig = validate_adl(document, schemas, now)
-        elif kind == "aaif":
+        if kind == "aaif":
             findings = validate_aaif(document, schemas)
-            # Validity is the schema's business; a condition this enforcer cannot evaluate makes the
-            # document refused at compile time (explain, check, adl-exec), shown here as a warning.
+            # Validity is the schema's business; a condition this enforcer cannot evaluate, or a
+            # required capability it lacks, makes the document refused at compile time (explain,
+            # check, adl-exec) at strict and regulated, shown here as a warning.
             findings += [
                 replace(
                     f,
                     severity="warning",
                     detail=f.detail + "; refused when compiled" if f.severity == "error" else f.detail,
                 )
-                for f in condition_findings(document)
+                for f in (*condition_findings(document), *capability_findings(document, _capabilities(args)))
             ]
         else:
-            findings = [Finding("ENF-1005", "neither ADL (adl_spec) nor AAIF (sc_standard SC-006)")]
+            # Not AAIF, so read as ADL: a missing adl_spec is ADL-1003 with every other finding.
+            findings, _sig = validate_adl(document, schemas, now)
         if any(f.severity == "error" for f in findings):
             worst = max(worst, EXIT_DENY)
         results[name] = findings
@@ -157,13 +161,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     policy = load_policy(args.file, args.aaif, _options(args), _now(args.now))
     decision = decide(policy, action)
     if args.json:
-        print(json.dumps(decision.to_json()))
+        print(json.dumps({**decision.to_json(), "warnings": [w.to_json() for w in policy.warnings]}))
     else:
         print(decision.verdict)
         for reason in decision.reasons:
             print(f"  {reason.rule} ({reason.document} {reason.pointer or '/'}): {reason.text}")
         for key, value in decision.obligations.items():
             print(f"  obligation {key}: {json.dumps(value)}")
+        for w in policy.warnings:
+            print(f"  warning {w.code} {w.title} at {w.pointer or '/'}: {w.detail}")
     return {"ALLOW": EXIT_OK, "DENY": EXIT_DENY, "ASK": EXIT_ASK}[decision.verdict]
 
 
@@ -222,7 +228,18 @@ def _compile_flags(p: argparse.ArgumentParser) -> None:
         help="treat this documentation range as public (tests only)",
     )
     p.add_argument("--now", metavar="TIMESTAMP", help="evaluate expiry and sunset dates at this time")
+    _capability_flag(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _capability_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runtime-capability",
+        action="append",
+        metavar="CAP",
+        help="an AAIF required_capabilities entry the agent's runtime provides (repeatable); this "
+        f"enforcer provides {', '.join(sorted(PROVIDED_CAPABILITIES))}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--json", action="store_true", help="one JSON object per file, in the ADL error format")
     p.add_argument("--now", metavar="TIMESTAMP", help="evaluate expiry and sunset dates at this time")
+    _capability_flag(p)
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("explain", help="print the effective policy and its warnings")
     p.add_argument("file", metavar="ADL_FILE")
@@ -289,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
         return EXIT_USAGE
     except (PolicyFileError, OSError) as exc:
+        findings = getattr(exc, "findings", None) or []
+        if findings and getattr(args, "json", False):
+            print(json.dumps({"errors": [f.to_json() for f in findings]}))
         print(f"adl-policy: {exc}", file=sys.stderr)
+        for f in findings:
+            print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
 

@@ -39,6 +39,43 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
     return findings
 
 
+# The AAIF capabilities (registries/capabilities.json) this enforcer itself provides: approval
+# gates (ASK), the tamper-evident audit log, residency checks on every connection, and
+# deterministic evaluation of structured conditions. Whatever else an agent requires (tool
+# protocols, memory backends, streaming, checkpoints) is the agent runtime's to provide; an
+# operator states those with CompileOptions.runtime_capabilities.
+PROVIDED_CAPABILITIES = frozenset(
+    {"compliance.hitl", "compliance.audit_log", "compliance.data_residency", "condition.structured"}
+)
+
+
+def capability_findings(document: dict[str, Any], provided: frozenset[str] = PROVIDED_CAPABILITIES) -> list[Finding]:
+    """AAIF §7: every required capability is checked; an unsatisfied one is rejected at strict,
+    rejected at regulated (the launcher audits every refusal), disabled with a warning at standard
+    and warned about at minimal."""
+    safety_level = safety_level_of(document)
+    out: list[Finding] = []
+    for i, capability in enumerate(arr(obj(document.get("agent")).get("required_capabilities"))):
+        if isinstance(capability, str) and capability in provided:
+            continue
+        if safety_level in ("strict", "regulated"):
+            severity, consequence = "error", f"rejected at safety_level '{safety_level}'"
+        elif safety_level == "minimal":
+            severity, consequence = "warning", "warned only"
+        else:
+            severity, consequence = "warning", "capability disabled: the agent runs without it"
+        out.append(
+            Finding(
+                "ENF-2010",
+                f"required capability {capability!r} is not provided by this enforcer or the declared runtime "
+                f"(provided: {', '.join(sorted(provided))}) ({consequence})",
+                pointer("agent", "required_capabilities", i),
+                severity,  # type: ignore[arg-type]
+            )
+        )
+    return out
+
+
 def compliance_of(document: dict[str, Any]) -> dict[str, Any]:
     return obj(obj(document.get("agent")).get("compliance"))
 

@@ -8,6 +8,7 @@ gets all its errors at once.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -194,6 +195,23 @@ class _Check:
                 "lifecycle",
                 "sunset_date",
             )
+        elif sunset and sunset <= self.now and status == "deprecated":
+            # Valid, but a deprecated agent past its sunset is treated as retired: it never runs.
+            self.add(
+                "ADL-5003",
+                f"sunset_date {lifecycle['sunset_date']} has passed: the deprecated agent is treated as retired",
+                "lifecycle",
+                "sunset_date",
+                severity="warning",
+            )
+        elif sunset and self.now < sunset <= self.now + NEAR_EXPIRY and status != "retired":
+            self.add(
+                "ENF-2007",
+                f"sunset_date {lifecycle['sunset_date']} is within 30 days",
+                "lifecycle",
+                "sunset_date",
+                severity="warning",
+            )
 
     # VAL-14..20
     def enumerations(self) -> None:
@@ -262,6 +280,75 @@ class _Check:
                 self.add(
                     "ADL-6007", f"max_depth {depth!r} must be an integer >= 1", "permissions", "delegation", "max_depth"
                 )
+
+    # §4.4 and the security considerations: bare '*' MUST be warned about; patterns that grant
+    # nothing, or more than they look like, SHOULD be.
+    def pattern_warnings(self) -> None:
+        permissions = obj(self.doc.get("permissions"))
+        network, environment = obj(permissions.get("network")), obj(permissions.get("environment"))
+        execution, filesystem = obj(permissions.get("execution")), obj(permissions.get("filesystem"))
+        for i, host in enumerate(arr(network.get("allowed_hosts"))):
+            if host == "*":
+                self._warn(
+                    "ENF-2003", "bare '*' in allowed_hosts allows every host name", "network", "allowed_hosts", i
+                )
+            elif isinstance(host, str):
+                first = host.split(".", 1)[0]
+                if first.startswith("*") and first != "*" and "." in host:
+                    domain = host[1:]
+                    self._warn(
+                        "ENF-2011",
+                        f"'{host}' also matches names such as 'evil{domain}': '*' matches within a label; "
+                        f"for a domain and its subdomains write '{domain.lstrip('.')}' and '*.{domain.lstrip('.')}'",
+                        "network",
+                        "allowed_hosts",
+                        i,
+                    )
+        for i, name in enumerate(arr(environment.get("allowed_variables"))):
+            if name == "*":
+                self._warn(
+                    "ENF-2003",
+                    "bare '*' in allowed_variables passes every variable of the launcher's environment",
+                    "environment",
+                    "allowed_variables",
+                    i,
+                )
+        for i, command in enumerate(arr(execution.get("allowed_commands"))):
+            if command == "*":
+                self._warn("ENF-2003", "bare '*' in allowed_commands allows every command", "execution",
+                           "allowed_commands", i)  # fmt: skip
+        for member in ("allowed_commands", "denied_commands"):
+            for i, command in enumerate(arr(execution.get(member))):
+                if isinstance(command, str) and "/" in command and not _normal_absolute(command):
+                    self._warn(
+                        "ENF-2011",
+                        f"command path '{command}' is not a normalised absolute path: it never matches the "
+                        "resolved path of a program, so it "
+                        + ("allows nothing" if member == "allowed_commands" else "denies nothing"),
+                        "execution",
+                        member,
+                        i,
+                    )
+        for i, entry in enumerate(arr(filesystem.get("allowed_paths"))):
+            path = obj(entry).get("path")
+            if not isinstance(path, str):
+                continue
+            if patterns.is_bare_wildcard(path):
+                self._warn("ENF-2003", f"'{path}' grants the whole filesystem", "filesystem", "allowed_paths", i,
+                           "path")  # fmt: skip
+            elif path != "/" and "*" not in path.rsplit("/", 1)[-1] and "." not in path.rsplit("/", 1)[-1]:
+                directory = path.rstrip("/")
+                self._warn(
+                    "ENF-2011",
+                    f"'{path}' grants that one path only; if it is a directory, its contents need '{directory}/**'",
+                    "filesystem",
+                    "allowed_paths",
+                    i,
+                    "path",
+                )
+
+    def _warn(self, code: str, detail: str, *path: str | int) -> None:
+        self.add(code, detail, "permissions", *path, severity="warning")
 
     def _pattern(self, pattern: Any, flavour: patterns.Flavour, code: str, *path: str | int) -> None:
         reason = patterns.validate(pattern, flavour)
@@ -494,6 +581,10 @@ class _Check:
                     )
 
 
+def _normal_absolute(path: str) -> bool:
+    return path.startswith("/") and not path.startswith("//") and posixpath.normpath(path) == path
+
+
 def _schema_findings(validator: Any, document: dict[str, Any], profile_members: frozenset[str]) -> Iterator[Finding]:
     for error in iter_leaf_errors(validator, document):
         path = tuple(error.absolute_path)
@@ -524,6 +615,7 @@ RULES: tuple[Callable[[_Check], None], ...] = (
     _Check.lifecycle,
     _Check.enumerations,
     _Check.permission_patterns,
+    _Check.pattern_warnings,
     _Check.digest_fields,
     _Check.data_classification,
     _Check.templates,
@@ -537,7 +629,9 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
     findings: list[Finding] = []
     adl_spec = document.get("adl_spec")
     version = supported_schema_version(adl_spec)
-    if version is None:
+    if "adl_spec" not in document:
+        findings.append(Finding("ADL-1003", "Required member 'adl_spec' is missing", ""))
+    elif version is None:
         findings.append(
             Finding(
                 "ADL-2001",
@@ -549,7 +643,7 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
     profiles = tuple(p for p in arr(document.get("profiles")) if isinstance(p, str) and p in PROFILES)
     validator = schemas.adl_validator(schema_version, profiles)
     for f in _schema_findings(validator, document, schemas.profile_members(profiles)):
-        if version is None and f.pointer == "/adl_spec":
+        if version is None and (f.pointer == "/adl_spec" or (f.code == "ADL-1003" and "'adl_spec'" in f.detail)):
             continue
         findings.append(f)
     for member in unknown_members(schemas, schema_version, profiles, document):

@@ -11,7 +11,14 @@ from typing import Any
 
 import rfc8785
 
-from .aaif import compliance_of, condition_findings, safety_level_of, validate_aaif
+from .aaif import (
+    PROVIDED_CAPABILITIES,
+    capability_findings,
+    compliance_of,
+    condition_findings,
+    safety_level_of,
+    validate_aaif,
+)
 from .adl import SENSITIVITY_ORDER, build_validator, validate_adl
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
@@ -33,7 +40,7 @@ from .model import (
     ResourceLimits,
     ToolRule,
 )
-from .patterns import PatternList, is_bare_wildcard
+from .patterns import PatternList
 from .specs import SchemaSet
 
 SUNSET_WARNING = timedelta(days=30)
@@ -60,6 +67,7 @@ def compile_policy(
     if aaif is not None:
         findings.extend(validate_aaif(aaif, schemas))
         findings.extend(condition_findings(aaif))
+        findings.extend(capability_findings(aaif, PROVIDED_CAPABILITIES | set(options.runtime_capabilities)))
         compliance, safety_level = compliance_of(aaif), safety_level_of(aaif)
         agent = obj(aaif.get("agent"))
         if isinstance(agent.get("name"), str) and agent.get("name") != adl.get("name"):
@@ -171,10 +179,11 @@ class _Builder:
             notes.append("deprecated" + (f"; migrate to {successor}" if successor else ""))
         if status == "draft":
             notes.append("draft: not for production use")
-        if sunset is not None and self.now < sunset <= self.now + SUNSET_WARNING:
-            notes.append(f"sunset_date {lifecycle['sunset_date']} is within 30 days")
         if notes:
             self.warn("ENF-2007", "; ".join(notes), "/lifecycle")
+        if sunset is not None and self.now < sunset <= self.now + SUNSET_WARNING:
+            notes.append(f"sunset_date {lifecycle['sunset_date']} is within 30 days")  # warned by validate_adl
+        if notes:
             return Lifecycle(status, "warn", "; ".join(notes))
         return Lifecycle(status, "ok", "no lifecycle restriction" if status is None else f"status '{status}'")
 
@@ -226,13 +235,6 @@ class _Builder:
         if not isinstance(network, dict):
             return None
         hosts = network.get("allowed_hosts") or []
-        for i, h in enumerate(hosts):
-            if h == "*":
-                self.warn(
-                    "ENF-2003",
-                    "bare '*' in allowed_hosts allows every host name",
-                    pointer("permissions", "network", "allowed_hosts", i),
-                )
         ports = network.get("allowed_ports")
         protocols = network.get("allowed_protocols")
         if ports is None and not protocols:
@@ -256,13 +258,6 @@ class _Builder:
         if not isinstance(fs, dict):
             return None
         entries = fs.get("allowed_paths") or []
-        for i, entry in enumerate(entries):
-            if is_bare_wildcard(entry["path"]):
-                self.warn(
-                    "ENF-2003",
-                    f"'{entry['path']}' grants the whole filesystem",
-                    pointer("permissions", "filesystem", "allowed_paths", i, "path"),
-                )
         return FilesystemRules(
             allowed=PatternList.compile([e["path"] for e in entries], "path"),
             access=tuple(e["access"] for e in entries),
@@ -274,13 +269,6 @@ class _Builder:
         if not isinstance(section, dict):
             return None
         allowed = section.get(allow_key) or []
-        for i, p in enumerate(allowed):
-            if p == "*":
-                self.warn(
-                    "ENF-2003",
-                    f"bare '*' in {allow_key} passes every variable of the launcher's environment",
-                    pointer("permissions", domain, allow_key, i),
-                )
         return NameRules(PatternList.compile(allowed, "env"), PatternList.compile(section.get(deny_key) or [], "env"))
 
     def execution(self) -> ExecutionRules | None:

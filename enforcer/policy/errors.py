@@ -76,6 +76,8 @@ TITLES: dict[str, str] = {
     "ENF-2007": "Lifecycle warning",
     "ENF-2008": "Attestation near expiry",
     "ENF-2009": "Non-deterministic condition",
+    "ENF-2010": "Required capability not provided",
+    "ENF-2011": "Pattern grants other than it looks",
     # AAIF (SC-006) schema findings.
     "AAIF-1001": "AAIF schema violation",
 }

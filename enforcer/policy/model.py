@@ -178,9 +178,13 @@ class CompileOptions:
     regions: RegionMap = field(default_factory=RegionMap.empty)
     public_test_ranges: tuple[str, ...] = ()
     host_addresses: tuple[str, ...] = ()
+    # AAIF capabilities the agent's own runtime provides, as the operator states them.
+    runtime_capabilities: tuple[str, ...] = ()
 
     def digest_input(self) -> dict[str, Any]:
+        extra = {"runtime_capabilities": sorted(self.runtime_capabilities)} if self.runtime_capabilities else {}
         return {
+            **extra,
             "production": self.production,
             "require_signature": self.require_signature,
             "home_region": self.home_region,
