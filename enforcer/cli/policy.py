@@ -194,6 +194,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from ..policy.errors import pointer
+    from ..policy.jsonvalues import unsafe_integers
     from ..policy.signature import sign_ed25519
 
     key = serialization.load_pem_private_key(Path(args.key).read_bytes(), password=None)
@@ -201,6 +203,13 @@ def cmd_sign(args: argparse.Namespace) -> int:
         print("adl-policy: only Ed25519 keys can sign", file=sys.stderr)
         return EXIT_USAGE
     document = read_document(args.file, "adl")
+    unsafe = unsafe_integers(document)
+    if unsafe:
+        where = ", ".join(pointer(*path) for path in unsafe[:5])
+        print(
+            f"adl-policy: ENF-1007 integers outside ±(2^53-1) cannot be signed (RFC 8785) at {where}", file=sys.stderr
+        )
+        return EXIT_USAGE
     signed = sign_ed25519(document, key)
     text = json.dumps(signed, indent=2, ensure_ascii=False) + "\n"
     if args.out == "-":

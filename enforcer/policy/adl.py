@@ -19,7 +19,7 @@ import jsonschema_rs
 from . import patterns
 from .errors import Finding, pointer
 from .formats import is_adl_urn, is_uri, parse_timestamp
-from .jsonvalues import arr, iter_strings, obj
+from .jsonvalues import arr, iter_strings, obj, unsafe_integers
 from .signature import SignatureResult, key_strength_problem, verify
 from .specs import PROFILES, SchemaSet, iter_leaf_errors, supported_schema_version, unknown_members
 
@@ -660,8 +660,30 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
         rule(check)
     findings.extend(check.findings)
     signature = verify(document)
+    findings.extend(_unsafe_integer_findings(document, signed="signature" in signature_member(document)))
     findings.extend(signature.findings)
     return _dedupe(findings), signature
+
+
+def signature_member(document: dict[str, Any]) -> dict[str, Any]:
+    """The attestation object, where a signature would be."""
+    return obj(obj(document.get("security")).get("attestation"))
+
+
+def _unsafe_integer_findings(document: dict[str, Any], signed: bool) -> Iterator[Finding]:
+    """An integer beyond ±(2^53-1) is valid JSON; it matters only for JCS (RFC 8785), which cannot
+    canonicalise it: a signed document holding one cannot be verified, an unsigned one cannot
+    be signed."""
+    for path in unsafe_integers(document):
+        consequence = (
+            "the signature cannot be verified over it" if signed else "the document cannot be signed (RFC 8785)"
+        )
+        yield Finding(
+            "ENF-1007",
+            f"integer is outside the I-JSON range ±(2^53-1): {consequence}",
+            pointer(*path),
+            "error" if signed else "warning",
+        )
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

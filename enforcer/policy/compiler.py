@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -47,7 +48,14 @@ SUNSET_WARNING = timedelta(days=30)
 
 
 def policy_digest(adl: dict[str, Any], aaif: dict[str, Any] | None, options: CompileOptions) -> str:
-    canonical = rfc8785.dumps({"adl": adl, "aaif": aaif, "options": options.digest_input()})
+    value = {"adl": adl, "aaif": aaif, "options": options.digest_input()}
+    try:
+        canonical = rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        # Integers beyond I-JSON have no JCS form; the digest only has to be exact and
+        # deterministic, so those documents hash a sorted compact serialisation, in its own domain.
+        exact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        canonical = b"adl-enforcer exact JSON\0" + exact.encode("utf-8")
     return hashlib.sha256(canonical).hexdigest()
 
 

@@ -66,6 +66,7 @@ TITLES: dict[str, str] = {
     "ENF-1004": "Unreadable document",
     "ENF-1005": "Unknown document kind",
     "ENF-1006": "Specification files not found",
+    "ENF-1007": "Number outside the interoperable range",
     # Enforcer-specific: policy compilation.
     "ENF-2001": "Inline credential",
     "ENF-2002": "Unsupported condition",

@@ -30,6 +30,25 @@ def iter_strings(value: Any, base: Path = ()) -> Iterator[tuple[Path, str]]:
             yield path, item
 
 
+# Larger integers are valid JSON but not I-JSON (RFC 7493): JCS (RFC 8785) cannot sign them.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
+def unsafe_integers(document: Any) -> list[Path]:
+    """Paths of the integers outside ±(2^53-1), iteratively (documents may be deep)."""
+    out: list[Path] = []
+    stack: list[tuple[Any, Path]] = [(document, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, (*path, k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
+            out.append(path)
+    return sorted(out, key=str)
+
+
 def member_name(path: Path) -> str:
     """The object member a leaf belongs to (for an array item: the array's member)."""
     return next((p for p in reversed(path) if isinstance(p, str)), "")

@@ -23,7 +23,6 @@ MAX_ENTRIES = 1000
 MAX_PATTERNS_PER_DOMAIN = 500
 # YAML aliases can make a 1 MB file expand to an exponential tree; count visited nodes instead.
 MAX_NODES = 250_000
-MAX_SAFE_INTEGER = 2**53 - 1
 
 DocumentKind = Literal["adl", "aaif"]
 
@@ -151,10 +150,6 @@ def _check_shape(document: dict[str, Any]) -> Finding | None:
             stack.extend((child, depth + 1, (*path, i)) for i, child in enumerate(value))
         elif isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
             return Finding("ADL-1001", "NaN and Infinity are not JSON numbers", pointer(*path))
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INTEGER:
-            # Outside I-JSON's range JCS (RFC 8785) cannot canonicalise the number, so a
-            # signature or digest over it would be ambiguous.
-            return Finding("ADL-1001", f"integer {value} is outside the interoperable range ±(2^53-1)", pointer(*path))
         elif not isinstance(value, str | int | float | bool | type(None)):
             return Finding("ADL-1001", f"value of type {type(value).__name__} is not JSON", pointer(*path))
     return _check_counts(document)
