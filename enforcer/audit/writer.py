@@ -528,7 +528,7 @@ class AuditWriter(Appender):
         sealed = self._seq
 
         def sign(record: dict[str, Any]) -> dict[str, Any]:
-            return {"alg": "Ed25519", "key_id": self._key_id, "value": keys.b64url(self._key.sign(canonical(record)))}
+            return {"alg": "Ed25519", "kid": self._key_id, "value": keys.b64url(self._key.sign(canonical(record)))}
 
         receipt = self._write(records.CHECKPOINT, {"sealed_seq": sealed, "key_id": self._key_id}, sig_fn=sign)
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()

@@ -349,7 +349,7 @@ def test_fast_envelope_is_byte_identical_to_the_canonical_record(fields: dict) -
     }
     as_dict = {  # the AEE v1 envelope, member by member
         "v": "1",
-        "id": "abcd.7",
+        "id": "abcd.0000000000000007",  # zero-padded: ids sort as records do
         "ts": records.format_ts(common["ts_ns"]),
         "type": "event",
         "from": "adl-enforcer",
