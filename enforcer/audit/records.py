@@ -119,8 +119,8 @@ def _json_text(value: str) -> bytes:
 
 
 # The envelope after `hash`, members in sorted order. The placeholders fill id (the log id without
-# its closing quote, then the seq in 16 digits, so ids sort as the records do: AEE §11.1), intent, payload, prev, priority, seq, trace and ts; the other
-# members are the same in every record.
+# its closing quote, then the seq in 16 digits, so ids sort as the records do: AEE §11.1), intent,
+# payload, prev, priority, seq, trace and ts; the other members are the same in every record.
 _TAIL = (
     b',"id":%b.%016d","intent":%b,"payload":%b,"prev":%b,"priority":%b,"reply_to":null,"requires":null,'
     b'"seq":%d,"sig":null,"to":"audit","trace":%b,"ts":"%b","type":"event","v":"1"}'

@@ -166,3 +166,65 @@ def test_random_documents_give_structured_errors_only(schemas, doc):
         compile_policy(doc, None, schemas, NOW)
     except DocumentRejected as exc:
         assert exc.findings
+
+
+def warnings_of(schemas, doc):
+    findings, _ = validate_adl(doc, schemas, NOW)
+    assert not [f for f in findings if f.severity == "error"], findings
+    return [(f.code, f.pointer) for f in findings if f.severity == "warning"]
+
+
+def _paths(*entries: str) -> dict:
+    return {"filesystem": {"allowed_paths": [{"path": p, "access": "read"} for p in entries]}}
+
+
+@pytest.mark.parametrize(
+    "permissions,code,pointer",
+    [
+        (
+            {"network": {"allowed_hosts": ["*example.com"], "allowed_ports": [443]}},
+            "ENF-2011",
+            "network/allowed_hosts/0",
+        ),
+        ({"network": {"allowed_hosts": ["*"], "allowed_ports": [443]}}, "ENF-2003", "network/allowed_hosts/0"),
+        ({"environment": {"allowed_variables": ["LANG", "*"]}}, "ENF-2003", "environment/allowed_variables/1"),
+        ({"execution": {"allowed_commands": ["*"]}}, "ENF-2003", "execution/allowed_commands/0"),
+        ({"execution": {"allowed_commands": ["/usr/bin/../bin/x"]}}, "ENF-2011", "execution/allowed_commands/0"),
+        ({"execution": {"allowed_commands": ["bin/tool"]}}, "ENF-2011", "execution/allowed_commands/0"),
+        ({"execution": {"denied_commands": ["/usr//bin/curl"]}}, "ENF-2011", "execution/denied_commands/0"),
+        (_paths("/data/"), "ENF-2011", "filesystem/allowed_paths/0/path"),
+        (_paths("/srv/app"), "ENF-2011", "filesystem/allowed_paths/0/path"),
+        (_paths("/**"), "ENF-2003", "filesystem/allowed_paths/0/path"),
+    ],
+)
+def test_patterns_that_grant_other_than_they_look_are_warned(schemas, permissions, code, pointer):
+    assert warnings_of(schemas, base_adl(permissions=permissions)) == [(code, "/permissions/" + pointer)]
+
+
+def test_precise_patterns_are_not_warned(schemas):
+    permissions = {
+        "network": {"allowed_hosts": ["example.com", "*.example.com", "api-*.example.com"], "allowed_ports": [443]},
+        "environment": {"allowed_variables": ["APP_*"]},
+        "execution": {"allowed_commands": ["python3", "/usr/bin/jq"], "denied_commands": ["curl"]},
+        **_paths("/data/**", "/etc/app.conf"),
+    }
+    assert warnings_of(schemas, base_adl(permissions=permissions)) == []
+
+
+@pytest.mark.parametrize(
+    "lifecycle,expected",
+    [
+        ({"status": "active", "sunset_date": "2026-12-01T00:00:00Z"}, [("ENF-2007", "/lifecycle/sunset_date")]),
+        ({"status": "deprecated", "sunset_date": "2026-12-01T00:00:00Z"}, [("ENF-2007", "/lifecycle/sunset_date")]),
+        ({"status": "deprecated", "sunset_date": "2026-11-01T00:00:00Z"}, [("ADL-5003", "/lifecycle/sunset_date")]),
+        ({"status": "active", "sunset_date": "2027-06-01T00:00:00Z"}, []),
+    ],
+)
+def test_lifecycle_sunset_warnings(schemas, lifecycle, expected):
+    assert warnings_of(schemas, base_adl(lifecycle=lifecycle)) == expected
+
+
+def test_missing_adl_spec_is_1003_not_a_version_error(schemas):
+    doc = base_adl()
+    del doc["adl_spec"]
+    assert codes(schemas, doc) == ["ADL-1003"]

@@ -84,3 +84,10 @@ def test_random_bytes_never_raise(data):
 def test_random_yaml_text_never_raises(text):
     result = parse_document(text.encode("utf-8"), "x.yaml")
     assert result.ok or result.findings
+
+
+def test_integers_beyond_two_to_the_53_are_valid_json():
+    for text in (b'{"n": 9007199254740993}', b'{"n": -18446744073709551616}', b"n: 9007199254740993\n"):
+        parsed = parse_document(text, "d.yaml" if text.startswith(b"n:") else "d.json")
+        assert parsed.ok and parsed.findings == (), parsed.findings
+        assert abs(parsed.document["n"]) > 2**53
