@@ -59,6 +59,7 @@ _TCP_CARRIED = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "tcp"})
 # The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
 _INET_ATON_FORM = re.compile(r"\A(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+_LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 
 
 def _deny(policy: Policy, rule: str, ptr: str, text: str, document: str = "adl") -> Decision:
@@ -230,6 +231,8 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     literal = ip_literal(host)
     address = literal
     addresses = [literal] if literal is not None else []
+    if literal is None and (host == "localhost" or host.endswith(".localhost")):
+        addresses.append(_LOOPBACK)  # RFC 6761 §6.3: these names are loopback, whatever DNS says
     if conn.address is not None:
         try:
             address = ipaddress.ip_address(conn.address)
@@ -239,7 +242,7 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     # A literal host is its own address: it is classified even when the caller names no address,
     # and both are when the caller names one that differs.
     for candidate in dict.fromkeys(addresses):
-        denial = _address_denial(policy, rules, candidate)
+        denial = _address_denial(policy, rules, candidate, f"'{host}'" if candidate is _LOOPBACK else str(candidate))
         if denial is not None:
             return denial
     regions = policy.options.regions.regions_for(host, address) if policy.residency else set()
@@ -292,7 +295,7 @@ def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
 
 
 def _address_denial(
-    policy: Policy, rules: NetworkRules, address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    policy: Policy, rules: NetworkRules, address: ipaddress.IPv4Address | ipaddress.IPv6Address, label: str
 ) -> Decision | None:
     cls = classify(address, policy.host_ips, policy.public_test_networks)
     if cls == "metadata":
@@ -300,7 +303,7 @@ def _address_denial(
             policy,
             "net.metadata_address",
             "/permissions/network/deny_private",
-            f"{address} is a cloud metadata address; never reachable",
+            f"{label} is a cloud metadata address; never reachable",
             "enforcer",
         )
     if cls != "public" and rules.deny_private:
@@ -309,7 +312,7 @@ def _address_denial(
             policy,
             "net.private_address",
             "/permissions/network/deny_private",
-            f"{address} is a {cls.replace('_', ' ')} address and {why}",
+            f"{label} is a {cls.replace('_', ' ')} address and {why}",
         )
     return None
 

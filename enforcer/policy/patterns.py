@@ -56,6 +56,8 @@ def _validate_host(pattern: str) -> str | None:
         return None
     if ":" in body or "/" in body:
         return "host patterns name a host only (no scheme, port or path)"
+    if body.startswith(".") and body.strip("."):
+        return f"a leading '.' is not a wildcard: for a domain and its subdomains write '{body[1:]}' and '*{body}'"
     labels = body.lower().split(".")
     if any(label == "" for label in labels):
         return "empty label in host pattern"

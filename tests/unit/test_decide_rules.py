@@ -60,11 +60,14 @@ def _verdict(policy: Any, action: Any) -> tuple[str, str]:
         ("[::1]", "net.private_address"),
         ("::ffff:10.0.0.1", "net.private_address"),
         ("fe80::1%eth0", "net.private_address"),
+        ("１２７.０.０.１", "net.private_address"),  # UTS 46 maps these to ASCII digits
+        ("localhost", "net.private_address"),  # RFC 6761 names
+        ("db.localhost", "net.private_address"),
     ],
 )
 def test_an_ip_literal_host_is_classified_without_an_address(schemas: Any, host: str, rule: str) -> None:
     for hosts in (["*"], [host.strip("[]")]):
-        if hosts != ["*"] and ("%" in host or ":" in host):
+        if hosts != ["*"] and ("%" in host or ":" in host or not host.isascii()):
             continue  # host patterns cannot spell IPv6 literals; '*' covers them
         policy = _net(schemas, hosts)
         assert _verdict(policy, NetworkConnect(host, 443, "tcp")) == ("DENY", rule)

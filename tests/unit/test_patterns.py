@@ -162,3 +162,8 @@ def test_path_trie_agrees_with_reference(pattern_list, path):
     compiled = PatternList.compile(pattern_list, "path")
     expected = sorted(i for i, p in enumerate(pattern_list) if _reference_path_match(p, path))
     assert compiled.match(path) == expected
+
+
+def test_a_leading_dot_host_pattern_is_refused_with_what_to_write():
+    reason = validate(".example.com", "host")
+    assert reason is not None and "'example.com' and '*.example.com'" in reason
