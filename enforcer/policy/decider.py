@@ -57,6 +57,7 @@ DEFAULT_PORTS = {
 # traffic the egress filter cannot tell apart on the wire is its business to resolve or refuse.
 _TCP_CARRIED = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "tcp"})
 # The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
+_MAYBE_LITERAL = re.compile(r"\A\[?[0-9a-fA-FxX.:]+(?:%[^\]]*)?\]?\Z")
 _INET_ATON_FORM = re.compile(r"\A(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
@@ -281,6 +282,8 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
 def ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address a host name denotes by itself: an IPv4 or IPv6 literal (brackets and a zone
     allowed) or one of the numeric IPv4 forms resolvers accept (127.1, 0x7f000001, 2130706433)."""
+    if not _MAYBE_LITERAL.match(host):
+        return None  # most hosts are names: skip the parsers (and their exceptions)
     text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         return ipaddress.ip_address(text)
@@ -338,15 +341,6 @@ def normalize_path(path: str) -> str | None:
     return "/" + normal.lstrip("/")  # normpath keeps a leading '//'
 
 
-def _self_and_ancestors(path: str) -> list[str]:
-    """'/a/b/c' -> ['/a/b/c', '/a/b', '/a', '/'] for a normalised absolute path."""
-    out = [path]
-    while path != "/":
-        path = posixpath.dirname(path)
-        out.append(path)
-    return out
-
-
 def _file(policy: Policy, access: FileAccess) -> Decision:
     rules = policy.filesystem
     if rules is None:
@@ -355,17 +349,15 @@ def _file(policy: Policy, access: FileAccess) -> Decision:
     if path is None:
         return _deny(policy, "fs.path_invalid", "/permissions/filesystem", f"{access.path!r} is not an absolute path")
     # A denied pattern that names a directory denies everything under it, as the sandbox masks
-    # the whole directory: the path and each of its ancestors are checked.
-    for candidate in _self_and_ancestors(path):
-        denied = rules.denied.first(candidate)
-        if denied is not None:
-            inside = "" if candidate == path else f" (inside '{candidate}')"
-            return _deny(
-                policy,
-                "fs.denied",
-                pointer("permissions", "filesystem", "denied_paths", denied),
-                f"'{path}'{inside} matches denied path '{rules.denied.patterns[denied]}'",
-            )
+    # the whole directory: the path or any of its ancestors matching is enough.
+    denied = rules.denied.first_covering(path)
+    if denied is not None:
+        return _deny(
+            policy,
+            "fs.denied",
+            pointer("permissions", "filesystem", "denied_paths", denied),
+            f"'{path}' matches, or is inside a directory matching, denied path '{rules.denied.patterns[denied]}'",
+        )
     matches = rules.allowed.match(path)
     need = {"read": {"read"}, "write": {"write"}, "read_write": {"read", "write"}}.get(access.mode)
     if need is None:

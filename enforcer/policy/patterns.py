@@ -158,8 +158,9 @@ class SegmentTrie:
                 node = node.literal.setdefault(segment, _Node())
         node.terminal.append(index)
 
-    def match(self, value: str) -> list[int]:
-        """Indexes of every pattern matching `value` (already normalised)."""
+    def match(self, value: str, *, or_ancestor: bool = False) -> list[int]:
+        """Indexes of every pattern matching `value` (already normalised); with `or_ancestor`, also
+        of those matching a leading part of it (for paths: a directory that contains it)."""
         segments = self._split(value)
         found: set[int] = set()
         # Each (node, position) state is expanded once, so consecutive '**' cannot blow up.
@@ -174,8 +175,9 @@ class SegmentTrie:
             if node.globstar is not None:
                 # '**' consumes zero or more whole segments.
                 stack.extend((node.globstar, j) for j in range(i, len(segments) + 1))
-            if i == len(segments):
+            if i == len(segments) or or_ancestor:
                 found.update(node.terminal)
+            if i == len(segments):
                 continue
             segment = segments[i]
             child = node.literal.get(segment)
@@ -237,6 +239,13 @@ class PatternList:
 
     def first(self, value: str) -> int | None:
         found = self.match(value)
+        return found[0] if found else None
+
+    def first_covering(self, path: str) -> int | None:
+        """The first path pattern matching `path` or a directory above it."""
+        if not isinstance(self._index, SegmentTrie) or self.flavour != "path":
+            raise TypeError("first_covering is for path patterns")
+        found = self._index.match(path, or_ancestor=True)
         return found[0] if found else None
 
     def __bool__(self) -> bool:

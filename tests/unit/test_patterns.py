@@ -167,3 +167,21 @@ def test_path_trie_agrees_with_reference(pattern_list, path):
 def test_a_leading_dot_host_pattern_is_refused_with_what_to_write():
     reason = validate(".example.com", "host")
     assert reason is not None and "'example.com' and '*.example.com'" in reason
+
+
+_PATH_SEGMENT = st.sampled_from(["a", "b", "ab", "x.key", "secrets"])
+_PATH_PATTERN_SEGMENT = st.one_of(_PATH_SEGMENT, st.sampled_from(["*", "**", "a*", "*.key"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    patterns=st.lists(st.lists(_PATH_PATTERN_SEGMENT, max_size=4).map(lambda s: "/" + "/".join(s)), min_size=1),
+    path=st.lists(_PATH_SEGMENT, max_size=6).map(lambda s: "/" + "/".join(s)),
+)
+def test_first_covering_is_the_first_match_of_the_path_or_an_ancestor(patterns, path):
+    compiled = PatternList.compile(patterns, "path")
+    ancestors = [path]
+    while ancestors[-1] != "/":
+        ancestors.append(ancestors[-1].rsplit("/", 1)[0] or "/")
+    hits = [i for a in ancestors for i in compiled.match(a)]
+    assert compiled.first_covering(path) == (min(hits) if hits else None)
