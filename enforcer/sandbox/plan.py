@@ -334,10 +334,7 @@ def _network_details(policy: Policy) -> list[str]:
     ]
     for r in policy.residency:
         source = "AAIF data_residency" if r.document == "aaif" else "ADL cross_border_restricted"
-        unknown = (
-            "allowed (safety_level minimal)" if policy.safety_level == "minimal" and r.document == "aaif" else "denied"
-        )
-        details.append(f"residency: {r.region} ({source}); hosts of unknown region {unknown}")
+        details.append(f"residency: {r.region} ({source}); hosts of unknown region denied")
     return details
 
 
