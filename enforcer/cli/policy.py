@@ -280,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool", metavar="NAME", help="a tool call")
     p.add_argument("--args", metavar="JSON", help="tool arguments as a JSON object (default {})")
     p.add_argument("--connect", metavar="HOST:PORT", help="a network connection")
-    p.add_argument("--protocol", default="tcp", help="protocol of --connect (tcp, http, https, ...; default tcp)")
+    p.add_argument(
+        "--protocol",
+        default="tcp",
+        help="protocol of --connect (tcp, http, https, wss, ssh, ...; default tcp); it must be one that "
+        "allowed_protocols declares (a declared tcp covers what TCP carries)",
+    )
     p.add_argument("--address", metavar="IP", help="the address --connect would reach (checks deny_private)")
     p.add_argument("--read", metavar="PATH", help="a file read")
     p.add_argument("--write", metavar="PATH", help="a file write")
