@@ -399,6 +399,9 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
     if not proc.argv or not isinstance(proc.argv[0], str) or not proc.argv[0]:
         return _deny(policy, "exec.invalid", "", "empty argv", "enforcer")
     path = proc.resolved_path or proc.argv[0]
+    if path.startswith("/"):
+        # '/usr/bin/../bin/curl' and '/usr//bin/curl' are '/usr/bin/curl' to the kernel.
+        path = normalize_path(path) or path
     name = posixpath.basename(path)
     # Ordered (not a set) so the reported reason is the same in every process.
     candidates = tuple(dict.fromkeys((name, path, posixpath.basename(proc.argv[0]))))

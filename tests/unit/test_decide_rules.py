@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from enforcer.policy import DocumentRejected, FileAccess, NetworkConnect, RegionMap, decide
+from enforcer.policy import DocumentRejected, EnvVar, FileAccess, NetworkConnect, ProcessExec, RegionMap, decide
 from enforcer.policy.aaif import PROVIDED_CAPABILITIES, capability_findings
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.compiler import policy_digest
@@ -141,6 +141,16 @@ def test_beside_a_denied_directory_stays_allowed(schemas: Any) -> None:
     policy = _fs(schemas, ["/tmp/processing/**/secrets"])
     for path in ("/tmp/processing/x/public.txt", "/tmp/processing/x/secrets-old/k", "/tmp/secrets/k"):
         assert decide(policy, FileAccess(path, "read")).verdict == "ALLOW", path
+
+
+@pytest.mark.parametrize(
+    "argv,resolved",
+    [(("curl",), "/usr//bin/curl"), (("/usr/bin/../bin/curl",), None), (("x",), "/usr/bin/./curl")],
+)
+def test_a_denied_command_path_is_matched_normalised(schemas: Any, argv: tuple[str, ...], resolved: str) -> None:
+    execution = {"allowed_commands": ["*"], "denied_commands": ["/usr/bin/curl"]}
+    policy = compile_doc(schemas, base_adl(permissions={"execution": execution}))
+    assert _verdict(policy, ProcessExec(argv, resolved)) == ("DENY", "exec.denied")
 
 
 # ---- residency at every safety level --------------------------------------------------------------
@@ -353,3 +363,58 @@ def test_property_no_allow_outside_the_residency_region(
     host = ".".join([*labels, suffix])
     decision = decide(policy, NetworkConnect(host, 443, "https", None if address is None else str(address)))
     assert decision.verdict == "DENY", (host, address, decision)
+
+
+_NAME = st.text(alphabet="ABCxyz_19", min_size=1, max_size=6)
+
+
+@st.composite
+def _denied_name(draw: st.DrawFn) -> tuple[str, str]:
+    """A name pattern ('*' anywhere) and a name it matches."""
+    parts = draw(st.lists(_NAME, min_size=1, max_size=3))
+    stars = [draw(st.booleans()) for _ in range(len(parts) + 1)]
+    pattern = "".join(("*" if star else "") + part for star, part in zip(stars, [*parts, ""], strict=True))
+    name = "".join((draw(_NAME) if star else "") + part for star, part in zip(stars, [*parts, ""], strict=True))
+    return pattern, name
+
+
+@PROPERTY
+@given(case=_denied_name())
+def test_property_no_allow_of_a_denied_variable(schemas: Any, case: tuple[str, str]) -> None:
+    pattern, name = case
+    env = {"allowed_variables": ["*", name], "denied_variables": [pattern]}
+    policy = compile_doc(schemas, base_adl(permissions={"environment": env}))
+    assert decide(policy, EnvVar(name)).verdict == "DENY", case
+
+
+@PROPERTY
+@given(
+    case=_denied_name(),
+    directory=st.sampled_from(["/usr/bin", "/usr//bin", "/usr/local/../bin", "/bin/."]),
+    by_path=st.booleans(),
+)
+def test_property_no_allow_of_a_denied_command(
+    schemas: Any, case: tuple[str, str], directory: str, by_path: bool
+) -> None:
+    pattern, name = case
+    execution = {"allowed_commands": ["*", name], "denied_commands": [pattern], "allow_shell": True}
+    policy = compile_doc(schemas, base_adl(permissions={"execution": execution}))
+    action = ProcessExec((f"{directory}/{name}",)) if by_path else ProcessExec((name,), f"{directory}/{name}")
+    assert decide(policy, action).verdict == "DENY", (case, action)
+
+
+_PROTOCOLS = ["http", "https", "ws", "wss", "grpc", "tls", "ssh", "postgres", "smtp", "tcp"]
+
+
+@PROPERTY
+@given(
+    declared=st.lists(st.sampled_from(_PROTOCOLS), min_size=1, unique=True),
+    named=st.sampled_from(_PROTOCOLS),
+)
+def test_property_a_protocol_allows_only_itself_or_under_tcp(schemas: Any, declared: list[str], named: str) -> None:
+    policy = _cached(
+        "proto-" + ",".join(sorted(declared)), lambda: _net(schemas, ["h.example.com"], allowed_protocols=declared)
+    )
+    verdict = decide(policy, NetworkConnect("h.example.com", 443, named)).verdict
+    carried = {"http", "https", "ws", "wss", "grpc", "tls", "tcp"}
+    assert verdict == ("ALLOW" if named in declared or ("tcp" in declared and named in carried) else "DENY")
