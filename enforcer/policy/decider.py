@@ -57,6 +57,7 @@ DEFAULT_PORTS = {
 # traffic the egress filter cannot tell apart on the wire is its business to resolve or refuse.
 _TCP_CARRIED = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "tcp"})
 # The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
+_HOST_NAME = re.compile(r"\A[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _MAYBE_LITERAL = re.compile(r"\A\[?[0-9a-fA-FxX.:]+(?:%[^\]]*)?\]?\Z")
 _INET_ATON_FORM = re.compile(r"\A(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -200,6 +201,13 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
         host = normalize_host(conn.host)
     except (PatternError, AttributeError) as exc:
         return _deny(policy, "net.host_invalid", "/permissions/network/allowed_hosts", f"invalid host: {exc}")
+    literal = ip_literal(host)
+    if literal is None and not _HOST_NAME.match(host):
+        # Not an address and not a name DNS could answer for ('a:443', 'x y', '*.a.com'): no
+        # pattern may be read as granting it.
+        return _deny(
+            policy, "net.host_invalid", "/permissions/network/allowed_hosts", f"{host!r} is not a host name or address"
+        )
     matched = rules.hosts.first(host)
     if matched is None:
         return _deny(
@@ -229,7 +237,6 @@ def _network(policy: Policy, conn: NetworkConnect) -> Decision:
     if conn.port not in ports:
         granted = ", ".join(map(str, sorted(ports))) or "none"
         return _deny(policy, "net.port_not_allowed", ports_ptr, f"port {conn.port} is not allowed (allowed: {granted})")
-    literal = ip_literal(host)
     address = literal
     addresses = [literal] if literal is not None else []
     if literal is None and (host == "localhost" or host.endswith(".localhost")):

@@ -84,6 +84,12 @@ def test_literal_hosts_public_and_with_deny_private_off(schemas: Any) -> None:
     assert _verdict(relaxed, NetworkConnect("169.254.169.254", 443, "tcp")) == ("DENY", "net.metadata_address")
 
 
+@pytest.mark.parametrize("host", ["10.0.0.5:443", "a b.example.com", "*.example.com", "x@evil.example.com", "a..b"])
+def test_a_host_that_is_neither_name_nor_address_is_refused(schemas: Any, host: str) -> None:
+    policy = _net(schemas, ["*", "*.example.com"])
+    assert _verdict(policy, NetworkConnect(host, 443, "tcp")) == ("DENY", "net.host_invalid")
+
+
 # ---- protocols: named must be declared ------------------------------------------------------------
 
 
