@@ -56,9 +56,10 @@ DEFAULT_PORTS = {
 # declared protocol stands in for a different one: the caller names what it will speak, and
 # traffic the egress filter cannot tell apart on the wire is its business to resolve or refuse.
 _TCP_CARRIED = frozenset({"http", "https", "tls", "ws", "wss", "grpc", "tcp"})
-# The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
+# A normalised host name: LDH labels (and '_', which service names use); anything else is no name.
 _HOST_NAME = re.compile(r"\A[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _MAYBE_LITERAL = re.compile(r"\A\[?[0-9a-fA-FxX.:]+(?:%[^\]]*)?\]?\Z")
+# The numeric host forms the C resolver (inet_aton) reads as IPv4: 127.1, 0x7f.1, 2130706433.
 _INET_ATON_FORM = re.compile(r"\A(?:0[xX][0-9a-fA-F]*|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]*|[0-9]+)){0,3}\Z")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
@@ -405,13 +406,16 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
         return _deny(policy, "exec.domain_absent", "/permissions", "no execution permission is declared")
     if not proc.argv or not isinstance(proc.argv[0], str) or not proc.argv[0]:
         return _deny(policy, "exec.invalid", "", "empty argv", "enforcer")
-    path = proc.resolved_path or proc.argv[0]
-    if path.startswith("/"):
-        # '/usr/bin/../bin/curl' and '/usr//bin/curl' are '/usr/bin/curl' to the kernel.
-        path = normalize_path(path) or path
+    raw = proc.resolved_path or proc.argv[0]
+    path = raw
+    if raw.startswith("/"):
+        # The kernel reads '/usr//bin/curl' and '/usr/bin/./curl' as '/usr/bin/curl'. It resolves
+        # '..' after symlinks, so a path with '..' is denied by either spelling, allowed by neither.
+        path = normalize_path(raw) or raw
+    lexical_only = path != raw and ".." in raw.split("/")
     name = posixpath.basename(path)
     # Ordered (not a set) so the reported reason is the same in every process.
-    candidates = tuple(dict.fromkeys((name, path, posixpath.basename(proc.argv[0]))))
+    candidates = tuple(dict.fromkeys((name, path, raw, posixpath.basename(proc.argv[0]))))
     for candidate in candidates:
         hit = rules.denied.first(candidate)
         if hit is not None:
@@ -437,7 +441,7 @@ def _exec(policy: Policy, proc: ProcessExec) -> Decision:
         )
     for candidate in candidates:
         hit = rules.allowed.first(candidate)
-        if hit is not None and ("/" not in rules.allowed.patterns[hit] or candidate == path):
+        if hit is not None and ("/" not in rules.allowed.patterns[hit] or (candidate == path and not lexical_only)):
             return Decision(
                 "ALLOW",
                 (

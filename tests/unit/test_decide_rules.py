@@ -159,6 +159,15 @@ def test_a_denied_command_path_is_matched_normalised(schemas: Any, argv: tuple[s
     assert _verdict(policy, ProcessExec(argv, resolved)) == ("DENY", "exec.denied")
 
 
+def test_a_command_path_with_dotdot_is_never_allowed_by_path(schemas: Any) -> None:
+    # the kernel resolves '..' after symlinks: '/x/../usr/bin/jq' is '/usr/bin/jq' only lexically
+    execution = {"allowed_commands": ["/usr/bin/jq"], "denied_commands": ["/usr/bin/curl"]}
+    policy = compile_doc(schemas, base_adl(permissions={"execution": execution}))
+    assert _verdict(policy, ProcessExec(("/x/../usr/bin/jq",))) == ("DENY", "exec.not_allowed")
+    assert _verdict(policy, ProcessExec(("/x/../usr/bin/curl",))) == ("DENY", "exec.denied")
+    assert _verdict(policy, ProcessExec(("/usr//bin/./jq",)))[0] == "ALLOW"
+
+
 # ---- residency at every safety level --------------------------------------------------------------
 
 REGIONS = RegionMap.from_data(
