@@ -366,6 +366,15 @@ def _file(policy: Policy, access: FileAccess) -> Decision:
             pointer("permissions", "filesystem", "denied_paths", denied),
             f"'{path}' matches, or is inside a directory matching, denied path '{rules.denied.patterns[denied]}'",
         )
+    if ".." in access.path.split("/"):
+        # The kernel resolves '..' after symlinks ('/data/link/../x' need not be '/data/x'), so
+        # only the lexical form is known here: enough to deny, never to allow.
+        return _deny(
+            policy,
+            "fs.not_allowed",
+            "/permissions/filesystem/allowed_paths",
+            f"{access.path!r} contains '..', which the kernel resolves after symlinks: ask with the resolved path",
+        )
     matches = rules.allowed.match(path)
     need = {"read": {"read"}, "write": {"write"}, "read_write": {"read", "write"}}.get(access.mode)
     if need is None:

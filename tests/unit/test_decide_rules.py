@@ -143,6 +143,14 @@ def test_the_specs_denied_directory_denies_its_contents(schemas: Any, path: str)
         assert decision.reasons[0].pointer == "/permissions/filesystem/denied_paths/0"
 
 
+def test_a_path_with_dotdot_is_never_allowed(schemas: Any) -> None:
+    # '/tmp/link/../etc/x' is '/tmp/etc/x' only lexically: the kernel follows 'link' first
+    policy = _fs(schemas, ["/tmp/processing/**/secrets"])
+    assert _verdict(policy, FileAccess("/tmp/link/../x", "read")) == ("DENY", "fs.not_allowed")
+    assert _verdict(policy, FileAccess("/tmp/a/../processing/secrets/k", "read")) == ("DENY", "fs.denied")
+    assert _verdict(policy, FileAccess("/tmp//a/./x", "read"))[0] == "ALLOW"
+
+
 def test_beside_a_denied_directory_stays_allowed(schemas: Any) -> None:
     policy = _fs(schemas, ["/tmp/processing/**/secrets"])
     for path in ("/tmp/processing/x/public.txt", "/tmp/processing/x/secrets-old/k", "/tmp/secrets/k"):
