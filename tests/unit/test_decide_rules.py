@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from enforcer.policy import DocumentRejected, EnvVar, FileAccess, NetworkConnect
 from enforcer.policy.aaif import PROVIDED_CAPABILITIES, capability_findings
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.compiler import policy_digest
+from enforcer.policy.decider import ip_literal
 from enforcer.policy.loader import parse_document
 from enforcer.policy.model import CompileOptions
 from tests.conftest import NOW, base_adl, compile_doc
@@ -441,3 +443,21 @@ def test_property_a_protocol_allows_only_itself_or_under_tcp(schemas: Any, decla
     verdict = decide(policy, NetworkConnect("h.example.com", 443, named)).verdict
     carried = {"http", "https", "ws", "wss", "grpc", "tls", "tcp"}
     assert verdict == ("ALLOW" if named in declared or ("tcp" in declared and named in carried) else "DENY")
+
+
+def _resolver_reads(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """What the C library makes of a numeric host (AI_NUMERICHOST: no lookup is ever sent)."""
+    try:
+        infos = socket.getaddrinfo(text, None, 0, socket.SOCK_STREAM, 0, socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        return None
+    return ipaddress.ip_address(infos[0][4][0].split("%")[0])
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet="0123456789xXaf.:", min_size=1, max_size=14))
+def test_property_ip_literal_agrees_with_the_resolver(text: str) -> None:
+    resolver = _resolver_reads(text)
+    ours = ip_literal(text)
+    if resolver is not None:  # whatever the resolver dials without a lookup, decide() classifies
+        assert ours is not None and ours == resolver, (text, ours, resolver)
