@@ -10,7 +10,7 @@ from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import Finding, pointer
 from .jsonvalues import arr, obj
-from .specs import SchemaSet, iter_leaf_errors
+from .specs import SchemaSet, SpecMissing, iter_leaf_errors
 
 
 def schema_file_for(document: dict[str, Any]) -> str:
@@ -20,7 +20,14 @@ def schema_file_for(document: dict[str, Any]) -> str:
 
 def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]:
     """Schema errors (format annotations are not asserted) and inline credentials."""
-    validator = schemas.aaif_validator(schema_file_for(document))
+    schema_file = schema_file_for(document)
+    try:
+        validator = schemas.aaif_validator(schema_file)
+    except SpecMissing:
+        if schema_file == "agent.schema.json":
+            raise  # the installation lacks the specification, not a document fault
+        # A document names its schema; one this enforcer does not have is a finding, not a crash.
+        return [Finding("AAIF-1001", f"x-sc-schema {schema_file!r} is not a published AAIF schema", "/x-sc-schema")]
     findings = [
         Finding("AAIF-1001", f"{error.validator}: {error.message}", pointer(*error.absolute_path))
         for error in iter_leaf_errors(validator, document)

@@ -5,6 +5,7 @@ import copy
 import pytest
 
 from enforcer.policy import DocumentRejected, ToolCall, decide
+from enforcer.policy.aaif import validate_aaif
 from enforcer.policy.credentials import credential_reason, find_inline_credentials
 from enforcer.policy.pii import scan_leaves
 from tests.conftest import base_adl, compile_doc
@@ -221,3 +222,11 @@ def test_a_plain_allow_is_the_policys_shared_decision_and_nothing_else_is(schema
     assert with_pii.verdict == "ALLOW" and "pii" in with_pii.obligations and with_pii is not plain
     assert asks.verdict == "ASK" and asks is not plain
     assert decide(p, ToolCall("read_doc", {})) is p.tool_allowed["read_doc"] is not plain
+
+
+def test_an_unknown_x_sc_schema_is_a_finding_not_a_crash(schemas):
+    doc = {"x-sc-schema": "profile.schema.json", "sc_standard": "SC-006", "agent": {"name": "a", "goal": "g"}}
+    findings = validate_aaif(doc, schemas)
+    assert [(f.code, f.pointer) for f in findings] == [("AAIF-1001", "/x-sc-schema")]
+    with pytest.raises(DocumentRejected):
+        compile_doc(schemas, base_adl(), doc)
