@@ -189,8 +189,9 @@ class _Builder:
             notes.append("draft: not for production use")
         if notes:
             self.warn("ENF-2007", "; ".join(notes), "/lifecycle")
+        # validate_adl warns about a near sunset itself; the lifecycle verdict still names it.
         if sunset is not None and self.now < sunset <= self.now + SUNSET_WARNING:
-            notes.append(f"sunset_date {lifecycle['sunset_date']} is within 30 days")  # warned by validate_adl
+            notes.append(f"sunset_date {lifecycle['sunset_date']} is within 30 days")
         if notes:
             return Lifecycle(status, "warn", "; ".join(notes))
         return Lifecycle(status, "ok", "no lifecycle restriction" if status is None else f"status '{status}'")
