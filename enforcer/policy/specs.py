@@ -1,9 +1,11 @@
-"""The published ADL and AAIF JSON Schemas, loaded by file (never by `$id`: two files reuse one).
+"""The ADL and AAIF JSON Schemas, loaded by file (never by `$id`: two published files reuse one).
 
-The schemas are not vendored: they are read from the specification tree named by
-ADL_ENFORCER_SPEC_DIR, or the `shared/spec` tree beside the checkout, or
-/usr/share/adl-enforcer/spec. `spec_root()` is the only function here that looks at the
-environment; everything else is given a root.
+By default the package's own encoding of the ADL 0.1/0.2/0.3 core, the supported profiles and
+the AAIF schemas is used (enforcer/data/schemas, shipped in the wheel). ADL_ENFORCER_SPEC_DIR
+overrides it with a tree laid out either like that directory (adl/, aaif/) or like the published
+specification repositories (agent-definition-language__specification/, Observalytics-SL__aaif/).
+`spec_root()` is the only function here that looks at the environment; everything else is given
+a root.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ PROFILES = {
     "urn:adl:profile:portfolio:1.0": "portfolio/1.0",
     "urn:adl:profile:registry:1.0": "registry/1.0",
 }
-_PROFILE_BASE_URI = "https://adl-spec.org/0.3/schema.json"
+# Profiles compose the core by one of these URIs (published tree, package encoding); each is
+# pointed at the document's own core version.
+_PROFILE_BASE_URIS = ("https://adl-spec.org/0.3/schema.json", "urn:adl-enforcer:schema:adl:core")
+PACKAGED_SCHEMAS = Path(__file__).resolve().parent.parent / "data" / "schemas"
 
 
 class SpecMissing(RuntimeError):
@@ -57,20 +62,38 @@ ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_f
 
 
 def spec_root() -> Path:
-    candidates: list[Path] = []
+    """ADL_ENFORCER_SPEC_DIR when set (it must hold schemas), else the package's own schemas."""
     env = os.environ.get("ADL_ENFORCER_SPEC_DIR")
-    if env:
-        candidates.append(Path(env))
-    here = Path(__file__).resolve()
-    candidates += [parent / "shared" / "spec" for parent in here.parents[2:5]]
-    candidates.append(Path("/usr/share/adl-enforcer/spec"))
-    for candidate in candidates:
-        if (candidate / ADL_SPEC_REPO / "core").is_dir():
-            return candidate
+    candidate = Path(env) if env else PACKAGED_SCHEMAS
+    if _is_published(candidate) or (candidate / "adl").is_dir():
+        return candidate
+    where = f"ADL_ENFORCER_SPEC_DIR={env}" if env else f"the package data at {candidate} (a broken install?)"
     raise SpecMissing(
-        "ADL/AAIF specification schemas not found; set ADL_ENFORCER_SPEC_DIR to the directory holding "
-        f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/ (looked in: {', '.join(map(str, candidates))})"
+        f"ADL/AAIF schemas not found in {where}: the directory must hold adl/ and aaif/, or "
+        f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/"
     )
+
+
+def _is_published(root: Path) -> bool:
+    return (root / ADL_SPEC_REPO / "core").is_dir()
+
+
+def _core_path(root: Path, version: str) -> Path:
+    if _is_published(root):
+        return root / ADL_SPEC_REPO / "core" / version / "schema.json"
+    return root / "adl" / f"core-{version}.json"
+
+
+def _profile_path(root: Path, identifier: str) -> Path:
+    if _is_published(root):
+        return root / ADL_SPEC_REPO / "profiles" / PROFILES[identifier] / "schema.json"
+    return root / "adl" / f"profile-{PROFILES[identifier].replace('/', '-')}.json"
+
+
+def _aaif_path(root: Path, schema_file: str) -> Path:
+    if _is_published(root):
+        return root / AAIF_REPO / "schema" / schema_file
+    return root / "aaif" / schema_file
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -107,7 +130,7 @@ class SchemaSet:
 
 @cache
 def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
-    return _read(root / ADL_SPEC_REPO / "profiles" / PROFILES[identifier] / "schema.json")
+    return _read(_profile_path(root, identifier))
 
 
 @cache
@@ -120,7 +143,7 @@ def _profile_members(root: Path, profiles: tuple[str, ...]) -> frozenset[str]:
 
 @cache
 def _core_schema(root: Path, version: str) -> dict[str, Any]:
-    path = root / ADL_SPEC_REPO / "core" / version / "schema.json"
+    path = _core_path(root, version)
     if not path.is_file():
         raise SpecMissing(f"schema for ADL {version} not found at {path}")
     return _read(path)
@@ -131,10 +154,11 @@ def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
     core = _core_schema(root, version)
     core_uri = core.get("$id", f"urn:adl-enforcer:core:{version}")
     resources = [(core_uri, Resource.from_contents(core, default_specification=DRAFT202012))]
-    # Profile schemas compose the 0.3 core by URI; point that URI at this document's own core
+    # Profile schemas compose the core by URI; point that URI at this document's own core
     # so a 0.1 or 0.2 document with profiles is checked against its own version.
-    if core_uri != _PROFILE_BASE_URI:
-        resources.append((_PROFILE_BASE_URI, Resource.from_contents(core, default_specification=DRAFT202012)))
+    for base_uri in _PROFILE_BASE_URIS:
+        if base_uri != core_uri:
+            resources.append((base_uri, Resource.from_contents(core, default_specification=DRAFT202012)))
     composed: list[dict[str, Any]] = [{"$ref": core_uri}]
     for identifier in profiles:
         schema = _profile_schema(root, identifier)
@@ -164,7 +188,7 @@ def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pa
 def _aaif_validator(root: Path, schema_file: str) -> Draft202012Validator:
     if "/" in schema_file or not schema_file.endswith(".schema.json"):
         raise SpecMissing(f"unknown AAIF schema {schema_file!r}")
-    path = root / AAIF_REPO / "schema" / schema_file
+    path = _aaif_path(root, schema_file)
     if not path.is_file():
         raise SpecMissing(f"AAIF schema {schema_file!r} not found at {path}")
     # Format annotations are not assertions (Draft 2020-12 default): no format_checker.
