@@ -58,7 +58,37 @@ def _check_format(validator: Any, fmt: str, instance: Any, schema: dict[str, Any
         yield ValidationError(f"{instance!r} is not a valid RFC 3986 URI")
 
 
-ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format})
+@cache
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema (ECMA-262) pattern as a Python regex: `\\d`, `\\w` and `\\s` are ASCII classes and
+    `$` ends the input (Python's `$` also matches before a final newline, so "read_file\\n" would pass
+    `^[a-z_]+$`)."""
+    out: list[str] = []
+    in_class = escaped = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif char == "$" and not in_class:
+            out.append(r"\Z")
+            continue
+        out.append(char)
+    return re.compile("".join(out), re.ASCII)
+
+
+def _check_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if isinstance(instance, str) and not ecma_pattern(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format, "pattern": _check_pattern})
+# AAIF format annotations are not assertions (Draft 2020-12 default): only the pattern semantics change.
+AAIFSchemaValidator = validators.extend(Draft202012Validator, {"pattern": _check_pattern})
 
 
 def spec_root() -> Path:
@@ -100,6 +130,14 @@ def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def _read_schema(path: Path) -> dict[str, Any]:
+    # Without `$schema` a `$ref` into this file keeps the extended validator class; with it, jsonschema
+    # switches to the stock Draft 2020-12 class and drops the format and pattern semantics above.
+    schema = _read(path)
+    schema.pop("$schema", None)
+    return schema
+
+
 def supported_schema_version(adl_spec: object) -> str | None:
     """'0.2.7' -> '0.2.0' (same MAJOR.MINOR is supported); anything else -> None."""
     if not isinstance(adl_spec, str):
@@ -120,7 +158,7 @@ class SchemaSet:
     def adl_validator(self, version: str, profiles: tuple[str, ...]) -> Any:
         return _adl_validator(self.root, version, profiles)
 
-    def aaif_validator(self, schema_file: str) -> Draft202012Validator:
+    def aaif_validator(self, schema_file: str) -> Any:
         return _aaif_validator(self.root, schema_file)
 
     def profile_members(self, profiles: tuple[str, ...]) -> frozenset[str]:
@@ -130,7 +168,7 @@ class SchemaSet:
 
 @cache
 def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
-    return _read(_profile_path(root, identifier))
+    return _read_schema(_profile_path(root, identifier))
 
 
 @cache
@@ -146,7 +184,7 @@ def _core_schema(root: Path, version: str) -> dict[str, Any]:
     path = _core_path(root, version)
     if not path.is_file():
         raise SpecMissing(f"schema for ADL {version} not found at {path}")
-    return _read(path)
+    return _read_schema(path)
 
 
 @cache
@@ -185,14 +223,13 @@ def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pa
 
 
 @cache
-def _aaif_validator(root: Path, schema_file: str) -> Draft202012Validator:
+def _aaif_validator(root: Path, schema_file: str) -> Any:
     if "/" in schema_file or not schema_file.endswith(".schema.json"):
         raise SpecMissing(f"unknown AAIF schema {schema_file!r}")
     path = _aaif_path(root, schema_file)
     if not path.is_file():
         raise SpecMissing(f"AAIF schema {schema_file!r} not found at {path}")
-    # Format annotations are not assertions (Draft 2020-12 default): no format_checker.
-    return Draft202012Validator(_read(path))
+    return AAIFSchemaValidator(_read_schema(path))
 
 
 def iter_leaf_errors(validator: Any, instance: Any) -> Iterator[ValidationError]:

@@ -1,0 +1,242 @@
+"""The package's own schemas accept and reject exactly what the published ones in ../shared/spec do.
+
+Every parseable document under ../shared/spec (fixtures, examples, snippets, test vectors, registry
+entries, the schema files themselves; documents embedded in a vector are compared too) is validated
+against every supported ADL core version (alone and with the profiles it declares, and with all
+supported profiles) and every AAIF schema, once with the shipped encoding and once with the
+published tree, both with the same validator classes. The errors (instance pointer, keyword and
+message) must be identical, except for the entries of ALLOWED_DIFFERENCES, each of which gives the
+draft rule that justifies it. Hypothesis then mutates the valid documents and compares again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from enforcer.policy.loader import parse_document
+from enforcer.policy.specs import PACKAGED_SCHEMAS, PROFILES, SUPPORTED_ADL, SchemaSet, spec_root
+from tests.conftest import SHARED_SPEC, json_paths
+
+if not SHARED_SPEC.is_dir():
+    pytest.skip(f"the published specification tree is not at {SHARED_SPEC}", allow_module_level=True)
+
+SHIPPED = SchemaSet(PACKAGED_SCHEMAS)
+PUBLISHED = SchemaSet(SHARED_SPEC)
+VERSIONS = sorted(set(SUPPORTED_ADL.values()))
+AAIF_SCHEMAS = sorted(p.name for p in (PACKAGED_SCHEMAS / "aaif").glob("*.schema.json"))
+ALL_PROFILES = tuple(sorted(PROFILES))
+
+# (document label, schema label) -> the draft rule that makes the shipped encoding differ.
+# Empty: where the drafts and the published schemas disagree, the difference is in how a pattern is
+# read (ASCII digits, `$` at the end of input), which the validator class fixes for both trees.
+ALLOWED_DIFFERENCES: dict[tuple[str, str], str] = {}
+
+
+def _embedded(value: Any, label: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The value itself when it is an object, then every nested object that is an ADL or AAIF document."""
+    if isinstance(value, dict):
+        yield label, value
+    for path in json_paths(value):
+        node: Any = value
+        for part in path:
+            node = node[part]
+        if isinstance(node, dict) and ("adl_spec" in node or "sc_standard" in node):
+            yield f"{label}#/{'/'.join(map(str, path))}", node
+
+
+def _documents() -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    documents: list[tuple[str, dict[str, Any]]] = []
+    unparsed: list[str] = []
+    for path in sorted(SHARED_SPEC.rglob("*")):
+        if not path.is_file() or path.suffix not in (".json", ".yaml", ".yml"):
+            continue
+        label = str(path.relative_to(SHARED_SPEC))
+        parsed = parse_document(path.read_bytes(), path.name)
+        if parsed.ok:
+            documents.extend(_embedded(parsed.document, label))
+        else:
+            unparsed.append(label)
+    return documents, unparsed
+
+
+DOCUMENTS, UNPARSED = _documents()
+
+
+def _declared_profiles(document: dict[str, Any]) -> tuple[str, ...]:
+    declared = document.get("profiles")
+    return (
+        tuple(sorted(p for p in declared if isinstance(p, str) and p in PROFILES)) if isinstance(declared, list) else ()
+    )
+
+
+def _errors(validator: Any, document: Any) -> list[tuple[str, str, str]]:
+    return sorted(
+        ("/" + "/".join(map(str, e.absolute_path)), str(e.validator), e.message)
+        for e in validator.iter_errors(document)
+    )
+
+
+def _schema_labels(document: dict[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+    """(label, shipped validator, published validator) for every schema a document is compared with."""
+    for version in VERSIONS:
+        for profiles in sorted({(), _declared_profiles(document), ALL_PROFILES}):
+            label = f"adl {version} {'+'.join(p.split(':')[3] for p in profiles) or 'core'}"
+            yield label, SHIPPED.adl_validator(version, profiles), PUBLISHED.adl_validator(version, profiles)
+    for name in AAIF_SCHEMAS:
+        yield f"aaif {name}", SHIPPED.aaif_validator(name), PUBLISHED.aaif_validator(name)
+
+
+def _differences(label: str, document: dict[str, Any]) -> dict[tuple[str, str], tuple[list, list]]:
+    found = {}
+    for schema_label, shipped, published in _schema_labels(document):
+        ours, theirs = _errors(shipped, document), _errors(published, document)
+        if ours != theirs:
+            found[(label, schema_label)] = (ours, theirs)
+    return found
+
+
+def test_every_published_document_is_judged_alike() -> None:
+    differences: dict[tuple[str, str], tuple[list, list]] = {}
+    comparisons = accepted = 0
+    for label, document in DOCUMENTS:
+        differences.update(_differences(label, document))
+        for _, shipped, _ in _schema_labels(document):
+            comparisons += 1
+            accepted += shipped.is_valid(document)
+    print(
+        f"compared {len(DOCUMENTS)} documents in {comparisons} validations ({accepted} accepted); unparsed: {UNPARSED}"
+    )
+    assert len(DOCUMENTS) >= 250 and accepted >= 50
+    unexpected = {k: v for k, v in differences.items() if k not in ALLOWED_DIFFERENCES}
+    assert not unexpected, json.dumps({" | ".join(k): v for k, v in unexpected.items()}, indent=1)[:4000]
+    stale = set(ALLOWED_DIFFERENCES) - set(differences)
+    assert not stale, f"allow-listed differences that no longer occur: {sorted(stale)}"
+
+
+def test_default_schemas_are_the_shipped_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ADL_ENFORCER_SPEC_DIR", raising=False)
+    assert spec_root() == PACKAGED_SCHEMAS
+    monkeypatch.setenv("ADL_ENFORCER_SPEC_DIR", str(SHARED_SPEC))
+    assert spec_root() == SHARED_SPEC
+
+
+def test_shipped_schemas_name_only_the_project() -> None:
+    for path in PACKAGED_SCHEMAS.rglob("*.json"):
+        schema = json.loads(path.read_text())
+        assert schema["$id"].startswith("urn:adl-enforcer:schema:"), path
+        refs = [v for _, v in _walk_items(schema) if isinstance(v, str) and v.startswith("http")]
+        assert refs == ["https://json-schema.org/draft/2020-12/schema"], (path, refs)
+
+
+def _walk_items(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if key in ("$ref", "$schema", "$id"):
+                yield key, child
+            yield from _walk_items(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _walk_items(child)
+
+
+# -- generated documents: mutations of every published document one of the schemas accepts
+
+
+def _accepted_seeds() -> list[tuple[str, dict[str, Any]]]:
+    seeds = []
+    for label, document in DOCUMENTS:
+        if any(shipped.is_valid(document) for _, shipped, _ in _schema_labels(document)):
+            seeds.append((label, document))
+    return seeds
+
+
+SEEDS = _accepted_seeds()
+
+
+def _schema_constants() -> list[Any]:
+    """Every enum and const value of the shipped schemas: mutations that hit the interesting values."""
+    values: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if key == "enum" and isinstance(child, list):
+                    values.extend(child)
+                elif key == "const":
+                    values.append(child)
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    for path in sorted(PACKAGED_SCHEMAS.rglob("*.json")):
+        walk(json.loads(path.read_text()))
+    return values
+
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 1_000_000),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["", "x", "1.0.0", "1.0.0\n", "١.٠.٠", "x_acme_id", "read_file", "2026-01-01T00:00:00Z"]),
+    st.text(max_size=12),
+    st.sampled_from(_schema_constants()),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+KEYS = st.one_of(
+    st.text(max_size=10), st.sampled_from(["x_acme", "x_Acme", "x_a\n", "profiles", "permissions", "tools"])
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    label, seed = draw(st.sampled_from(SEEDS))
+    document = copy.deepcopy(seed)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = list(json_paths(document))
+        target: tuple = draw(st.sampled_from(paths)) if paths else ()
+        parent: Any = document
+        for part in target[:-1]:
+            parent = parent[part]
+        op = draw(st.sampled_from(["replace", "delete", "insert"]))
+        if op == "replace" and target:
+            parent[target[-1]] = draw(VALUES)
+        elif op == "delete" and target and isinstance(parent, dict):
+            del parent[target[-1]]
+        else:
+            node = parent[target[-1]] if target else document
+            if isinstance(node, dict):
+                node[draw(KEYS)] = draw(VALUES)
+            elif isinstance(node, list):
+                node.append(draw(VALUES))
+    return label, document
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(mutated())
+def test_generated_documents_are_judged_alike(case: tuple[str, dict[str, Any]]) -> None:
+    label, document = case
+    found = _differences(f"mutation of {label}", document)
+    unexpected = {k[1]: v for k, v in found.items() if (label, k[1]) not in ALLOWED_DIFFERENCES}
+    assert not unexpected, (document, unexpected)
+
+
+def test_seeds_cover_both_specifications() -> None:
+    assert any("adl_spec" in d for _, d in SEEDS) and any("sc_standard" in d for _, d in SEEDS), len(SEEDS)
+
+
+def test_published_tree_is_not_read_by_the_shipped_set() -> None:
+    assert SHARED_SPEC not in Path(SHIPPED.root).parents and SHIPPED.root != SHARED_SPEC

@@ -1,0 +1,51 @@
+"""Schema loading: the package's own schemas are the default, and patterns keep JSON Schema's meaning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from enforcer.policy.adl import validate_adl
+from enforcer.policy.specs import PACKAGED_SCHEMAS, SchemaSet, SpecMissing, ecma_pattern, spec_root
+from tests.conftest import NOW, base_adl
+
+
+def _codes(schemas: SchemaSet, document: dict) -> list[tuple[str, str]]:
+    findings, _ = validate_adl(document, schemas, NOW)
+    return [(f.code, f.pointer) for f in findings if f.severity == "error"]
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0", "0.3.0"])
+def test_trailing_newline_does_not_satisfy_an_anchored_pattern(schemas: SchemaSet, version: str) -> None:
+    tool = {"name": "read_file\n", "description": "reads"}
+    codes = _codes(schemas, base_adl(adl_spec=version, version="1.0.0\n", tools=[tool]))
+    assert ("ADL-1006", "/version") in codes and ("ADL-1006", "/tools/0/name") in codes, codes
+    assert _codes(schemas, base_adl(adl_spec=version, tools=[{"name": "read_file", "description": "reads"}])) == []
+
+
+def test_digits_are_ascii(schemas: SchemaSet) -> None:
+    assert ("ADL-1006", "/version") in _codes(schemas, base_adl(version="١.٠.٠"))
+    assert _codes(schemas, base_adl(version="10.20.30")) == []
+
+
+def test_formats_are_checked_inside_the_referenced_core(schemas: SchemaSet) -> None:
+    # The core is reached by $ref from the composed schema; timestamps there are still checked.
+    bad = base_adl(lifecycle={"status": "active", "effective_date": "yesterday"})
+    assert any(pointer == "/lifecycle/effective_date" for _, pointer in _codes(schemas, bad))
+    good = base_adl(lifecycle={"status": "active", "effective_date": "2026-01-01T00:00:00Z"})
+    assert _codes(schemas, good) == []
+
+
+def test_ecma_pattern_translation() -> None:
+    assert ecma_pattern("^a$").search("a") and not ecma_pattern("^a$").search("a\n")
+    assert ecma_pattern(r"^[$]\$$").search("$$") and not ecma_pattern(r"^[$]\$$").search("$$\n")
+    assert not ecma_pattern(r"^\d$").search("٣")
+
+
+def test_override_must_hold_schemas(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ADL_ENFORCER_SPEC_DIR", str(tmp_path))
+    with pytest.raises(SpecMissing, match="ADL_ENFORCER_SPEC_DIR"):
+        spec_root()
+    monkeypatch.delenv("ADL_ENFORCER_SPEC_DIR")
+    assert spec_root() == PACKAGED_SCHEMAS
