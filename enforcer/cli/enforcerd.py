@@ -12,6 +12,7 @@ import tomli_w
 
 from ..daemon import affinity, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
+from ..version import version_text
 
 EPILOG = f"""\
 configuration, later sources winning: built-in defaults, the TOML file ({DEFAULT_CONFIG_FILE},
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=Path, help=f"TOML configuration file (default {DEFAULT_CONFIG_FILE})")
+    parser.add_argument("--version", action="version", version=version_text("adl-enforcerd"))
     parser.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     parser.add_argument("--json", action="store_true", help="--print-config as JSON instead of TOML")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -24,6 +24,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from ..data import SCHEMAS
 from .formats import is_uri, parse_timestamp
 
 ADL_SPEC_REPO = "agent-definition-language__specification"
@@ -40,7 +41,7 @@ PROFILES = {
 # Profiles compose the core by one of these URIs (published tree, package encoding); each is
 # pointed at the document's own core version.
 _PROFILE_BASE_URIS = ("https://adl-spec.org/0.3/schema.json", "urn:adl-enforcer:schema:adl:core")
-PACKAGED_SCHEMAS = Path(__file__).resolve().parent.parent / "data" / "schemas"
+PACKAGED_SCHEMAS = SCHEMAS
 
 
 class SpecMissing(RuntimeError):
