@@ -29,6 +29,9 @@ sockets:
 signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version);
 SIGTERM stops: sessions are ended and their exits recorded first.
 
+install as a service (unit, sysusers, tmpfiles, sample configuration; see install-systemd --help):
+  adl-enforcerd install-systemd [--prefix VENV] [--root DIR]
+
 examples:
   adl-enforcerd --print-config
   ADL_ENFORCER_POLICY_DIR=policies/examples adl-enforcerd
@@ -66,6 +69,11 @@ def _spawner_config(settings: Settings) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["install-systemd"]:
+        from . import install_systemd
+
+        return install_systemd.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(args.config)
