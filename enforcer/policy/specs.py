@@ -87,9 +87,52 @@ def _check_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format, "pattern": _check_pattern})
+def _matches_any(patterns: Any, key: str) -> bool:
+    return any(ecma_pattern(p).search(key) for p in patterns)
+
+
+def _check_pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if ecma_pattern(pattern).search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _check_additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    # jsonschema's own keyword matches patternProperties with Python's `$`: "x_id\n" would pass as an
+    # extension member.
+    if not validator.is_type(instance, "object"):
+        return
+    known, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = [key for key in instance if key not in known and not _matches_any(patterns, key)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif additional is False and extras:
+        names = ", ".join(repr(each) for each in sorted(extras))
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            regexes = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{names} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({names} {verb} unexpected)")
+
+
+_ECMA_KEYWORDS = {
+    "pattern": _check_pattern,
+    "patternProperties": _check_pattern_properties,
+    "additionalProperties": _check_additional_properties,
+}
+ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format, **_ECMA_KEYWORDS})
 # AAIF format annotations are not assertions (Draft 2020-12 default): only the pattern semantics change.
-AAIFSchemaValidator = validators.extend(Draft202012Validator, {"pattern": _check_pattern})
+AAIFSchemaValidator = validators.extend(Draft202012Validator, _ECMA_KEYWORDS)
 
 
 def spec_root() -> Path:
@@ -220,7 +263,7 @@ def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...],
 @cache
 def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pattern[str], ...]]:
     core = _core_schema(root, version)
-    return frozenset(core.get("properties", {})), tuple(re.compile(p) for p in core.get("patternProperties", {}))
+    return frozenset(core.get("properties", {})), tuple(ecma_pattern(p) for p in core.get("patternProperties", {}))
 
 
 @cache

@@ -49,3 +49,14 @@ def test_override_must_hold_schemas(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         spec_root()
     monkeypatch.delenv("ADL_ENFORCER_SPEC_DIR")
     assert spec_root() == PACKAGED_SCHEMAS
+
+
+def test_extension_member_names_end_at_the_end(schemas: SchemaSet) -> None:
+    # 0.1: x_ members anywhere (patternProperties); 0.2 and 0.3: reverse-domain keys of `extensions`.
+    assert _codes(schemas, base_adl(adl_spec="0.1.0", x_acme_id=1)) == []
+    assert ("ADL-1004", "/x_acme_id\n") in _codes(schemas, base_adl(adl_spec="0.1.0", **{"x_acme_id\n": 1}))
+    for version in ("0.2.0", "0.3.0"):
+        good = base_adl(adl_spec=version, lifecycle={"status": "active", "extensions": {"com.acme": {}}})
+        assert _codes(schemas, good) == []
+        bad = base_adl(adl_spec=version, lifecycle={"status": "active", "extensions": {"com.acme\n": {}}})
+        assert any(pointer.startswith("/lifecycle/extensions") for _, pointer in _codes(schemas, bad)), version
