@@ -60,3 +60,11 @@ def test_extension_member_names_end_at_the_end(schemas: SchemaSet) -> None:
         assert _codes(schemas, good) == []
         bad = base_adl(adl_spec=version, lifecycle={"status": "active", "extensions": {"com.acme\n": {}}})
         assert any(pointer.startswith("/lifecycle/extensions") for _, pointer in _codes(schemas, bad)), version
+
+
+def test_adl_0_1_permissions_hold_a_domain(schemas: SchemaSet) -> None:
+    # The ADL 0.1 draft: permissions, when present, is an object with one or more permission domains.
+    for permissions in ({}, {"x_acme_note": {}}):
+        codes = _codes(schemas, base_adl(adl_spec="0.1.0", permissions=permissions))
+        assert any(pointer == "/permissions" for _, pointer in codes), (permissions, codes)
+    assert _codes(schemas, base_adl(adl_spec="0.1.0", permissions={"network": {"allowed_hosts": ["a.example"]}})) == []
