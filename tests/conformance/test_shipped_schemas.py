@@ -304,3 +304,82 @@ def test_seeds_cover_both_specifications() -> None:
 
 def test_published_tree_is_not_read_by_the_shipped_set() -> None:
     assert SHARED_SPEC not in Path(SHIPPED.root).parents and SHIPPED.root != SHARED_SPEC
+
+
+# -- a deterministic sweep: every scalar leaf of every accepted document set to boundary values, and
+# every member removed, judged by the document's own schema (its ADL version and profiles, or its
+# AAIF schema file)
+
+# By the leaf's type: the edges of minLength, pattern and enum for strings, of minimum and integer for
+# numbers, and a wrong type for booleans and nulls.
+BOUNDARY_VALUES: dict[type, tuple[Any, ...]] = {
+    str: ("", "x"),
+    int: (-1, 0.5),
+    float: (-1, 0.5),
+    bool: ("true",),
+    type(None): (0,),
+}
+
+
+def _own_validators(document: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    version = SUPPORTED_ADL.get(".".join(str(document.get("adl_spec", "")).split(".")[:2]))
+    if version:
+        profiles = _declared_profiles(document)
+        return [
+            (f"adl {version}", SHIPPED.adl_validator(version, profiles), PUBLISHED.adl_validator(version, profiles))
+        ]
+    declared = document.get("x-sc-schema", "agent.schema.json")
+    if document.get("sc_standard") and declared in AAIF_SCHEMAS:
+        return [(f"aaif {declared}", SHIPPED.aaif_validator(declared), PUBLISHED.aaif_validator(declared))]
+    return []
+
+
+def _variants(document: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The document changed in place, one change at a time (each undone before the next)."""
+    for path in list(json_paths(document)):
+        parent: Any = document
+        for part in path[:-1]:
+            parent = parent[part]
+        original = parent[path[-1]]
+        if not isinstance(original, dict | list):
+            for value in BOUNDARY_VALUES[type(original)]:
+                if value != original:
+                    parent[path[-1]] = value
+                    yield document
+            parent[path[-1]] = original
+        if isinstance(parent, dict):
+            del parent[path[-1]]
+            yield document
+            parent[path[-1]] = original
+
+
+def _sweep_seeds() -> list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]]]]:
+    """Distinct published documents their own schema accepts: each variant is one step away from valid."""
+    seeds, seen = [], set()
+    for label, document in SEEDS:
+        validators = _own_validators(document)
+        key = json.dumps(document, sort_keys=True)
+        if validators and key not in seen and all(published.is_valid(document) for _, _, published in validators):
+            seen.add(key)
+            seeds.append((label, document, validators))
+    return seeds
+
+
+def test_boundary_sweep_is_judged_alike() -> None:
+    unexplained: dict[str, tuple[list, list]] = {}
+    compared = rejected = 0
+    for label, seed, validators in _sweep_seeds():
+        document = copy.deepcopy(seed)
+        for variant in _variants(document):
+            for schema_label, shipped, published in validators:
+                compared += 1
+                theirs_valid = published.is_valid(variant)
+                rejected += not theirs_valid
+                if shipped.is_valid(variant) == theirs_valid:
+                    continue
+                ours, theirs = _errors(shipped, variant), _errors(published, variant)
+                if _allowed_by(schema_label, ours, theirs) is None:
+                    unexplained[f"{label} | {schema_label} | {json.dumps(variant)[:200]}"] = (ours, theirs)
+    print(f"boundary sweep: {compared} variants compared, {rejected} rejected by the published schemas")
+    assert compared >= 10000 and rejected >= 3000
+    assert not unexplained, json.dumps(dict(list(unexplained.items())[:5]), indent=1)[:4000]
