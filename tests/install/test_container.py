@@ -67,3 +67,9 @@ def test_daemonset_grants_what_the_unit_keeps() -> None:
         daemonset["spec"]["selector"]["matchLabels"].items()
         <= daemonset["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+def test_build_context_leaves_out_the_local_environment() -> None:
+    for name in (".containerignore", ".dockerignore"):
+        ignored = (REPO / name).read_text().split()
+        assert {".venv", ".git", "enforcer/v1", "policies/examples/keys"} <= set(ignored), name
