@@ -122,7 +122,8 @@ next:
 
 CGROUP_NOTES = {
     "v1": "cgroup v1 controllers: sessions get memory, cpu and pids cgroups below the unit's (Delegate=yes).",
-    "v2": "cgroup v2: systemd delegates the unit's subtree (Delegate=yes); sessions are created below it.",
+    "v2": "WARNING cgroup v2: the daemon sits in its delegated cgroup, where v2 cannot enable controllers for "
+    "session cgroups; launches whose policy sets resource limits will be refused (docs/install.md, cgroups).",
     "none": "no usable cgroup hierarchy (memory, cpu, pids) on this host: sessions will be refused.",
     "not checked": "cgroups: not checked (--root is not /); Delegate=yes serves v1 and v2 hosts.",
 }
