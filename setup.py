@@ -29,6 +29,9 @@ def generate_api() -> None:
 class BuildWithApi(build_py):
     def run(self) -> None:
         generate_api()
+        # Package discovery ran before the code existed when building from a clean sdist.
+        if self.packages is not None and "enforcer.v1" not in self.packages:
+            self.packages.append("enforcer.v1")
         super().run()
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
+from . import data
 from .policy import CompileOptions, DocumentRejected, Finding, Policy, RegionMap, SchemaSet, compile_policy
 from .policy.loader import MAX_DOCUMENT_BYTES, parse_document
 from .policy.regions import RegionMapError
 from .policy.specs import SpecMissing, spec_root
 
-DEFAULT_REGIONS = Path(__file__).resolve().parent.parent / "policies" / "regions.yaml"
+DEFAULT_REGIONS = data.REGIONS
 
 
 class PolicyFileError(Exception):

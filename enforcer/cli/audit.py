@@ -21,6 +21,7 @@ from ..audit import keys, records
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
+from ..version import version_text
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 2
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="audit directory (default: $ADL_ENFORCER_AUDIT_DIR, else /var/log/adl-enforcer for root, "
         "~/.local/state/adl-enforcer/audit otherwise)",
     )
+    parser.add_argument("--version", action="version", version=version_text("adl-audit"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     search = sub.add_parser(

@@ -12,6 +12,7 @@ import tomli_w
 
 from ..daemon import affinity, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
+from ..version import version_text
 
 EPILOG = f"""\
 configuration, later sources winning: built-in defaults, the TOML file ({DEFAULT_CONFIG_FILE},
@@ -28,6 +29,9 @@ sockets:
 signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version);
 SIGTERM stops: sessions are ended and their exits recorded first.
 
+install as a service (unit, sysusers, tmpfiles, sample configuration; see install-systemd --help):
+  adl-enforcerd install-systemd [--prefix VENV] [--root DIR]
+
 examples:
   adl-enforcerd --print-config
   ADL_ENFORCER_POLICY_DIR=policies/examples adl-enforcerd
@@ -43,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=Path, help=f"TOML configuration file (default {DEFAULT_CONFIG_FILE})")
+    parser.add_argument("--version", action="version", version=version_text("adl-enforcerd"))
     parser.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     parser.add_argument("--json", action="store_true", help="--print-config as JSON instead of TOML")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -64,6 +69,11 @@ def _spawner_config(settings: Settings) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["install-systemd"]:
+        from . import install_systemd
+
+        return install_systemd.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(args.config)

@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import data
 from ..sandbox import DOMAINS
+from ..version import version_text
 
 EXIT_REFUSED = 125
-DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"
+DEFAULT_BASELINE = data.RUNTIME_BASELINE
 
 EPILOG = f"""\
 Every layer is enforced by the kernel: Landlock (files, executables), a private mount namespace
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=version_text("adl-exec"))
     parser.add_argument("--adl", type=Path, help="the agent's ADL document (JSON or YAML)")
     parser.add_argument(
         "--daemon",
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--aaif", type=Path, help="the agent's AAIF document")
     parser.add_argument("--production", action="store_true", help="refuse draft lifecycle documents too")
-    parser.add_argument("--regions", type=Path, help="region map (default: policies/regions.yaml)")
+    parser.add_argument("--regions", type=Path, help=f"region map (default: {data.REGIONS})")
     parser.add_argument(
         "--explain", action="store_true", help="print the effective policy and every layer, run nothing"
     )

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .. import data
 from ..documents import PolicyFileError, load_policy, load_regions, read_document, schema_set
 from ..explain import policy_summary, render_policy
 from ..policy import (
@@ -28,6 +29,7 @@ from ..policy.aaif import PROVIDED_CAPABILITIES, capability_findings, condition_
 from ..policy.adl import validate_adl
 from ..policy.formats import parse_timestamp
 from ..policy.loader import detect_kind
+from ..version import version_text
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
@@ -222,7 +224,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def _compile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aaif", metavar="FILE", help="AAIF (SC-006) document for the same agent")
-    p.add_argument("--regions", metavar="FILE", help="region map (default: policies/regions.yaml)")
+    p.add_argument("--regions", metavar="FILE", help="region map (default: the packaged one, see adl-policy examples)")
     p.add_argument("--home-region", metavar="REGION", help="region that ADL cross_border_restricted keeps data in")
     p.add_argument("--production", action="store_true", help="refuse lifecycle 'draft' agents")
     p.add_argument(
@@ -251,6 +253,12 @@ def _capability_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_examples(args: argparse.Namespace) -> int:
+    for path in sorted(data.EXAMPLES.glob("*.json")):
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adl-policy",
@@ -258,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         description="Validate ADL/AAIF documents, show the effective policy, and ask what it allows.",
     )
+    parser.add_argument("--version", action="version", version=version_text("adl-policy"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("examples", help="print the paths of the example documents shipped with the package")
+    p.set_defaults(func=cmd_examples)
     p = sub.add_parser("validate", help="validate documents (ADL 0.1-0.3, AAIF SC-006)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--json", action="store_true", help="one JSON object per file, in the ADL error format")

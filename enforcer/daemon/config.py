@@ -9,12 +9,11 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from .. import paths
+from .. import data, paths
 from ..egress.settings import EgressSettings
 from . import affinity
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
-REPO_POLICIES = Path(__file__).resolve().parents[2] / "policies"
 
 
 def _runtime_dir() -> Path:
@@ -39,8 +38,8 @@ class Settings(EgressSettings):
     audit_key: Path = Field(default_factory=paths.audit_key_path)
     audit_group_ms: float = Field(default=5.0, gt=0, le=1000, description="group commit interval")
     audit_group_records: int = Field(default=64, ge=1, description="group commit after this many records")
-    baseline: Path = REPO_POLICIES / "runtime-baseline.yaml"
-    regions: Path = REPO_POLICIES / "regions.yaml"
+    baseline: Path = Field(default=data.RUNTIME_BASELINE, description="runtime baseline (default: the packaged one)")
+    regions: Path = Field(default=data.REGIONS, description="region map (default: the packaged one)")
     production: bool = Field(default=False, description="refuse draft lifecycle documents too")
     cgroup_group: str = Field(
         default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"

@@ -1,9 +1,11 @@
-"""The published ADL and AAIF JSON Schemas, loaded by file (never by `$id`: two files reuse one).
+"""The ADL and AAIF JSON Schemas, loaded by file (never by `$id`: two published files reuse one).
 
-The schemas are not vendored: they are read from the specification tree named by
-ADL_ENFORCER_SPEC_DIR, or the `shared/spec` tree beside the checkout, or
-/usr/share/adl-enforcer/spec. `spec_root()` is the only function here that looks at the
-environment; everything else is given a root.
+By default the package's own encoding of the ADL 0.1/0.2/0.3 core, the supported profiles and
+the AAIF schemas is used (enforcer/data/schemas, shipped in the wheel). ADL_ENFORCER_SPEC_DIR
+overrides it with a tree laid out either like that directory (adl/, aaif/) or like the published
+specification repositories (agent-definition-language__specification/, Observalytics-SL__aaif/).
+`spec_root()` is the only function here that looks at the environment; everything else is given
+a root.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from ..data import SCHEMAS
 from .formats import is_uri, parse_timestamp
 
 ADL_SPEC_REPO = "agent-definition-language__specification"
@@ -35,7 +38,10 @@ PROFILES = {
     "urn:adl:profile:portfolio:1.0": "portfolio/1.0",
     "urn:adl:profile:registry:1.0": "registry/1.0",
 }
-_PROFILE_BASE_URI = "https://adl-spec.org/0.3/schema.json"
+# Profiles compose the core by one of these URIs (published tree, package encoding); each is
+# pointed at the document's own core version.
+_PROFILE_BASE_URIS = ("https://adl-spec.org/0.3/schema.json", "urn:adl-enforcer:schema:adl:core")
+PACKAGED_SCHEMAS = SCHEMAS
 
 
 class SpecMissing(RuntimeError):
@@ -53,28 +59,128 @@ def _check_format(validator: Any, fmt: str, instance: Any, schema: dict[str, Any
         yield ValidationError(f"{instance!r} is not a valid RFC 3986 URI")
 
 
-ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format})
+@cache
+def ecma_pattern(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema (ECMA-262) pattern as a Python regex: `\\d` and `\\w` are ASCII classes and `$` ends
+    the input (Python's `$` also matches before a final newline, so "read_file\\n" would pass
+    `^[a-z_]+$`). re.ASCII also narrows `\\s` to ASCII whitespace, stricter than ECMA-262; no shipped
+    schema uses it."""
+    out: list[str] = []
+    in_class = escaped = False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif char == "$" and not in_class:
+            out.append(r"\Z")
+            continue
+        out.append(char)
+    return re.compile("".join(out), re.ASCII)
+
+
+def _check_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if isinstance(instance, str) and not ecma_pattern(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _matches_any(patterns: Any, key: str) -> bool:
+    return any(ecma_pattern(p).search(key) for p in patterns)
+
+
+def _check_pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if ecma_pattern(pattern).search(key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _check_additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[ValidationError]:
+    # jsonschema's own keyword matches patternProperties with Python's `$`: "x_id\n" would pass as an
+    # extension member.
+    if not validator.is_type(instance, "object"):
+        return
+    known, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = [key for key in instance if key not in known and not _matches_any(patterns, key)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif additional is False and extras:
+        names = ", ".join(repr(each) for each in sorted(extras))
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            regexes = ", ".join(repr(each) for each in sorted(patterns))
+            yield ValidationError(f"{names} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({names} {verb} unexpected)")
+
+
+_ECMA_KEYWORDS = {
+    "pattern": _check_pattern,
+    "patternProperties": _check_pattern_properties,
+    "additionalProperties": _check_additional_properties,
+}
+ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format, **_ECMA_KEYWORDS})
+# AAIF format annotations are not assertions (Draft 2020-12 default): only the pattern semantics change.
+AAIFSchemaValidator = validators.extend(Draft202012Validator, _ECMA_KEYWORDS)
 
 
 def spec_root() -> Path:
-    candidates: list[Path] = []
+    """ADL_ENFORCER_SPEC_DIR when set (it must hold schemas), else the package's own schemas."""
     env = os.environ.get("ADL_ENFORCER_SPEC_DIR")
-    if env:
-        candidates.append(Path(env))
-    here = Path(__file__).resolve()
-    candidates += [parent / "shared" / "spec" for parent in here.parents[2:5]]
-    candidates.append(Path("/usr/share/adl-enforcer/spec"))
-    for candidate in candidates:
-        if (candidate / ADL_SPEC_REPO / "core").is_dir():
-            return candidate
+    candidate = Path(env) if env else PACKAGED_SCHEMAS
+    if _is_published(candidate) or (candidate / "adl").is_dir():
+        return candidate
+    where = f"ADL_ENFORCER_SPEC_DIR={env}" if env else f"the package data at {candidate} (a broken install?)"
     raise SpecMissing(
-        "ADL/AAIF specification schemas not found; set ADL_ENFORCER_SPEC_DIR to the directory holding "
-        f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/ (looked in: {', '.join(map(str, candidates))})"
+        f"ADL/AAIF schemas not found in {where}: the directory must hold adl/ and aaif/, or "
+        f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/"
     )
+
+
+def _is_published(root: Path) -> bool:
+    return (root / ADL_SPEC_REPO / "core").is_dir()
+
+
+def _core_path(root: Path, version: str) -> Path:
+    if _is_published(root):
+        return root / ADL_SPEC_REPO / "core" / version / "schema.json"
+    return root / "adl" / f"core-{version}.json"
+
+
+def _profile_path(root: Path, identifier: str) -> Path:
+    if _is_published(root):
+        return root / ADL_SPEC_REPO / "profiles" / PROFILES[identifier] / "schema.json"
+    return root / "adl" / f"profile-{PROFILES[identifier].replace('/', '-')}.json"
+
+
+def _aaif_path(root: Path, schema_file: str) -> Path:
+    if _is_published(root):
+        return root / AAIF_REPO / "schema" / schema_file
+    return root / "aaif" / schema_file
 
 
 def _read(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _read_schema(path: Path) -> dict[str, Any]:
+    # Without `$schema` a `$ref` into this file keeps the extended validator class; with it, jsonschema
+    # switches to the stock Draft 2020-12 class and drops the format and pattern semantics above.
+    schema = _read(path)
+    schema.pop("$schema", None)
+    return schema
 
 
 def supported_schema_version(adl_spec: object) -> str | None:
@@ -97,7 +203,7 @@ class SchemaSet:
     def adl_validator(self, version: str, profiles: tuple[str, ...]) -> Any:
         return _adl_validator(self.root, version, profiles)
 
-    def aaif_validator(self, schema_file: str) -> Draft202012Validator:
+    def aaif_validator(self, schema_file: str) -> Any:
         return _aaif_validator(self.root, schema_file)
 
     def profile_members(self, profiles: tuple[str, ...]) -> frozenset[str]:
@@ -107,7 +213,7 @@ class SchemaSet:
 
 @cache
 def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
-    return _read(root / ADL_SPEC_REPO / "profiles" / PROFILES[identifier] / "schema.json")
+    return _read_schema(_profile_path(root, identifier))
 
 
 @cache
@@ -120,10 +226,10 @@ def _profile_members(root: Path, profiles: tuple[str, ...]) -> frozenset[str]:
 
 @cache
 def _core_schema(root: Path, version: str) -> dict[str, Any]:
-    path = root / ADL_SPEC_REPO / "core" / version / "schema.json"
+    path = _core_path(root, version)
     if not path.is_file():
         raise SpecMissing(f"schema for ADL {version} not found at {path}")
-    return _read(path)
+    return _read_schema(path)
 
 
 @cache
@@ -131,10 +237,11 @@ def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
     core = _core_schema(root, version)
     core_uri = core.get("$id", f"urn:adl-enforcer:core:{version}")
     resources = [(core_uri, Resource.from_contents(core, default_specification=DRAFT202012))]
-    # Profile schemas compose the 0.3 core by URI; point that URI at this document's own core
+    # Profile schemas compose the core by URI; point that URI at this document's own core
     # so a 0.1 or 0.2 document with profiles is checked against its own version.
-    if core_uri != _PROFILE_BASE_URI:
-        resources.append((_PROFILE_BASE_URI, Resource.from_contents(core, default_specification=DRAFT202012)))
+    for base_uri in _PROFILE_BASE_URIS:
+        if base_uri != core_uri:
+            resources.append((base_uri, Resource.from_contents(core, default_specification=DRAFT202012)))
     composed: list[dict[str, Any]] = [{"$ref": core_uri}]
     for identifier in profiles:
         schema = _profile_schema(root, identifier)
@@ -157,18 +264,17 @@ def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...],
 @cache
 def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pattern[str], ...]]:
     core = _core_schema(root, version)
-    return frozenset(core.get("properties", {})), tuple(re.compile(p) for p in core.get("patternProperties", {}))
+    return frozenset(core.get("properties", {})), tuple(ecma_pattern(p) for p in core.get("patternProperties", {}))
 
 
 @cache
-def _aaif_validator(root: Path, schema_file: str) -> Draft202012Validator:
+def _aaif_validator(root: Path, schema_file: str) -> Any:
     if "/" in schema_file or not schema_file.endswith(".schema.json"):
         raise SpecMissing(f"unknown AAIF schema {schema_file!r}")
-    path = root / AAIF_REPO / "schema" / schema_file
+    path = _aaif_path(root, schema_file)
     if not path.is_file():
         raise SpecMissing(f"AAIF schema {schema_file!r} not found at {path}")
-    # Format annotations are not assertions (Draft 2020-12 default): no format_checker.
-    return Draft202012Validator(_read(path))
+    return AAIFSchemaValidator(_read_schema(path))
 
 
 def iter_leaf_errors(validator: Any, instance: Any) -> Iterator[ValidationError]:

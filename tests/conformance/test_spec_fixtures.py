@@ -1,4 +1,5 @@
-"""Conformance against ../shared/spec: every fixture gives the outcome its source expects."""
+"""Conformance against ../shared/spec: with the package's own schemas, every fixture gives the outcome its source
+expects."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from enforcer.policy.aaif import validate_aaif
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.loader import parse_document
 from enforcer.policy.signature import verify
-from enforcer.policy.specs import spec_root
-from tests.conftest import NOW
+from tests.conftest import NOW, SHARED_SPEC
 
-SPEC = spec_root()
+if not SHARED_SPEC.is_dir():
+    pytest.skip(f"the published specification tree is not at {SHARED_SPEC}", allow_module_level=True)
+SPEC = SHARED_SPEC
 EXPECTED = json.loads((SPEC / "expected-results.json").read_text())
 ADL_FIXTURES = SPEC / "Ironstead-Group__agent-definition-language/packages/adl-core/tests/fixtures"
 ADL_SPEC = SPEC / "agent-definition-language__specification"

@@ -22,7 +22,7 @@ def installed_unit(tmp_path: Path) -> Path:
     """The unit as installed from this checkout: ExecStart points at the entry point pip made."""
     entry = Path(sys.executable).parent / "adl-enforcerd"
     assert entry.exists(), "adl-enforcerd entry point missing: run scripts/setup.sh"
-    text = UNIT.read_text().replace("ExecStart=/usr/local/bin/adl-enforcerd", f"ExecStart={entry}")
+    text = UNIT.read_text().replace("ExecStart=/opt/adl-enforcer/bin/adl-enforcerd", f"ExecStart={entry}")
     target = tmp_path / UNIT.name
     target.write_text(text)
     return target
