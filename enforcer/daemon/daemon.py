@@ -28,6 +28,7 @@ from ..sandbox import cgroups
 from ..v1 import enforcer_pb2 as pb
 from . import notify
 from .approvals import Approvals
+from .arguments import ArgumentLimits
 from .auditsink import AuditSink
 from .config import Settings, as_plain
 from .inline import InlineUnary, InlineUnavailable
@@ -71,6 +72,7 @@ class Daemon:
             ),
             on_change=lambda _ok: self._update_health(),
             retry_s=settings.audit_retry_s,
+            write_deadline_s=settings.audit_write_deadline_s,
         )
         try:
             options = CompileOptions(
@@ -81,8 +83,10 @@ class Daemon:
             self.store = PolicyStore(settings.policy_dir, schema_set(), options)
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc
-        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms)
+        limits = ArgumentLimits(settings.max_argument_depth, settings.max_argument_items, settings.max_argument_string)
+        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms, limits)
         self._servers: list[grpc.Server] = []
+        self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
         self._reload_wanted = threading.Event()
@@ -134,12 +138,13 @@ class Daemon:
                 notify.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
                 self.reload()
                 notify.send("READY=1", self._status_line())
+            self.sink.tick()  # first: a stalled log must be noticed even if expiring approvals waits on it
             self.core.expire_due()
-            self.sink.tick()
             if now - last_sweep > 60:
                 self.approvals.forget_resolved(older_than_ms=3_600_000)
                 last_sweep = now
-            if watchdog_s and now - last_ping >= watchdog_s / 2:
+            # No ping while the log makes no progress: systemd then restarts a daemon stuck for WatchdogSec.
+            if watchdog_s and now - last_ping >= watchdog_s / 2 and not self.sink.stalled:
                 notify.send("WATCHDOG=1", self._status_line())
                 last_ping = now
 
@@ -162,7 +167,7 @@ class Daemon:
         if self._inline is not None:
             self._inline.stop()
         for path in (self.settings.socket, self.settings.admin_socket):
-            path.unlink(missing_ok=True)
+            self._unlink_own(path)
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
@@ -205,7 +210,7 @@ class Daemon:
                     records.POLICY_LOAD, {"agent": key, "removed": True, "generation": snapshot.generation}
                 )
             for problem in snapshot.problems:
-                log.error("policy not loaded: %s: %s", problem.path, problem.detail)
+                log.error("policy problem: %s: %s", problem.path, problem.detail)
                 self.sink.append(
                     records.POLICY_LOAD,
                     {
@@ -339,6 +344,13 @@ class Daemon:
 
     # -- sockets --------------------------------------------------------------------------------
 
+    def _unlink_own(self, path: Path) -> None:
+        """Remove a socket only if it is still the one this daemon made."""
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if self._bound.get(path) == (st.st_dev, st.st_ino):
+                path.unlink()
+
     def _socket_gid(self) -> int | None:
         if self.settings.socket_group is None:
             return None
@@ -402,6 +414,8 @@ class Daemon:
         os.chmod(path, mode)
         if gid is not None:
             os.chown(path, -1, gid)
+        st = path.lstat()
+        self._bound[path] = (st.st_dev, st.st_ino)
         return server
 
 

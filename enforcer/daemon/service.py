@@ -517,8 +517,10 @@ class Core:
         for approval in self.approvals.due():
             try:
                 self.resolve(approval.approval_id, "expired", "", "no decision before the approval timeout")
-            except ApiError:
-                continue  # resolved meanwhile, or the audit log is down: retried on the next tick
+            except ApiError as exc:
+                if exc.code == _STATUS.UNAVAILABLE:
+                    return  # the audit log is down or stalled: all of them are retried on the next tick
+                continue  # resolved meanwhile
 
     def approval_response(self, approval: Approval) -> pb.CheckResponse:
         if approval.outcome == "approved":
