@@ -41,6 +41,8 @@ def parse_arguments(raw: str | bytes, limits: ArgumentLimits, spent: int = 0) ->
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if str(exc).startswith("depth limit exceeded"):  # orjson's own ceiling, far above any max_depth
+            raise ArgumentError(_too_deep(limits)) from None
         raise ArgumentError(f"tool.arguments_json is not JSON: {exc}") from None
     members, items = _check_limits(value, limits, spent)
     if members:
@@ -65,7 +67,7 @@ def _check_limits(value: Any, limits: ArgumentLimits, items: int) -> tuple[int, 
         if kind is not dict and kind is not list:
             continue
         if depth > max_depth:
-            raise ArgumentError(f"tool.arguments_json: nesting deeper than max_argument_depth ({max_depth})")
+            raise ArgumentError(_too_deep(limits))
         items += len(node)
         if items > max_items:
             raise ArgumentError(
@@ -83,6 +85,10 @@ def _check_limits(value: Any, limits: ArgumentLimits, items: int) -> tuple[int, 
         else:
             stack.extend((child, depth + 1) for child in node)
     return members, items
+
+
+def _too_deep(limits: ArgumentLimits) -> str:
+    return f"tool.arguments_json: nesting deeper than max_argument_depth ({limits.max_depth})"
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
