@@ -58,6 +58,10 @@ def test_inline_method_is_served_by_the_loop_and_others_by_the_sync_server(serve
     channel, loop, _ = served
     assert channel.unary_unary(ECHO)(b"a", timeout=5) == b"echo:a"
     assert channel.unary_unary("/t.Test/Sync")(b"b", timeout=5) == b"sync:b"
+    # The loop counts a call after handing its answer to the core, so the caller may see it first.
+    deadline = time.monotonic() + 5
+    while loop.served < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert loop.served == 1  # the sync server's handler for Echo was never reached
 
 
@@ -123,12 +127,13 @@ def test_refuses_a_server_without_a_core() -> None:
 
 def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> None:
     sizes: list[int] = []
-    first = threading.Event()
+    first, sent = threading.Event(), threading.Event()
 
     def slow_first(messages: Sequence[bytes | None]) -> list[Answer]:
         sizes.append(len(messages))
-        if not first.is_set():  # hold the loop so the other calls queue up behind this one
+        if not first.is_set():  # hold the loop until the other calls are sent and queue up behind this one
             first.set()
+            sent.wait(10)
             time.sleep(0.2)
         return [_echo_one(m) for m in messages]
 
@@ -143,6 +148,7 @@ def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> N
             head = echo.future(b"head", timeout=10)
             assert first.wait(5)
             calls = [echo.future(b"%d" % i, timeout=10) for i in range(100)]
+            sent.set()
             assert head.result() == b"echo:head"
             assert [c.result() for c in calls] == [b"echo:%d" % i for i in range(100)]
     finally:
