@@ -810,12 +810,13 @@ def frozen_able_mount(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["fsfreeze", "-u", str(mount)], capture_output=True)
-        subprocess.run(["umount", str(mount)], check=False)
+        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=False)  # still busy: detached once unused
 
 
 def test_a_stalled_audit_log_turns_health_not_serving_and_stops_the_watchdog(
-    daemon: RunningDaemon, frozen_able_mount: Path, tmp_path: Path
-) -> None:
+    frozen_able_mount: Path, daemon: RunningDaemon, tmp_path: Path
+) -> None:  # the mount first: it is taken down after the daemon
     import socket
 
     daemon.stop()
