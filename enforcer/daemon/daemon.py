@@ -43,6 +43,9 @@ VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
+# Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
+# the usual Check is well under 1 KiB, and one this size with PII at every turn takes a few ms.
+LARGE_REQUEST_BYTES = 8192
 
 
 class StartupError(Exception):
@@ -381,7 +384,11 @@ class Daemon:
         elif not admin and inline:
             try:
                 self._inline = InlineUnary(
-                    server, inline_handlers(enforcer, limit), name="api-inline", nice=self.settings.inline_nice
+                    server,
+                    inline_handlers(enforcer, limit),
+                    name="api-inline",
+                    nice=self.settings.inline_nice,
+                    large_bytes=LARGE_REQUEST_BYTES,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
