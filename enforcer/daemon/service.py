@@ -123,6 +123,18 @@ def _to_action(request: pb.CheckRequest, limits: ArgumentLimits, spent: int) -> 
         except ArgumentError as exc:
             raise ApiError(_STATUS.INVALID_ARGUMENT, str(exc)) from None
         return ToolCall(name, arguments), spent
+    if which == "exec":
+        argv = request.exec.argv
+        if not argv:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "exec.argv is empty")
+        spent += len(argv)
+        if spent > limits.max_items or any(len(a) > limits.max_string for a in argv):
+            raise ApiError(
+                _STATUS.INVALID_ARGUMENT,
+                f"exec.argv: more than max_argument_items ({limits.max_items}) arguments or one longer than "
+                f"max_argument_string ({limits.max_string})",
+            )
+        return ProcessExec(tuple(argv), request.exec.resolved_path or None), spent
     return _other_action(request, which), spent
 
 
@@ -139,10 +151,6 @@ def _other_action(request: pb.CheckRequest, which: str | None) -> Action:
         if mode not in ("read", "write", "read_write") or not request.file.path:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "file needs a path and mode read | write | read_write")
         return FileAccess(_text(request.file.path, "file.path"), mode)  # type: ignore[arg-type]
-    if which == "exec":
-        if not request.exec.argv:
-            raise ApiError(_STATUS.INVALID_ARGUMENT, "exec.argv is empty")
-        return ProcessExec(tuple(request.exec.argv), request.exec.resolved_path or None)
     if which == "env":
         if not request.env.name:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "env.name is empty")

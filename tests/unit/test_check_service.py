@@ -269,3 +269,14 @@ def test_argument_limits_name_themselves() -> None:
     _, spent = parse_arguments('{"a": [1, 2]}', limits)
     with pytest.raises(ArgumentError, match="max_argument_items"):
         parse_arguments('{"a": [1]}', limits, spent + 2)  # what a batch's earlier requests used counts
+
+
+def test_exec_argv_is_bounded_like_arguments(core: Core) -> None:
+    core.limits = ArgumentLimits(max_items=3, max_string=5)
+    service = EnforcerService(core, pb.StatusResponse)
+    for argv in (["a", "b", "c", "d"], ["abcdef"]):
+        request = pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=argv))
+        with pytest.raises(ApiError, match=r"max_argument_items \(3\).*max_argument_string \(5\)"):
+            service.Check(request, None)  # type: ignore[arg-type]
+    ok = service.Check(pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["ls", "-l"])), None)  # type: ignore[arg-type]
+    assert ok.decision in (pb.ALLOW, pb.DENY, pb.ASK)
