@@ -45,7 +45,7 @@ CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
 # Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
 # the usual Check is well under 1 KiB, and one this size with PII at every turn takes a few ms.
-LARGE_REQUEST_BYTES = 8192
+LARGE_REQUEST_BYTES = 4096
 
 
 class StartupError(Exception):
