@@ -389,6 +389,7 @@ class Daemon:
                     name="api-inline",
                     nice=self.settings.inline_nice,
                     large_bytes=LARGE_REQUEST_BYTES,
+                    refused_bytes=limit,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)

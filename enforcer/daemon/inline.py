@@ -75,7 +75,9 @@ class InlineUnary:
     call start() after it, and stop() after the server has stopped. With `nice` below 0 the loop's
     thread takes that nice value (it needs CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the
     process's and says so in the log. `nice` holds the value the loop runs at once it has started.
-    With `large_bytes` above 0, larger requests are handled on a thread of their own (see above)."""
+    With `large_bytes` above 0, larger requests are handled on a thread of their own (see above),
+    except those over `refused_bytes`, which the handler refuses unread and so stay on the loop
+    rather than wait in the queue."""
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class InlineUnary:
         nice: int = 0,
         large_bytes: int = 0,
         large_queue: int = 32,
+        refused_bytes: int | None = None,
     ) -> None:
         try:
             from grpc._cython import cygrpc
@@ -107,6 +110,7 @@ class InlineUnary:
         self._handlers = dict(handlers)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._large_bytes = large_bytes
+        self._refused_bytes = refused_bytes if refused_bytes is not None else float("inf")
         self._large: queue.Queue[tuple[str, Any, bytes | None] | None] = queue.Queue(large_queue)
         self._large_thread = threading.Thread(target=self._serve_large, name=f"{name}-large", daemon=True)
         self._served_lock = threading.Lock()
@@ -212,7 +216,7 @@ class InlineUnary:
         by_method: dict[str, list[tuple[Any, bytes | None]]] = {}
         large = self._large_bytes
         for method, call, request in arrived:
-            if large and request is not None and len(request) > large:
+            if large and request is not None and large < len(request) <= self._refused_bytes:
                 try:
                     self._large.put_nowait((method, call, request))
                 except queue.Full:

@@ -211,7 +211,7 @@ def test_large_requests_are_handled_beside_the_loop_which_keeps_answering(tmp_pa
         return [_echo_one(m) for m in messages]
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    loop = InlineUnary(server, {ECHO: handler}, large_bytes=64, large_queue=1)
+    loop = InlineUnary(server, {ECHO: handler}, large_bytes=64, large_queue=1, refused_bytes=200)
     server.add_insecure_port(f"unix:{tmp_path / 's.sock'}")
     server.start()
     loop.start()
@@ -232,6 +232,8 @@ def test_large_requests_are_handled_beside_the_loop_which_keeps_answering(tmp_pa
             started = time.monotonic()
             assert [echo(b"small %d" % i, timeout=5) for i in range(20)] == [b"echo:small %d" % i for i in range(20)]
             assert time.monotonic() - started < 3  # answered while the large one is still being decided
+            # over refused_bytes: the handler refuses those unread, so they stay on the loop, never queued
+            assert echo(b"R" * 300, timeout=5) == b"echo:" + b"R" * 300
             assert not first.done()
             release.set()
             assert first.result() == b"echo:" + large and waiting.result() == b"echo:" + large
