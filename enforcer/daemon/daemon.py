@@ -343,6 +343,9 @@ class Daemon:
         if not snapshot.agents:
             return f"STATUS=NOT SERVING: no policy loaded from {self.settings.policy_dir}"
         problems = f", {len(snapshot.problems)} document(s) with problems" if snapshot.problems else ""
+        directory = next((p.detail for p in snapshot.problems if p.path == str(self.settings.policy_dir)), None)
+        if directory is not None:
+            problems = f": {directory}"
         return f"STATUS=serving {len(snapshot.agents)} agent(s){problems}, {len(self.registry.all())} session(s)"
 
     # -- sockets --------------------------------------------------------------------------------

@@ -724,7 +724,17 @@ def test_check_batch_is_checked_whole_before_anything_is_decided(daemon: Running
     ]
 
 
-def test_an_emptied_or_missing_policy_directory_keeps_the_last_good_policies(daemon: RunningDaemon) -> None:
+def test_an_emptied_or_missing_policy_directory_keeps_the_last_good_policies(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    import socket
+
+    daemon.stop()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(5)
+    daemon.extra_env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    daemon.start()
     admin = daemon.admin_stub()
     stub = daemon.enforcer()
     saved = daemon.root / "saved-policies"
@@ -741,7 +751,14 @@ def test_an_emptied_or_missing_policy_directory_keeps_the_last_good_policies(dae
             status = stub.Status(pb.StatusRequest())
             assert status.serving and len(status.agents) == 2 and "kept" in status.problems[0].detail
             assert daemon.health() == "SERVING"
+        lines = []
+        for _ in range(50):  # systemd's status line says so too
+            lines.append(notify.recv(4096).decode())
+            if "loaded before are kept" in lines[-1]:
+                break
+        assert "STATUS=serving 2 agent(s): policy directory" in lines[-1], lines
     finally:
+        notify.close()
         if daemon.policies.exists():
             daemon.policies.rmdir()
         saved.rename(daemon.policies)
