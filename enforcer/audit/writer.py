@@ -41,6 +41,19 @@ class AuditUnavailable(Exception):
     """A record could not be written. The caller must treat the action it was recording as denied."""
 
 
+class AuditStalled(AuditUnavailable):
+    """Another append or sync of this writer has not finished within WriterSettings.lock_wait_s."""
+
+
+class RecordRejected(AuditUnavailable):
+    """One entry of an append cannot be encoded as a record. Nothing of that append was written and
+    the log is still usable: the entry is the problem, not the log."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        super().__init__(f"entry {index} cannot be encoded: {detail}")
+        self.index = index
+
+
 class Entry(NamedTuple):
     """One record for append_many."""
 
@@ -66,6 +79,7 @@ class WriterSettings:
     rotate_bytes: int = 64 * 1024 * 1024
     rotate_seconds: float = 24 * 3600.0
     background_flush: bool = False  # a thread that honours group_ms while the log is idle
+    lock_wait_s: float = -1  # an append or sync waiting longer for another one fails (-1: no limit)
 
 
 def log_name(first_seq: int) -> str:
@@ -160,6 +174,8 @@ class AuditWriter(Appender):
         self._pending_head: Receipt | None = None
         self._head_lock = threading.Lock()
         self._flusher: threading.Thread | None = None
+        # When the append, fdatasync and HEAD update now in progress started (0.0: none): see stalled_s.
+        self._append_since = self._sync_since = self._head_since = 0.0
         try:
             self._key = keys.load_or_create(Path(key_path))
             self._key_id = keys.key_id(self._key.public_key())
@@ -201,69 +217,107 @@ class AuditWriter(Appender):
     def failed(self) -> Exception | None:
         return self._failed
 
+    def stalled_s(self) -> float:
+        """How long the oldest append, fdatasync or HEAD update still in progress has been going on
+        (0.0: none is). Read without a lock, so that a stuck write cannot hide itself."""
+        started = [t for t in (self._append_since, self._sync_since, self._head_since) if t]
+        return time.monotonic() - min(started) if started else 0.0
+
+    def _acquire(self, lock: threading.Lock) -> None:
+        if not lock.acquire(timeout=self.settings.lock_wait_s):
+            raise AuditStalled(f"audit log stalled: another write has not finished in {self.settings.lock_wait_s} s")
+
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
         """Append `entries` in order, chained exactly as one append each, with one lock and one
-        write(2): every receipt is returned after all of them are in the kernel, or none is."""
+        write(2): every receipt is returned after all of them are in the kernel, or none is. An
+        entry that cannot be encoded raises RecordRejected and nothing is written."""
         if not entries:
             return []
-        with self._lock:
+        self._acquire(self._lock)
+        try:
+            self._append_since = time.monotonic()
             self._check_usable()
             try:
                 self._take_lock()
-                if len(entries) == 1:  # most appends: no lists to build and join
-                    data, receipt = self._line(*entries[0])  # an Entry holds _line's arguments, in order
-                    receipts = [receipt]
-                else:
-                    lines, receipts = [], []
-                    for entry in entries:
-                        line, receipt = self._line(*entry)
-                        lines.append(line)
-                        receipts.append(receipt)
-                    data = b"".join(lines)
+                data, receipts = self._lines(entries)
                 self._put(data)
                 if self._now >= self._next_due_ns or self._seq >= self._due_seq or self._size >= self._due_size:
                     self._maybe_checkpoint_and_rotate()
                     if not sync:
                         self._maybe_group_commit()
                     self._schedule_due()
+            except RecordRejected:
+                if self._flusher is None:
+                    self._release_lease()
+                raise
             except (OSError, records.RecordError, ValueError, TypeError) as exc:
                 self._failed = exc
                 self._release_lease()
                 raise AuditUnavailable(f"audit record not written: {exc}") from exc
             if self._flusher is None or self._failed is not None:
                 self._release_lease()
+        finally:
+            self._append_since = 0.0
+            self._lock.release()
         if sync:
             self.sync(receipts[-1].seq)
         return receipts
 
+    def _lines(self, entries: Sequence[Entry]) -> tuple[bytes, list[Receipt]]:
+        """The entries' lines, chained. If one cannot be encoded the chain is put back as it was."""
+        saved = (self._seq, self._hash, self._unsynced, self._since_checkpoint, self._now)
+        lines: list[bytes] = []
+        receipts: list[Receipt] = []
+        try:
+            if len(entries) == 1:  # most appends: no lists to build and join
+                data, receipt = self._line(*entries[0])  # an Entry holds _line's arguments, in order
+                return data, [receipt]
+            for entry in entries:
+                line, receipt = self._line(*entry)
+                lines.append(line)
+                receipts.append(receipt)
+            return b"".join(lines), receipts
+        except (TypeError, ValueError) as exc:  # the encoder refused the entry's content
+            self._seq, self._hash, self._unsynced, self._since_checkpoint, self._now = saved
+            raise RecordRejected(len(receipts), str(exc)) from exc
+
     def sync(self, upto_seq: int | None = None) -> None:
         """Return once every record this writer wrote (up to `upto_seq`) is on stable storage."""
-        with self._sync_lock:
+        self._acquire(self._sync_lock)
+        try:
             if upto_seq is not None and self._durable_seq >= upto_seq:
                 return
-            with self._lock:
+            self._acquire(self._lock)
+            try:
                 self._check_usable()
                 fd, target = os.dup(self._fd), self._seq
+            finally:
+                self._lock.release()
             self._sync_dup(fd, target)
             with self._lock:
                 self._unsynced = max(self._seq - self._durable_seq, 0)
                 self._last_sync_ns = self._clock()
+        finally:
+            self._sync_lock.release()
 
     def _sync_dup(self, fd: int, target: int) -> None:
         """fdatasync a duplicate of the log's descriptor (a rotation may close the original
         meanwhile), then mark every record up to `target` durable. Caller holds _sync_lock."""
+        self._sync_since = time.monotonic()
         try:
             os.fdatasync(fd)
         except OSError as exc:
             self._failed = exc
             raise AuditUnavailable(f"audit log not durable: {exc}") from exc
         finally:
+            self._sync_since = 0.0
             os.close(fd)
         self._durable_seq = max(self._durable_seq, target)
 
     def checkpoint(self) -> Receipt:
         with self._lock:
             self._check_usable()
+            self._append_since = time.monotonic()
             try:
                 self._take_lock()
                 return self._write_checkpoint()
@@ -271,6 +325,7 @@ class AuditWriter(Appender):
                 self._failed = exc
                 raise AuditUnavailable(f"checkpoint not written: {exc}") from exc
             finally:
+                self._append_since = 0.0
                 self._release_lease()
 
     def close(self) -> None:
@@ -543,11 +598,15 @@ class AuditWriter(Appender):
 
     def _write_head(self, receipt: Receipt) -> None:
         with self._head_lock:  # threads of this writer; the flock below orders other writers
-            fcntl.flock(self._head_lock_fd, fcntl.LOCK_EX)
+            self._head_since = time.monotonic()
             try:
-                self._replace_head(receipt)
+                fcntl.flock(self._head_lock_fd, fcntl.LOCK_EX)
+                try:
+                    self._replace_head(receipt)
+                finally:
+                    fcntl.flock(self._head_lock_fd, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(self._head_lock_fd, fcntl.LOCK_UN)
+                self._head_since = 0.0
 
     def _replace_head(self, receipt: Receipt) -> None:
         head_path = self.directory / HEAD_FILE

@@ -11,7 +11,8 @@ from pathlib import Path
 import tomli_w
 
 from ..daemon import affinity, spawner
-from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
+from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, _runtime_dir, as_plain, load_settings
+from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
 from ..version import version_text
 
 EPILOG = f"""\
@@ -26,8 +27,16 @@ sockets:
   launch  (launch_socket, mode 0660)            adl-exec --daemon unix:PATH
   every gRPC socket also serves grpc.health.v1 and server reflection.
 
-signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version);
-SIGTERM stops: sessions are ended and their exits recorded first.
+signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version;
+an empty or unreadable directory keeps every agent loaded before); SIGTERM stops: sessions are
+ended and their exits recorded first.
+
+one daemon per socket and per cgroup_group: each holds a lock file beside its sockets
+(api.sock.lock, ...) and cgroup-<cgroup_group>.lock in the runtime directory; a second one on
+the same configuration refuses to start (exit 1) and names the holder's pid.
+
+health (grpc.health.v1, Status.serving, the systemd watchdog ping) turns NOT_SERVING while the
+audit log cannot be written or a write has not returned within audit_write_deadline_s.
 
 install as a service (unit, sysusers, tmpfiles, sample configuration; see install-systemd --help):
   adl-enforcerd install-systemd [--prefix VENV] [--root DIR]
@@ -87,6 +96,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="adl-enforcerd: %(levelname)s %(message)s", stream=sys.stderr)
     # The spawner is forked first, while this process has no threads and no gRPC.
     handle = spawner.start(_spawner_config(settings))
+    # Taken after the fork, so that the spawner and its supervisors (which may outlive this process
+    # by a moment) never hold them; before anything touches sockets, sessions or the audit log.
+    sockets = [settings.socket, settings.admin_socket, settings.launch_socket]
+    instance = InstanceLock(lock_paths(sockets, _runtime_dir(), settings.cgroup_group))
+    try:
+        instance.acquire()
+    except (InstanceLocked, OSError) as exc:
+        print(f"adl-enforcerd: cannot start: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _serve(settings, handle)
+    finally:
+        instance.release()
+
+
+def _serve(settings: Settings, handle: spawner.SpawnerHandle) -> int:
     from ..daemon.daemon import StartupError, serve
 
     try:

@@ -64,6 +64,16 @@ class Settings(EgressSettings):
     max_pending_approvals: int = Field(default=10_000, ge=1)
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")
 
+    # -- bounds on what one caller can cost the others (enforcer/daemon/arguments.py, auditsink.py) --
+    max_argument_depth: int = Field(default=32, ge=1, le=200, description="nesting of a Check's tool arguments")
+    max_argument_items: int = Field(
+        default=10_000, ge=1, description="members and elements in a Check's tool arguments (a batch's together)"
+    )
+    max_argument_string: int = Field(default=262_144, ge=1, description="characters in one argument string")
+    audit_write_deadline_s: float = Field(
+        default=10.0, gt=0, description="an audit write not returned by then: health NOT_SERVING, no watchdog ping"
+    )
+
     @field_validator("api_cpus")
     @classmethod
     def _cpus(cls, value: str) -> str:

@@ -28,6 +28,7 @@ from ..sandbox import cgroups
 from ..v1 import enforcer_pb2 as pb
 from . import notify
 from .approvals import Approvals
+from .arguments import ArgumentLimits
 from .auditsink import AuditSink
 from .config import Settings, as_plain
 from .inline import InlineUnary, InlineUnavailable
@@ -42,6 +43,9 @@ VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
+# Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
+# the usual Check is well under 1 KiB, and one this size with PII at every turn takes a few ms.
+LARGE_REQUEST_BYTES = 4096
 
 
 class StartupError(Exception):
@@ -71,6 +75,7 @@ class Daemon:
             ),
             on_change=lambda _ok: self._update_health(),
             retry_s=settings.audit_retry_s,
+            write_deadline_s=settings.audit_write_deadline_s,
         )
         try:
             options = CompileOptions(
@@ -81,8 +86,10 @@ class Daemon:
             self.store = PolicyStore(settings.policy_dir, schema_set(), options)
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc
-        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms)
+        limits = ArgumentLimits(settings.max_argument_depth, settings.max_argument_items, settings.max_argument_string)
+        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms, limits)
         self._servers: list[grpc.Server] = []
+        self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
         self._reload_wanted = threading.Event()
@@ -134,12 +141,13 @@ class Daemon:
                 notify.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
                 self.reload()
                 notify.send("READY=1", self._status_line())
+            self.sink.tick()  # first: a stalled log must be noticed even if expiring approvals waits on it
             self.core.expire_due()
-            self.sink.tick()
             if now - last_sweep > 60:
                 self.approvals.forget_resolved(older_than_ms=3_600_000)
                 last_sweep = now
-            if watchdog_s and now - last_ping >= watchdog_s / 2:
+            # No ping while the log makes no progress: systemd then restarts a daemon stuck for WatchdogSec.
+            if watchdog_s and now - last_ping >= watchdog_s / 2 and not self.sink.stalled:
                 notify.send("WATCHDOG=1", self._status_line())
                 last_ping = now
 
@@ -162,7 +170,7 @@ class Daemon:
         if self._inline is not None:
             self._inline.stop()
         for path in (self.settings.socket, self.settings.admin_socket):
-            path.unlink(missing_ok=True)
+            self._unlink_own(path)
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
@@ -205,7 +213,7 @@ class Daemon:
                     records.POLICY_LOAD, {"agent": key, "removed": True, "generation": snapshot.generation}
                 )
             for problem in snapshot.problems:
-                log.error("policy not loaded: %s: %s", problem.path, problem.detail)
+                log.error("policy problem: %s: %s", problem.path, problem.detail)
                 self.sink.append(
                     records.POLICY_LOAD,
                     {
@@ -335,9 +343,19 @@ class Daemon:
         if not snapshot.agents:
             return f"STATUS=NOT SERVING: no policy loaded from {self.settings.policy_dir}"
         problems = f", {len(snapshot.problems)} document(s) with problems" if snapshot.problems else ""
+        directory = next((p.detail for p in snapshot.problems if p.path == str(self.settings.policy_dir)), None)
+        if directory is not None:
+            problems = f": {directory}"
         return f"STATUS=serving {len(snapshot.agents)} agent(s){problems}, {len(self.registry.all())} session(s)"
 
     # -- sockets --------------------------------------------------------------------------------
+
+    def _unlink_own(self, path: Path) -> None:
+        """Remove a socket only if it is still the one this daemon made."""
+        with contextlib.suppress(OSError):
+            st = path.lstat()
+            if self._bound.get(path) == (st.st_dev, st.st_ino):
+                path.unlink()
 
     def _socket_gid(self) -> int | None:
         if self.settings.socket_group is None:
@@ -369,7 +387,12 @@ class Daemon:
         elif not admin and inline:
             try:
                 self._inline = InlineUnary(
-                    server, inline_handlers(enforcer, limit), name="api-inline", nice=self.settings.inline_nice
+                    server,
+                    inline_handlers(enforcer, limit),
+                    name="api-inline",
+                    nice=self.settings.inline_nice,
+                    large_bytes=LARGE_REQUEST_BYTES,
+                    refused_bytes=limit,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
@@ -402,6 +425,8 @@ class Daemon:
         os.chmod(path, mode)
         if gid is not None:
             os.chown(path, -1, gid)
+        st = path.lstat()
+        self._bound[path] = (st.st_dev, st.st_ino)
         return server
 
 

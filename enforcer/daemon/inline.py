@@ -15,6 +15,13 @@ requests in one call, then sends every answer. Under load that is 6-10 requests 
 then share work between them (Check appends all their audit records with one write), and the
 answers leave in one burst. Nobody waits for a batch to fill: an idle loop answers one at once.
 
+A request larger than `large_bytes` is not handled on the loop: deciding it may take much longer
+than a turn (the time grows with its size), and every caller whose request arrived with it would
+wait that long. It goes to a second thread of its own instead, queued (at most `large_queue`
+waiting; beyond that it is refused with RESOURCE_EXHAUSTED), and answered from there. The two
+threads share the interpreter lock, so a large request slows the loop down by time slices rather
+than holding it for its whole decision.
+
 This drives grpcio's Cython layer (grpc._cython.cygrpc) with the same calls grpc._server makes;
 that layer is not a public API. InlineUnary refuses with InlineUnavailable when a grpcio release
 lacks what it needs; the caller then leaves those methods to the sync server's handlers (same
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -66,17 +74,28 @@ class InlineUnary:
     """Serves `handlers` (full method name -> handler) for `server`. Build before server.start(),
     call start() after it, and stop() after the server has stopped. With `nice` below 0 the loop's
     thread takes that nice value (it needs CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the
-    process's and says so in the log. `nice` holds the value the loop runs at once it has started."""
+    process's and says so in the log. `nice` holds the value the loop runs at once it has started.
+    With `large_bytes` above 0, larger requests are handled on a thread of their own (see above),
+    except those over `refused_bytes`, which the handler refuses unread and so stay on the loop
+    rather than wait in the queue."""
 
     def __init__(
-        self, server: grpc.Server, handlers: Mapping[str, BatchHandler], *, name: str = "inline", nice: int = 0
+        self,
+        server: grpc.Server,
+        handlers: Mapping[str, BatchHandler],
+        *,
+        name: str = "inline",
+        nice: int = 0,
+        large_bytes: int = 0,
+        large_queue: int = 32,
+        refused_bytes: int | None = None,
     ) -> None:
         try:
             from grpc._cython import cygrpc
 
             core = server._cy_server  # type: ignore[attr-defined]  # the server's core object
-            queue = cygrpc.CompletionQueue()
-            core.register_completion_queue(queue)
+            completion = cygrpc.CompletionQueue()
+            core.register_completion_queue(completion)
             for method in handlers:
                 core.register_method(method)
             self._receive = cygrpc.ReceiveMessageOperation
@@ -87,9 +106,14 @@ class InlineUnary:
             self._queue_timeout = cygrpc.CompletionType.queue_timeout
         except (ImportError, AttributeError, TypeError) as exc:
             raise InlineUnavailable(f"grpcio {grpc.__version__}: {exc}") from None
-        self._core, self._queue = core, queue
+        self._core, self._queue = core, completion
         self._handlers = dict(handlers)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._large_bytes = large_bytes
+        self._refused_bytes = refused_bytes if refused_bytes is not None else float("inf")
+        self._large: queue.Queue[tuple[str, Any, bytes | None] | None] = queue.Queue(large_queue)
+        self._large_thread = threading.Thread(target=self._serve_large, name=f"{name}-large", daemon=True)
+        self._served_lock = threading.Lock()
         self._wanted_nice = nice
         self._niced = threading.Event()
         self.nice: int | None = None
@@ -100,12 +124,20 @@ class InlineUnary:
             for _ in range(DEPTH):
                 self._request(method)
         self._thread.start()
+        if self._large_bytes:
+            self._large_thread.start()
         self._niced.wait(5)
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """End the loop. The server must have stopped: its core no longer hands out calls."""
         self._queue.shutdown()
         self._thread.join(timeout_s)
+        if self._large_thread.is_alive():
+            try:
+                self._large.put(None, timeout=timeout_s)
+            except queue.Full:  # still deciding a full queue: it is a daemon thread and goes with the process
+                return
+            self._large_thread.join(timeout_s)
 
     def probe(self, target: str, method: str, request: bytes, timeout_s: float = 5.0) -> None:
         """One call to `method` through the loop, from a client in this process, must be answered OK.
@@ -182,8 +214,24 @@ class InlineUnary:
 
     def _answer_all(self, arrived: list[tuple[str, Any, bytes | None]]) -> None:
         by_method: dict[str, list[tuple[Any, bytes | None]]] = {}
+        large = self._large_bytes
         for method, call, request in arrived:
+            if large and request is not None and large < len(request) <= self._refused_bytes:
+                try:
+                    self._large.put_nowait((method, call, request))
+                except queue.Full:
+                    detail = f"too many requests over {large} bytes are waiting; try again later"
+                    self._send(call, (grpc.StatusCode.RESOURCE_EXHAUSTED, detail, None))
+                continue
             by_method.setdefault(method, []).append((call, request))
+        self._handle(by_method)
+
+    def _serve_large(self) -> None:
+        while (item := self._large.get()) is not None:
+            method, call, request = item
+            self._handle({method: [(call, request)]})
+
+    def _handle(self, by_method: dict[str, list[tuple[Any, bytes | None]]]) -> None:
         for method, calls in by_method.items():
             try:
                 answers = self._handlers[method]([request for _, request in calls])
@@ -206,4 +254,5 @@ class InlineUnary:
         except Exception:  # the call ended under us (cancelled, server stopping)
             log.debug("inline answer not sent", exc_info=True)
             return
-        self.served += 1
+        with self._served_lock:
+            self.served += 1

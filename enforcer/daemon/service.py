@@ -9,6 +9,7 @@ message gets INVALID_ARGUMENT from us rather than an INTERNAL error from the fra
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ import orjson
 from ..audit import AuditUnavailable, Entry, Receipt, records
 from ..audit.events import action_facets, decision_members
 from ..audit.records import canonical
+from ..audit.writer import RecordRejected
 from ..explain import policy_summary
 from ..policy import decide
 from ..policy.model import (
@@ -36,10 +38,13 @@ from ..policy.model import (
 from ..policy.pii import scan_leaves
 from ..v1 import enforcer_pb2 as pb
 from .approvals import Approval, ApprovalError, Approvals
+from .arguments import ArgumentError, ArgumentLimits, parse_arguments
 from .auditsink import AuditSink
 from .inline import Answer, BatchHandler
 from .registry import SessionRegistry
 from .store import AgentEntry, PolicyStore
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 256
 MAX_WAIT_MS = 600_000
@@ -69,7 +74,9 @@ def parse_or_error(message_type: Any, max_bytes: int) -> Callable[[bytes | None]
         if data is None:
             return ApiError(_STATUS.INVALID_ARGUMENT, "a unary call needs exactly one request message")
         if len(data) > max_bytes:
-            return ApiError(_STATUS.INVALID_ARGUMENT, f"request of {len(data)} bytes exceeds the limit of {max_bytes}")
+            return ApiError(
+                _STATUS.INVALID_ARGUMENT, f"request of {len(data)} bytes exceeds max_request_bytes ({max_bytes})"
+            )
         try:
             return from_string(data)
         except Exception as exc:  # DecodeError and friends: the bytes are not this message
@@ -95,7 +102,15 @@ def _text(value: str, what: str, limit: int = 4096) -> str:
     return value
 
 
-def to_action(request: pb.CheckRequest) -> Action:
+DEFAULT_LIMITS = ArgumentLimits()
+
+
+def to_action(request: pb.CheckRequest, limits: ArgumentLimits = DEFAULT_LIMITS) -> Action:
+    return _to_action(request, limits, 0)[0]
+
+
+def _to_action(request: pb.CheckRequest, limits: ArgumentLimits, spent: int) -> tuple[Action, int]:
+    """The request's action, and `spent` plus the items of its arguments (see parse_arguments)."""
     which = request.WhichOneof("action")
     if which == "tool":
         tool = request.tool
@@ -104,10 +119,26 @@ def to_action(request: pb.CheckRequest) -> Action:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "tool.name is empty")
         raw = tool.arguments_json
         try:
-            arguments = orjson.loads(raw) if raw else {}
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(_STATUS.INVALID_ARGUMENT, f"tool.arguments_json is not JSON: {exc}") from None
-        return ToolCall(name, arguments)
+            arguments, spent = parse_arguments(raw, limits, spent) if raw else ({}, spent)
+        except ArgumentError as exc:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, str(exc)) from None
+        return ToolCall(name, arguments), spent
+    if which == "exec":
+        argv = request.exec.argv
+        if not argv:
+            raise ApiError(_STATUS.INVALID_ARGUMENT, "exec.argv is empty")
+        spent += len(argv)
+        if spent > limits.max_items or any(len(a) > limits.max_string for a in argv):
+            raise ApiError(
+                _STATUS.INVALID_ARGUMENT,
+                f"exec.argv: more than max_argument_items ({limits.max_items}) arguments or one longer than "
+                f"max_argument_string ({limits.max_string})",
+            )
+        return ProcessExec(tuple(argv), request.exec.resolved_path or None), spent
+    return _other_action(request, which), spent
+
+
+def _other_action(request: pb.CheckRequest, which: str | None) -> Action:
     if which == "network":
         net = request.network
         if not net.host or not 0 < net.port < 65536:
@@ -120,10 +151,6 @@ def to_action(request: pb.CheckRequest) -> Action:
         if mode not in ("read", "write", "read_write") or not request.file.path:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "file needs a path and mode read | write | read_write")
         return FileAccess(_text(request.file.path, "file.path"), mode)  # type: ignore[arg-type]
-    if which == "exec":
-        if not request.exec.argv:
-            raise ApiError(_STATUS.INVALID_ARGUMENT, "exec.argv is empty")
-        return ProcessExec(tuple(request.exec.argv), request.exec.resolved_path or None)
     if which == "env":
         if not request.env.name:
             raise ApiError(_STATUS.INVALID_ARGUMENT, "env.name is empty")
@@ -149,6 +176,18 @@ class _Derived(NamedTuple):
     decision: Decision  # held while memoized, so that its id() stays its own
     members: dict[str, Any]
     encoded: dict[bool, bytes]
+
+
+class _Prepared(NamedTuple):
+    """A request that passed every check that needs no decision: who asks, and for what."""
+
+    entry: AgentEntry
+    session: str
+    action: Action
+    trace: dict[str, str] | None
+    request_id: str
+    dry_run: bool
+    items: int  # in the arguments, and those of the requests before it in a batch
 
 
 class _Decided(NamedTuple):
@@ -180,9 +219,11 @@ class Core:
         registry: SessionRegistry,
         approvals: Approvals,
         clock_ms: Callable[[], int],
+        limits: ArgumentLimits = DEFAULT_LIMITS,
     ) -> None:
         self.store, self.sink, self.registry, self.approvals = store, sink, registry, approvals
         self.clock_ms = clock_ms
+        self.limits = limits
         # Decision ids: a random per-instance prefix and a counter. Unique across restarts, and a
         # getrandom() call per Check measured 17 us on these machines.
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
@@ -232,11 +273,34 @@ class Core:
         """check_many for the inline loop: each answer as its status and encoded CheckResponse."""
         return self._record_and_answer(self._decide_all(requests), self._encoded_answer, _error_answer)
 
+    def check_batch(self, requests: Sequence[pb.CheckRequest]) -> list[pb.CheckResponse]:
+        """Every request of a batch is checked before any is decided, and the batch is answered
+        as a whole: if one request fails, nothing in it is decided, recorded or left waiting for
+        an approval."""
+        prepared = []
+        spent = 0
+        for index, request in enumerate(requests):
+            try:
+                one = self._prepare(request, spent)
+                spent = one.items
+                prepared.append(one)
+            except ApiError as exc:
+                raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
+        decided: list[_Decided | ApiError] = []
+        for index, one in enumerate(prepared):
+            try:
+                decided.append(self._decide(one))
+            except Exception as exc:
+                self._withdraw(decided, "the batch it came in failed")
+                error = exc if isinstance(exc, ApiError) else self._internal(exc)
+                raise ApiError(error.code, f"requests[{index}]: {error}; nothing in the batch was decided") from None
+        return [_raised(a) for a in self._record_and_answer(decided, self._response, _same, all_or_none=True)]
+
     def decide_for(
         self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
-        decided = [self._decide(entry, session, request, dry_run=dry_run)]
+        decided = [self._decide(self._prepare_for(entry, session, request, dry_run))]
         return _raised(self._record_and_answer(decided, self._response, _same)[0])
 
     def _decide_all(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[_Decided | ApiError]:
@@ -246,20 +310,36 @@ class Core:
                 decided.append(request)
                 continue
             try:
-                entry, session = self.caller(request.agent, request.session, request.session_token)
-                decided.append(self._decide(entry, session, request, dry_run=request.mode == pb.DRY_RUN))
+                decided.append(self._decide(self._prepare(request)))
             except ApiError as exc:
                 decided.append(exc)
+            except Exception as exc:  # fails this request alone, never the others decided with it
+                decided.append(self._internal(exc))
         return decided
 
-    def _decide(self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool) -> _Decided:
-        action = to_action(request)
+    @staticmethod
+    def _internal(exc: Exception) -> ApiError:
+        log.error("a request could not be decided", exc_info=exc)
+        return ApiError(_STATUS.INTERNAL, f"this request could not be decided ({type(exc).__name__})")
+
+    def _prepare(self, request: pb.CheckRequest, spent: int = 0) -> _Prepared:
+        entry, session = self.caller(request.agent, request.session, request.session_token)
+        return self._prepare_for(entry, session, request, request.mode == pb.DRY_RUN, spent)
+
+    def _prepare_for(
+        self, entry: AgentEntry, session: str, request: pb.CheckRequest, dry_run: bool, spent: int = 0
+    ) -> _Prepared:
+        action, items = _to_action(request, self.limits, spent)
         trace = None
         if request.HasField("trace") and request.trace.traceparent:
             trace = {"traceparent": _text(request.trace.traceparent, "traceparent", 512)}
             if request.trace.tracestate:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
         request_id = _text(request.request_id, "request_id", 256)
+        return _Prepared(entry, session, action, trace, request_id, dry_run, items)
+
+    def _decide(self, prepared: _Prepared) -> _Decided:
+        entry, session, action, trace, request_id, dry_run, _ = prepared
         started = time.perf_counter_ns()
         # The decision and the record's masking both need the arguments' PII: searched for once.
         pii = scan_leaves(action.arguments) if entry.policy.pii_mode != "none" and type(action) is ToolCall else None
@@ -312,23 +392,42 @@ class Core:
         decided: list[_Decided | ApiError],
         answer: Callable[[_Decided, Receipt], Any],
         refuse: Callable[[ApiError], Any],
+        *,
+        all_or_none: bool = False,
     ) -> list[Any]:
         """Append the decisions' records, then answer each decision with `answer` and each error with
-        `refuse`, in order."""
-        try:
-            receipts = self.sink.append_many([d.record for d in decided if type(d) is _Decided])
-        except AuditUnavailable as exc:
-            for d in decided:  # never leave an approval open for an answer nobody received
-                if type(d) is _Decided and d.approval is not None:
-                    self.approvals.resolve(
-                        d.approval.approval_id, "rejected", "adl-enforcerd", "audit failed", lambda a: None
-                    )
-            unavailable = ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}")
-            return [refuse(unavailable if type(d) is _Decided else d) for d in decided]
+        `refuse`, in order. A record the log refuses (it cannot be encoded) fails its own request and
+        the others are appended without it; with `all_or_none` it fails every request."""
+        while True:
+            try:
+                receipts = self.sink.append_many([d.record for d in decided if type(d) is _Decided])
+                break
+            except RecordRejected as exc:
+                rejected = ApiError(
+                    _STATUS.INVALID_ARGUMENT, f"the request's audit record cannot be written ({exc}); nothing decided"
+                )
+                if all_or_none:
+                    self._withdraw(decided, "its audit record was refused")
+                    return [refuse(rejected) for _ in decided]
+                position = [i for i, d in enumerate(decided) if type(d) is _Decided][exc.index]
+                self._withdraw([decided[position]], "its audit record was refused")
+                decided = [*decided[:position], rejected, *decided[position + 1 :]]
+            except AuditUnavailable as exc:
+                self._withdraw(decided, "audit failed")  # never leave an approval open for an answer nobody received
+                unavailable = ApiError(
+                    _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
+                )
+                return [refuse(unavailable if type(d) is _Decided else d) for d in decided]
         if len(receipts) == len(decided):  # nothing refused: the usual case
             return list(map(answer, decided, receipts))
         receipt = iter(receipts)
         return [answer(d, next(receipt)) if type(d) is _Decided else refuse(d) for d in decided]
+
+    def _withdraw(self, decided: Sequence[_Decided | ApiError], why: str) -> None:
+        """Close the approvals of decisions whose answers are never sent."""
+        for d in decided:
+            if type(d) is _Decided and d.approval is not None:
+                self.approvals.resolve(d.approval.approval_id, "rejected", "adl-enforcerd", why, lambda a: None)
 
     def _response(self, decided: _Decided, receipt: Receipt) -> pb.CheckResponse:
         response = self._decision_part(decided)
@@ -426,8 +525,10 @@ class Core:
         for approval in self.approvals.due():
             try:
                 self.resolve(approval.approval_id, "expired", "", "no decision before the approval timeout")
-            except ApiError:
-                continue  # resolved meanwhile, or the audit log is down: retried on the next tick
+            except ApiError as exc:
+                if exc.code == _STATUS.UNAVAILABLE:
+                    return  # the audit log is down or stalled: all of them are retried on the next tick
+                continue  # resolved meanwhile
 
     def approval_response(self, approval: Approval) -> pb.CheckResponse:
         if approval.outcome == "approved":
@@ -478,7 +579,7 @@ class EnforcerService:
     def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext | None) -> pb.CheckBatchResponse:
         if len(request.requests) > MAX_BATCH:
             raise ApiError(_STATUS.INVALID_ARGUMENT, f"at most {MAX_BATCH} requests in a batch")
-        return pb.CheckBatchResponse(responses=[_raised(r) for r in self.core.check_many(request.requests)])
+        return pb.CheckBatchResponse(responses=self.core.check_batch(request.requests))
 
     def Explain(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
         entry, session = self.core.caller(request.agent, request.session, request.session_token)

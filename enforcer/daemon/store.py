@@ -94,11 +94,23 @@ class PolicyStore:
         by_source = {e.adl_path: e for e in previous.agents.values()}
         problems: list[Problem] = []
         loaded: dict[str, AgentEntry] = {}
-        if not self.directory.is_dir():
-            problems.append(Problem(str(self.directory), "policy directory does not exist"))
-            files: list[Path] = []
-        else:
+        try:
             files = sorted(p for p in self.directory.iterdir() if p.name.endswith(ADL_SUFFIXES) and p.is_file())
+            missing = "holds no ADL document" if not files else ""
+        except OSError as exc:
+            files, missing = [], f"cannot be read ({exc.strerror or exc})"
+        if missing and previous.agents:
+            # An emptied or vanished directory is far likelier a mistake (a failed deploy, an unmounted
+            # volume) than a wish to refuse every agent: keep serving what was loaded, and say so.
+            kept = Problem(
+                str(self.directory),
+                f"policy directory {missing}: the {len(previous.agents)} agent(s) loaded before are kept",
+            )
+            snapshot = Snapshot(previous.generation + 1, previous.agents, previous.aliases, (kept,))
+            self.snapshot = snapshot
+            return ReloadResult(snapshot, (), ())
+        if missing:
+            problems.append(Problem(str(self.directory), f"policy directory {missing}"))
         for adl_path in files:
             entry = self._load(adl_path, by_source.get(adl_path), now, problems)
             if entry is None:

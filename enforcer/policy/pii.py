@@ -4,6 +4,7 @@ are scanned, each at most MAX_SCAN characters."""
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,19 +115,30 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
     if not _ANY_PII_CHARACTER.search(text):
         return []
     found: list[tuple[str, int, int]] = []
+    # The spans taken so far, ordered: they never overlap, so their ends are ordered too and one
+    # bisection answers free() (a scan over every span made a text dense with matches quadratic).
+    starts: list[int] = []
+    ends: list[int] = []
 
     def free(a: int, b: int) -> bool:
-        return all(b <= s or a >= e for _, s, e in found)
+        at = bisect.bisect_left(starts, b)  # the spans before `at` start before b
+        if at and ends[at - 1] > a:
+            return False
+        starts.insert(at, a)  # a free span is taken: callers test everything else first
+        ends.insert(at, b)
+        return True
 
-    found.extend(("email", *m.span()) for m in email_matches(text))
+    for m in email_matches(text):
+        if free(*m.span()):
+            found.append(("email", *m.span()))
     capitals = capitals_start(text)
     for m in _IBAN.finditer(text, capitals) if capitals is not None else ():
-        if free(*m.span()) and _iban_ok(m.group()):
+        if _iban_ok(m.group()) and free(*m.span()):
             found.append(("iban", *m.span()))
     runs = number_runs(text)
     for m in in_number_runs(_CARD, text, runs):
         digits = re.sub(r"\D", "", m.group())
-        if free(*m.span()) and 13 <= len(digits) <= 19 and _luhn(digits):
+        if 13 <= len(digits) <= 19 and _luhn(digits) and free(*m.span()):
             found.append(("payment_card", *m.span()))
     for m in in_number_runs(_SSN, text, runs):
         if free(*m.span()):
@@ -136,7 +148,7 @@ def scan_text(text: str) -> list[tuple[str, int, int]]:
             found.append(("uk_nino", *m.span()))
     for m in in_number_runs(_PHONE, text, runs):
         digits = re.sub(r"\D", "", m.group())
-        if free(*m.span()) and 9 <= len(digits) <= 15:
+        if 9 <= len(digits) <= 15 and free(*m.span()):
             found.append(("phone", *m.span()))
     return found
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -134,17 +135,21 @@ def test_follow_prints_new_matching_records(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
     )
     try:
-        time.sleep(1.0)  # let it start at the current end
+        assert follower.stdout is not None
+        # It starts at the end of the log whenever it gets going: markers until one shows it is.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            writer.append(records.DECISION, {"decision": "deny", "n": -1}, sync=True)
+            if select.select([follower.stdout], [], [], 0.2)[0]:
+                break
         for i in range(30):  # crosses several rotations
             writer.append(records.DECISION, {"decision": "deny" if i % 2 else "allow", "n": i}, sync=True)
         writer.close()
-        assert follower.stdout is not None
         seen: list[int] = []
-        deadline = time.monotonic() + 20
         while len(seen) < 15 and time.monotonic() < deadline:
             line = follower.stdout.readline()
-            if line:
-                seen.append(orjson.loads(line)["payload"]["n"])
+            if line and (n := orjson.loads(line)["payload"]["n"]) != -1:
+                seen.append(n)
         assert seen == list(range(1, 30, 2))
     finally:
         follower.kill()

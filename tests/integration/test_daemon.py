@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -574,3 +577,310 @@ def test_example_runtime_integration_runs_tools_only_when_allowed(daemon: Runnin
     for approver in approvers:
         approver.join(timeout=10)  # its Approve call returns before the daemon is stopped
     client.close()
+
+
+def _nested(depth: int) -> str:
+    return '{"name": "n", "count": ' + "[" * depth + "]" * depth + "}"
+
+
+def test_poison_arguments_fail_alone_while_another_client_sees_no_failure(daemon: RunningDaemon) -> None:
+    """Arguments nested deeper than the audit record's encoder goes once took the log down for
+    everyone (UNAVAILABLE) or failed every request handled with them (INTERNAL). Now each is refused
+    alone with INVALID_ARGUMENT naming the limit, the log stays healthy, and a well-behaved client
+    running meanwhile sees no failure at all."""
+    stop = threading.Event()
+    failures: list[str] = []
+    answered = [0]
+    unhealthy: list[str] = []
+
+    def well_behaved() -> None:
+        stub = daemon.enforcer()
+        while not stop.is_set():
+            try:
+                reply = stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=5)
+                if reply.decision != pb.ALLOW:
+                    failures.append(f"decision {reply.decision}")
+                batch = stub.CheckBatch(
+                    pb.CheckBatchRequest(requests=[tool_request("Sandboxed", "read_note", {"name": "b"})] * 3),
+                    timeout=5,
+                )
+                if [r.decision for r in batch.responses] != [pb.ALLOW] * 3:
+                    failures.append("batch")
+            except grpc.RpcError as exc:
+                failures.append(f"{exc.code()}: {exc.details()}")
+            answered[0] += 1
+
+    def watch_health() -> None:
+        while not stop.is_set():
+            if (state := daemon.health()) != "SERVING":
+                unhealthy.append(state)
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=well_behaved) for _ in range(3)] + [threading.Thread(target=watch_health)]
+    for t in threads:
+        t.start()
+    stub = daemon.enforcer()
+    codes: dict[str, list[str]] = {}
+    try:
+        deadline = time.monotonic() + 4
+        rounds = 0
+        while time.monotonic() < deadline:
+            for depth in (250, 254, 300, 1024):
+                poison = pb.CheckRequest(
+                    agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json=_nested(depth))
+                )
+                calls = [
+                    ("check", stub.Check.future(poison, timeout=5)),
+                    ("explain", stub.Explain.future(poison, timeout=5)),
+                    ("batch", stub.CheckBatch.future(pb.CheckBatchRequest(requests=[poison]), timeout=5)),
+                ]
+                for name, call in calls:
+                    error = call.exception()
+                    codes.setdefault(name, []).append(
+                        "answered" if error is None else f"{error.code().name} {error.details()}"
+                    )
+            rounds += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert rounds > 3 and answered[0] > 20, (rounds, answered)
+    for name, seen in codes.items():
+        assert all(c.startswith("INVALID_ARGUMENT") and "max_argument_depth (32)" in c for c in seen), (name, seen[:3])
+    assert failures == [] and unhealthy == [], (failures[:5], unhealthy[:5])
+    assert not [r for r in daemon.records() if r["intent"].endswith(".gap")]  # the log never failed
+
+
+def test_duplicate_argument_names_are_refused(daemon: RunningDaemon) -> None:
+    stub = daemon.enforcer()
+    # The second "amount" would have won and passed the approval threshold of 100.
+    twice = pb.CheckRequest(agent="Fast", tool=pb.ToolCall(name="pay", arguments_json='{"amount": 500, "amount": 5}'))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Check(twice, timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "duplicate member name 'amount'" in refused.value.details()
+    nested = '{"name": "n", "count": 1, "x": {"a": 1, "b": {"c": 1, "c" : 2}}}'
+    with pytest.raises(grpc.RpcError) as deep:
+        stub.Check(pb.CheckRequest(agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json=nested)))
+    assert deep.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'c'" in deep.value.details()
+    # the same name in different objects, and name-like text inside a string, are fine
+    fine = '{"name": "a\\": \\"name\\":", "count": 1}'
+    reply = stub.Check(pb.CheckRequest(agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json=fine)))
+    assert reply.decision == pb.ALLOW
+    assert stub.Check(tool_request("Fast", "pay", {"amount": 500})).decision == pb.ASK
+
+
+def test_argument_and_request_size_limits_are_invalid_argument_naming_the_limit(daemon: RunningDaemon) -> None:
+    stub = daemon.enforcer()
+    cases = [
+        ({"name": "x" * 300_000}, "max_argument_string (262144)"),
+        ({"name": "n", "list": list(range(10_001))}, "max_argument_items (10000)"),
+        ({"name": "n", **{f"k{i}": i for i in range(10_001)}}, "max_argument_items (10000)"),
+    ]
+    for arguments, limit in cases:
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Check(tool_request("Sandboxed", "read_note", arguments), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and limit in refused.value.details()
+    # Over max_request_bytes (1 MiB): refused by the daemon, naming the limit. Beyond the transport's
+    # cap (4 x max_request_bytes) gRPC's core refuses the message unread, with its own status.
+    with pytest.raises(grpc.RpcError) as big:
+        stub.Check(tool_request("Sandboxed", "read_note", {"name": "x" * (2 << 20)}), timeout=10)
+    assert big.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_request_bytes (1048576)" in big.value.details()
+    with pytest.raises(grpc.RpcError) as huge:
+        stub.Check(tool_request("Sandboxed", "read_note", {"name": "x" * (5 << 20)}), timeout=10)
+    assert huge.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in huge.value.details()
+    assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "x" * 200_000})).decision == pb.ALLOW
+
+
+def test_check_batch_is_checked_whole_before_anything_is_decided(daemon: RunningDaemon) -> None:
+    stub = daemon.enforcer()
+    admin = daemon.admin_stub()
+    ask = tool_request("Sandboxed", "delete_note", {"name": "a"}, request_id="batch-ask")
+    allow = tool_request("Sandboxed", "read_note", {"name": "a"}, request_id="batch-allow")
+    for bad, needle in [
+        (pb.CheckRequest(agent="Sandboxed", request_id="batch-bad"), "requests[2]: the request names no action"),
+        (tool_request("Nobody", "read_note", {}), "requests[2]: no policy is loaded for agent 'Nobody'"),
+        (
+            pb.CheckRequest(agent="Fast", tool=pb.ToolCall(name="pay", arguments_json='{"amount": 1, "amount": 2}')),
+            "requests[2]: tool.arguments_json: duplicate member name",
+        ),
+    ]:
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CheckBatch(pb.CheckBatchRequest(requests=[ask, allow, bad]), timeout=5)
+        assert needle in refused.value.details() and "nothing in the batch was decided" in refused.value.details()
+    # the items of a batch's requests count together
+    half = tool_request("Sandboxed", "read_note", {"name": "n", "list": list(range(6_000))})
+    assert stub.CheckBatch(pb.CheckBatchRequest(requests=[half])).responses[0].decision == pb.DENY  # extra member
+    with pytest.raises(grpc.RpcError) as budget:
+        stub.CheckBatch(pb.CheckBatchRequest(requests=[allow, half, half]), timeout=5)
+    assert budget.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "requests[2]: " in budget.value.details()
+    assert admin.ListPending(pb.ListPendingRequest()).pending == []  # no approval nobody was told of
+    ids = {r["payload"].get("request_id") for r in daemon.records()}
+    assert not ids & {"batch-ask", "batch-allow", "batch-bad"}  # nothing decided, nothing recorded
+    whole = stub.CheckBatch(pb.CheckBatchRequest(requests=[ask, allow]))
+    assert [r.decision for r in whole.responses] == [pb.ASK, pb.ALLOW]
+    assert [p.approval_id for p in admin.ListPending(pb.ListPendingRequest()).pending] == [
+        whole.responses[0].approval_id
+    ]
+
+
+def test_an_emptied_or_missing_policy_directory_keeps_the_last_good_policies(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    import socket
+
+    daemon.stop()
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(5)
+    daemon.extra_env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    daemon.start()
+    admin = daemon.admin_stub()
+    stub = daemon.enforcer()
+    saved = daemon.root / "saved-policies"
+    daemon.policies.rename(saved)
+    try:
+        daemon.policies.mkdir()
+        for how in ("empty", "missing"):
+            if how == "missing":
+                daemon.policies.rmdir()
+            reply = admin.ReloadPolicies(pb.ReloadRequest())
+            assert reply.agents == 2 and len(reply.problems) == 1, reply
+            assert "the 2 agent(s) loaded before are kept" in reply.problems[0].detail
+            assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+            status = stub.Status(pb.StatusRequest())
+            assert status.serving and len(status.agents) == 2 and "kept" in status.problems[0].detail
+            assert daemon.health() == "SERVING"
+        lines = []
+        for _ in range(50):  # systemd's status line says so too
+            lines.append(notify.recv(4096).decode())
+            if "loaded before are kept" in lines[-1]:
+                break
+        assert "STATUS=serving 2 agent(s): policy directory" in lines[-1], lines
+    finally:
+        notify.close()
+        if daemon.policies.exists():
+            daemon.policies.rmdir()
+        saved.rename(daemon.policies)
+    reply = admin.ReloadPolicies(pb.ReloadRequest())
+    assert reply.agents == 2 and not reply.problems
+    assert "policy directory holds no ADL document: the 2 agent(s) loaded before are kept" in daemon.log.read_text()
+
+
+def test_a_second_daemon_is_refused_and_the_first_keeps_its_sessions_and_sockets(daemon: RunningDaemon) -> None:
+    session = subprocess.Popen(
+        daemon.exec_argv("python3", "-c", "import time; print('up', flush=True); time.sleep(60)"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert session.stdout is not None and session.stdout.readline() == "up\n"
+        sessions = daemon.sessions_left()
+        assert len(sessions) == 1
+        sockets = {p: p.stat().st_ino for p in (daemon.api, daemon.admin, daemon.launch)}
+        assert daemon.proc is not None
+        elsewhere = daemon.root / "elsewhere"
+        for env in (
+            daemon.env(),  # the same configuration
+            {  # own sockets and audit log, but the same cgroup group: its sessions are the first one's
+                **daemon.env(),
+                "ADL_ENFORCER_SOCKET": str(elsewhere / "api.sock"),
+                "ADL_ENFORCER_ADMIN_SOCKET": str(elsewhere / "admin.sock"),
+                "ADL_ENFORCER_LAUNCH_SOCKET": str(elsewhere / "launch.sock"),
+                "ADL_ENFORCER_AUDIT_DIR": str(elsewhere / "audit"),
+            },
+        ):
+            second = subprocess.run(
+                [sys.executable, "-m", "enforcer.cli.enforcerd"], env=env, capture_output=True, text=True, timeout=60
+            )
+            assert second.returncode == 1, second.stderr
+            assert f"another adl-enforcerd (pid {daemon.proc.pid}) holds" in second.stderr
+            assert daemon.sessions_left() == sessions and session.poll() is None  # its session lives on
+            assert {p: p.stat().st_ino for p in sockets} == sockets  # and its sockets are its own
+            assert not (elsewhere / "api.sock").exists()
+        assert daemon.health() == "SERVING"
+        assert daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+        assert not [r for r in daemon.records() if r["intent"].endswith(".session.reaped")]
+    finally:
+        session.kill()
+        session.wait()
+    daemon.stop()
+    assert not any(p.exists() for p in (daemon.api, daemon.admin))  # a clean stop removes its own sockets
+    assert not daemon.api.with_name("api.sock.lock").exists()
+
+
+@pytest.fixture
+def frozen_able_mount(tmp_path: Path) -> Iterator[Path]:
+    """A small ext4 file system on a loop device, which fsfreeze can freeze; thawed and unmounted
+    even when the test fails."""
+    for tool in ("mkfs.ext4", "fsfreeze"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    image, mount = tmp_path / "fs.img", tmp_path / "frozen"
+    with open(image, "wb") as f:
+        f.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    mount.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mount)], capture_output=True)
+        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=False)  # still busy: detached once unused
+
+
+def test_a_stalled_audit_log_turns_health_not_serving_and_stops_the_watchdog(
+    frozen_able_mount: Path, daemon: RunningDaemon, tmp_path: Path
+) -> None:  # the mount first: it is taken down after the daemon
+    import socket
+
+    daemon.stop()
+    daemon.audit = frozen_able_mount / "audit"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify.sock"))
+        notify.settimeout(0.1)
+        daemon.extra_env = {
+            "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
+            "WATCHDOG_USEC": "400000",
+            "ADL_ENFORCER_AUDIT_WRITE_DEADLINE_S": "1",
+        }
+        daemon.start()
+
+        def pings(seconds: float) -> int:
+            count, until = 0, time.monotonic() + seconds
+            while time.monotonic() < until:
+                with contextlib.suppress(TimeoutError):
+                    count += "WATCHDOG=1" in notify.recv(4096).decode().split("\n")
+            return count
+
+        stub = daemon.enforcer()
+        assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+        assert pings(1.0) >= 2
+        subprocess.run(["fsfreeze", "-f", str(frozen_able_mount)], check=True)
+        try:
+            stuck = stub.Check.future(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=30)
+            deadline = time.monotonic() + 10
+            while daemon.health() != "NOT_SERVING" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert daemon.health() == "NOT_SERVING"
+            status = stub.Status(pb.StatusRequest(), timeout=2)  # still answered
+            assert not status.serving and "audit log stalled" in status.audit_error
+            pings(0.3)  # one may have been on its way
+            assert pings(1.5) == 0  # systemd would restart a daemon stuck for WatchdogSec
+            with pytest.raises(grpc.RpcError) as explain:  # a worker-thread caller fails at once
+                stub.Explain(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=5)
+            assert explain.value.code() == grpc.StatusCode.UNAVAILABLE and "stalled" in explain.value.details()
+        finally:
+            subprocess.run(["fsfreeze", "-u", str(frozen_able_mount)], check=True)
+        assert stuck.result().decision == pb.ALLOW  # it was recorded once the disk came back
+        deadline = time.monotonic() + 10
+        while daemon.health() != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemon.health() == "SERVING" and stub.Status(pb.StatusRequest()).serving
+        assert pings(1.0) >= 2
+        assert stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"})).decision == pb.ALLOW
+        assert "audit log writes are returning again" in daemon.log.read_text()
+    daemon.stop()
+    assert verify_directory(daemon.audit).intact

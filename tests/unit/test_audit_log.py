@@ -7,6 +7,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -14,7 +15,7 @@ import pytest
 
 from enforcer.audit import AuditUnavailable, AuditWriter, Entry, WriterSettings, records
 from enforcer.audit.verify import verify_directory
-from enforcer.audit.writer import log_files
+from enforcer.audit.writer import AuditStalled, RecordRejected, log_files
 from enforcer.cli.audit import main as audit_main
 
 
@@ -51,17 +52,30 @@ def test_chain_is_gap_free_and_sealed(tmp_path: Path, capsys: pytest.CaptureFixt
     assert verify_cli(directory, capsys, "--public-key", str(key.with_name("audit.pub.pem")))[0] == 0
 
 
+def _eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether `condition` holds within `timeout_s`: for what a background thread does a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def test_background_flusher_syncs_handed_groups_and_the_idle_tail(tmp_path: Path) -> None:
     fds_before = len(os.listdir("/proc/self/fd"))
     settings = WriterSettings(background_flush=True, group_records=8, group_ms=50.0, checkpoint_records=20)
     writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", settings=settings)
     receipts = [writer.append(records.DECISION, {"n": n}) for n in range(101)]
-    deadline = time.monotonic() + 5
-    while writer.durable_seq < receipts[-1].seq and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert writer.durable_seq >= receipts[-1].seq  # the tail after the last full group, by the idle pass
-    head = orjson.loads((tmp_path / "log" / "HEAD.json").read_bytes())
-    assert head["seq"] > receipts[-1].seq - 20  # HEAD names a recent checkpoint once it is durable
+    # The flusher makes the tail durable, then writes HEAD a moment later: wait for each in turn.
+    assert _eventually(lambda: writer.durable_seq >= receipts[-1].seq)  # the tail after the last full group
+    head_path = tmp_path / "log" / "HEAD.json"
+
+    def head_seq() -> int:
+        return orjson.loads(head_path.read_bytes())["seq"] if head_path.exists() else 0
+
+    # HEAD names a recent checkpoint once it is durable
+    assert _eventually(lambda: head_seq() > receipts[-1].seq - 20), (head_seq(), receipts[-1].seq)
     writer.close()
     assert len(os.listdir("/proc/self/fd")) == fds_before  # no duplicate descriptor left behind
     assert verify_directory(tmp_path / "log").intact
@@ -368,3 +382,53 @@ def test_fast_envelope_is_byte_identical_to_the_canonical_record(fields: dict) -
     head, tail = records.envelope_parts(**common, **fields)
     assert head + tail == records.canonical(as_dict)
     assert head.endswith(b'"from":"adl-enforcer"') and tail.startswith(b',"id":')  # where the hash member goes
+
+
+def test_an_entry_that_cannot_be_encoded_is_refused_alone_and_the_log_goes_on(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem")
+    before = writer.append(records.DECISION, {"n": 0})
+    too_big = 2**70  # beyond what the record encoder takes
+    batch = [Entry(records.DECISION, {"n": 1}), Entry(records.DECISION, {"n": too_big}), Entry(records.DECISION, {})]
+    with pytest.raises(RecordRejected) as rejected:
+        writer.append_many(batch)
+    assert rejected.value.index == 1 and isinstance(rejected.value, AuditUnavailable)
+    assert writer.failed is None
+    after = writer.append_many([batch[0], batch[2]])
+    assert [r.seq for r in after] == [before.seq + 1, before.seq + 2]  # nothing of the refused append was written
+    writer.close()
+    report = verify_directory(tmp_path / "log")
+    assert report.intact, report
+
+
+def test_a_write_in_progress_counts_as_stalled_and_bounds_the_wait_of_others(tmp_path: Path) -> None:
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", settings=WriterSettings(lock_wait_s=0.2))
+    assert writer.stalled_s() == 0.0
+    entered, release = threading.Event(), threading.Event()
+    real_write = os.write
+
+    def slow_write(fd: int, data: bytes) -> int:
+        if b'"stuck"' in data:
+            entered.set()
+            release.wait(10)
+        return real_write(fd, data)
+
+    os.write = slow_write  # type: ignore[assignment]
+    try:
+        stuck = threading.Thread(target=lambda: writer.append(records.DECISION, {"stuck": True}))
+        stuck.start()
+        assert entered.wait(5)
+        time.sleep(0.3)
+        assert writer.stalled_s() >= 0.3  # seen without taking the writer's lock
+        started = time.monotonic()
+        with pytest.raises(AuditStalled):
+            writer.append(records.DECISION, {"n": 1})
+        assert time.monotonic() - started < 2
+        assert writer.failed is None
+    finally:
+        release.set()
+        os.write = real_write  # type: ignore[assignment]
+        stuck.join(10)
+    assert writer.stalled_s() == 0.0
+    writer.append(records.DECISION, {"n": 2})
+    writer.close()
+    assert verify_directory(tmp_path / "log").intact

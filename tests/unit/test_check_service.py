@@ -4,6 +4,8 @@ decision part of the response) gives the same records and answers as building it
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -19,10 +21,12 @@ from hypothesis import strategies as st
 from enforcer.audit import Receipt, WriterSettings, records
 from enforcer.audit.events import decision_payload
 from enforcer.audit.verify import verify_directory
+from enforcer.daemon import service as service_module
 from enforcer.daemon.approvals import Approvals
+from enforcer.daemon.arguments import ArgumentError, ArgumentLimits, parse_arguments
 from enforcer.daemon.auditsink import AuditSink
 from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.service import Core, EnforcerService, inline_handlers, to_action
+from enforcer.daemon.service import ApiError, Core, EnforcerService, inline_handlers, to_action
 from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions, decide
 from enforcer.v1 import enforcer_pb2 as pb
@@ -120,7 +124,8 @@ def _assert_built_as_for_each_call(core: Core, request: pb.CheckRequest, answer:
     payload = record["payload"]
     expected = decision_payload(entry.policy, action, decide(entry.policy, action), entry.masker)
     assert payload == {**expected, **_per_call(payload)}
-    built = core._response(core._decide(entry, "", request, dry_run=request.mode == pb.DRY_RUN), _receipt(record))
+    prepared = core._prepare_for(entry, "", request, request.mode == pb.DRY_RUN)
+    built = core._response(core._decide(prepared), _receipt(record))
     for member in ("decision", "reasons", "obligations_json", "policy_digest", "agent", "mode"):
         assert getattr(answer, member) == getattr(built, member), member
     assert (answer.decision_id, answer.request_id) == (payload["decision_id"], request.request_id)
@@ -182,3 +187,96 @@ def test_any_tool_call_is_recorded_and_answered_as_built_for_each_call(
     answers = [pb.CheckResponse.FromString(body), core_for_many.check(request)]
     for answer, record in zip(answers, _decision_records(core_for_many)[-2:], strict=True):
         _assert_built_as_for_each_call(core_for_many, request, answer, record)
+
+
+def test_a_request_that_cannot_be_recorded_or_decided_fails_alone(core: Core, monkeypatch: pytest.MonkeyPatch) -> None:
+    check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+    good = REQUESTS[0].SerializeToString()
+    # Limits raised past what the record's encoder takes: the log refuses that one record only.
+    core.limits = ArgumentLimits(max_depth=1000)
+    nested = '{"path": "a", "x": ' + "[" * 253 + "]" * 253 + "}"  # the record adds the levels too many
+    deep = pb.CheckRequest(agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json=nested))
+    answers = check([good, deep.SerializeToString(), good])
+    assert [code for code, _, _ in answers] == [
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OK,
+    ]
+    assert "audit record cannot be written" in answers[1][1]
+    assert core.sink.healthy and len(_decision_records(core)) == 2
+
+    real_decide = service_module.decide
+
+    def failing(policy: Any, action: Any, **kw: Any) -> Any:
+        if getattr(action, "name", "") == "run_tests":
+            raise RecursionError("deep inside")
+        return real_decide(policy, action, **kw)
+
+    monkeypatch.setattr(service_module, "decide", failing)
+    broken = _tool("Coding Agent", "run_tests", {}).SerializeToString()
+    answers = check([good, broken, good])
+    assert [code for code, _, _ in answers] == [grpc.StatusCode.OK, grpc.StatusCode.INTERNAL, grpc.StatusCode.OK]
+    assert "RecursionError" in answers[1][1] and len(_decision_records(core)) == 4
+    assert verify_directory(core.sink.directory).intact
+
+
+def test_a_batch_with_a_bad_request_decides_nothing_and_leaves_no_approval(core: Core) -> None:
+    ask = REQUESTS[5]  # opens an approval
+    service = EnforcerService(core, pb.StatusResponse)
+    bad = pb.CheckRequest(agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json='{"a": 1, "a": 2}'))
+    with pytest.raises(ApiError) as refused:
+        service.CheckBatch(pb.CheckBatchRequest(requests=[ask, REQUESTS[0], bad]), None)
+    assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and str(refused.value).startswith("requests[2]: ")
+    assert core.approvals.pending() == [] and _decision_records(core) == []
+    # one that fails while deciding (the approval limit) withdraws the approvals opened before it
+    core.approvals = Approvals(_now_ms, 1)
+    with pytest.raises(ApiError) as full:
+        service.CheckBatch(pb.CheckBatchRequest(requests=[ask, ask]), None)
+    assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(full.value).startswith("requests[1]: ")
+    assert core.approvals.pending() == [] and _decision_records(core) == []
+
+
+_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=4), _VALUE, min_size=1, max_size=4), spaces=st.booleans())
+def test_arguments_parse_as_json_and_any_repeated_name_is_refused(value: dict[str, Any], spaces: bool) -> None:
+    text = json.dumps(value, separators=(", ", " : ") if spaces else (",", ":"))
+    assert parse_arguments(text, ArgumentLimits())[0] == value
+    first = next(iter(value))
+    repeated = text[:-1] + ("," if len(value) else "") + json.dumps(first) + (" : " if spaces else ":") + "1}"
+    with pytest.raises(ArgumentError, match="duplicate member name"):
+        parse_arguments(repeated, ArgumentLimits())
+
+
+def test_argument_limits_name_themselves() -> None:
+    limits = ArgumentLimits(max_depth=3, max_items=5, max_string=4)
+    assert parse_arguments('{"a": [[1]]}', limits)[0] == {"a": [[1]]}
+    for text, name in [
+        ('{"a": [[[1]]]}', "max_argument_depth (3)"),
+        ('{"a": [1, 2, 3, 4, 5]}', "max_argument_items (5)"),
+        ('{"a": "12345"}', "max_argument_string (4)"),
+        ('{"abcde": 1}', "max_argument_string (4)"),
+        ("[" * 2000 + "]" * 2000, "max_argument_depth (3)"),
+    ]:
+        with pytest.raises(ArgumentError, match=re.escape(name)):
+            parse_arguments(text, limits)
+    _, spent = parse_arguments('{"a": [1, 2]}', limits)
+    with pytest.raises(ArgumentError, match="max_argument_items"):
+        parse_arguments('{"a": [1]}', limits, spent + 2)  # what a batch's earlier requests used counts
+
+
+def test_exec_argv_is_bounded_like_arguments(core: Core) -> None:
+    core.limits = ArgumentLimits(max_items=3, max_string=5)
+    service = EnforcerService(core, pb.StatusResponse)
+    for argv in (["a", "b", "c", "d"], ["abcdef"]):
+        request = pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=argv))
+        with pytest.raises(ApiError, match=r"max_argument_items \(3\).*max_argument_string \(5\)"):
+            service.Check(request, None)  # type: ignore[arg-type]
+    ok = service.Check(pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["ls", "-l"])), None)  # type: ignore[arg-type]
+    assert ok.decision in (pb.ALLOW, pb.DENY, pb.ASK)

@@ -58,6 +58,10 @@ def test_inline_method_is_served_by_the_loop_and_others_by_the_sync_server(serve
     channel, loop, _ = served
     assert channel.unary_unary(ECHO)(b"a", timeout=5) == b"echo:a"
     assert channel.unary_unary("/t.Test/Sync")(b"b", timeout=5) == b"sync:b"
+    # The loop counts a call after handing its answer to the core, so the caller may see it first.
+    deadline = time.monotonic() + 5
+    while loop.served < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert loop.served == 1  # the sync server's handler for Echo was never reached
 
 
@@ -123,12 +127,13 @@ def test_refuses_a_server_without_a_core() -> None:
 
 def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> None:
     sizes: list[int] = []
-    first = threading.Event()
+    first, sent = threading.Event(), threading.Event()
 
     def slow_first(messages: Sequence[bytes | None]) -> list[Answer]:
         sizes.append(len(messages))
-        if not first.is_set():  # hold the loop so the other calls queue up behind this one
+        if not first.is_set():  # hold the loop until the other calls are sent and queue up behind this one
             first.set()
+            sent.wait(10)
             time.sleep(0.2)
         return [_echo_one(m) for m in messages]
 
@@ -143,6 +148,7 @@ def test_requests_that_arrive_together_are_handled_together(tmp_path: Path) -> N
             head = echo.future(b"head", timeout=10)
             assert first.wait(5)
             calls = [echo.future(b"%d" % i, timeout=10) for i in range(100)]
+            sent.set()
             assert head.result() == b"echo:head"
             assert [c.result() for c in calls] == [b"echo:%d" % i for i in range(100)]
     finally:
@@ -192,3 +198,47 @@ def test_a_loop_that_may_not_lower_its_nice_value_keeps_it_and_says_so(tmp_path:
     assert done.stdout.split()[-4:] == ["nice", "0", "0", "0"], done.stdout
     assert "the inline loop keeps nice 0 (Permission denied)" in done.stdout
     assert "LimitNICE=-5" in done.stdout
+
+
+def test_large_requests_are_handled_beside_the_loop_which_keeps_answering(tmp_path: Path) -> None:
+    release = threading.Event()
+    holding = threading.Event()
+
+    def handler(messages: Sequence[bytes | None]) -> list[Answer]:
+        if any(m and m.startswith(b"L") for m in messages):
+            holding.set()
+            release.wait(10)  # a large request that takes long to decide
+        return [_echo_one(m) for m in messages]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    loop = InlineUnary(server, {ECHO: handler}, large_bytes=64, large_queue=1, refused_bytes=200)
+    server.add_insecure_port(f"unix:{tmp_path / 's.sock'}")
+    server.start()
+    loop.start()
+    try:
+        with grpc.insecure_channel(f"unix:{tmp_path / 's.sock'}") as channel:
+            echo = channel.unary_unary(ECHO)
+            large = b"L" * 100
+            first = echo.future(large, timeout=20)
+            assert holding.wait(5)
+            waiting = echo.future(large, timeout=20)  # fills the queue of one
+            deadline = time.monotonic() + 5
+            while loop._large.qsize() < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            with pytest.raises(grpc.RpcError) as refused:
+                echo(large, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "over 64 bytes are waiting" in refused.value.details()
+            started = time.monotonic()
+            assert [echo(b"small %d" % i, timeout=5) for i in range(20)] == [b"echo:small %d" % i for i in range(20)]
+            assert time.monotonic() - started < 3  # answered while the large one is still being decided
+            # over refused_bytes: the handler refuses those unread, so they stay on the loop, never queued
+            assert echo(b"R" * 300, timeout=5) == b"echo:" + b"R" * 300
+            assert not first.done()
+            release.set()
+            assert first.result() == b"echo:" + large and waiting.result() == b"echo:" + large
+    finally:
+        release.set()
+        server.stop(grace=1).wait(3)
+        loop.stop()
+    assert not loop._large_thread.is_alive()
