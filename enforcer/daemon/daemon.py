@@ -31,7 +31,7 @@ from .approvals import Approvals
 from .auditsink import AuditSink
 from .config import Settings, as_plain
 from .inline import InlineUnary, InlineUnavailable
-from .launch import LaunchServer
+from .launch import LaunchLimits, LaunchServer
 from .registry import SessionRegistry
 from .service import AdminService, Core, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
@@ -60,7 +60,12 @@ class Daemon:
         for name in ("", *SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.registry = SessionRegistry()
-        self.approvals = Approvals(_now_ms, settings.max_pending_approvals)
+        self.approvals = Approvals(
+            _now_ms,
+            settings.max_pending_approvals,
+            per_agent=settings.max_pending_per_agent,
+            per_uid=settings.max_pending_per_uid,
+        )
         self.sink = AuditSink(
             settings.audit_dir,
             settings.audit_key,
@@ -116,6 +121,13 @@ class Daemon:
             self.sink,
             self.spawner,
             lambda: self._serving,
+            LaunchLimits(
+                agent_callers=self.settings.agent_callers,
+                max_pids=self.settings.max_pids,
+                allowed_unenforced=frozenset(self.settings.allowed_unenforced),
+                request_s=self.settings.launch_request_s,
+                max_connections=self.settings.max_launch_connections,
+            ),
         )
         self._launch.start(0o660, group)
         threading.Thread(target=self._spawner_events, name="spawner-events", daemon=True).start()
@@ -156,6 +168,8 @@ class Daemon:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._launch is not None:
             self._launch.stop()
+        self.core.end_pending("the daemon stopped")  # each outcome recorded; waiters answered DENY now
+        self.approvals.close()
         ended = self._end_sessions(timeout_s=5.0)
         for server in self._servers:
             server.stop(grace=2).wait(3)
@@ -352,7 +366,9 @@ class Daemon:
         path.unlink(missing_ok=True)
         server = grpc.server(
             futures.ThreadPoolExecutor(
-                max_workers=self.settings.workers, thread_name_prefix="admin" if admin else "api"
+                # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
+                max_workers=self.settings.workers + self.settings.max_approval_waits,
+                thread_name_prefix="admin" if admin else "api",
             ),
             options=[
                 ("grpc.max_receive_message_length", max(self.settings.max_request_bytes * 4, 4 << 20)),
@@ -360,7 +376,7 @@ class Daemon:
             ],
         )
         limit = self.settings.max_request_bytes
-        enforcer = EnforcerService(self.core, self.status)
+        enforcer = EnforcerService(self.core, self.status, self.settings.max_approval_waits)
         # The generic handlers cover every method; on the API socket the inline loop takes Check and
         # CheckBatch first (the core routes a registered method's calls only to it).
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))

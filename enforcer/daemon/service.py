@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 import grpc
 import orjson
 
-from ..audit import AuditUnavailable, Entry, Receipt, records
+from ..audit import AuditUnavailable, Entry, Masker, Receipt, records
 from ..audit.events import action_facets, decision_members
 from ..audit.records import canonical
 from ..explain import policy_summary
@@ -188,6 +189,8 @@ class Core:
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
         self._id_counter = itertools.count(1)
         self._derived: dict[int, _Derived] = {}  # by id() of a shared decision
+        # A session's approvals end with it: nobody is left to act on them.
+        registry.on_end(lambda record: self.end_pending("the session ended", record.session))
 
     # -- identity -----------------------------------------------------------------------------
 
@@ -277,6 +280,9 @@ class Core:
             payload["request_id"] = request_id
         if session:
             payload["session"] = session
+            record_of = self.registry.get(session)
+            if record_of is not None:
+                payload["caller_uid"] = record_of.uid
         if dry_run:
             payload["mode"] = "dry_run"
         approval = None
@@ -388,6 +394,7 @@ class Core:
                 arguments=payload.get("args"),
                 reasons=decision.reasons,
                 expires_ms=self.clock_ms() + timeout_s * 1000,
+                uid=payload.get("caller_uid"),
             )
         except ApprovalError as exc:
             raise ApiError(_STATUS.RESOURCE_EXHAUSTED, str(exc)) from None
@@ -421,6 +428,18 @@ class Core:
             raise ApiError(code, str(exc)) from None
         except AuditUnavailable as exc:
             raise ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable: {exc}") from None
+
+    def end_pending(self, note: str, session: str | None = None) -> int:
+        """Reject every pending approval (of `session`, or all), each with its record: their waiters
+        are told DENY at once. How many were ended."""
+        ended = 0
+        for approval in self.approvals.of_session(session) if session else self.approvals.pending():
+            try:
+                self.resolve(approval.approval_id, "rejected", "adl-enforcerd", note)
+                ended += 1
+            except ApiError:
+                continue  # resolved meanwhile; or the log is down and the expiry tick retries
+        return ended
 
     def expire_due(self) -> None:
         for approval in self.approvals.due():
@@ -468,9 +487,12 @@ def approval_message(approval: Approval) -> pb.Approval:
 class EnforcerService:
     """enforcer.v1.Enforcer"""
 
-    def __init__(self, core: Core, status: Callable[[], pb.StatusResponse]) -> None:
+    def __init__(self, core: Core, status: Callable[[], pb.StatusResponse], max_waits: int = 256) -> None:
         self.core = core
         self._status = status
+        # The server has this many threads beyond its workers: waits never take the ones that answer.
+        self._waits = threading.BoundedSemaphore(max_waits)
+        self.max_waits = max_waits
 
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
         return self.core.check(request)
@@ -499,11 +521,23 @@ class EnforcerService:
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - 0.05, 0))
         if wait_s > 0:
-            approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+            if not self._waits.acquire(blocking=False):
+                raise ApiError(
+                    _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
+                )
+            try:
+                approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+            finally:
+                self._waits.release()
         return self.core.approval_response(approval)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        return self._status()
+        status = self._status()
+        # This socket cannot tell one caller's uid from another's: no session's command line here
+        # (the admin socket's ListSessions has them, masked).
+        for session in status.sessions:
+            del session.argv[:]
+        return status
 
 
 class AdminService:
@@ -547,7 +581,11 @@ class AdminService:
         return self._reload()
 
     def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.ServicerContext) -> pb.ListSessionsResponse:
-        return pb.ListSessionsResponse(sessions=self._status().sessions)
+        sessions = self._status().sessions
+        for session in sessions:
+            masked = Masker().mask(list(session.argv)).value
+            session.argv[:] = [str(a) for a in masked]
+        return pb.ListSessionsResponse(sessions=sessions)
 
     def TerminateSession(
         self, request: pb.TerminateSessionRequest, context: grpc.ServicerContext

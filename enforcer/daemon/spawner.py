@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .framing import FrameError, recv_frame, send_frame
@@ -61,6 +62,24 @@ class SpawnerHandle:
             if frame is None:
                 return
             yield json.loads(frame[0])
+
+
+class WithCaller:
+    """An audit writer or sink that adds the caller's uid and the working directory to the launch and
+    refusal records of a session; everything else passes through."""
+
+    KINDS = frozenset({"launch", "refused"})  # audit.records.LAUNCH, REFUSED
+
+    def __init__(self, sink: Any, uid: int, cwd: str) -> None:
+        self._sink, self._extra = sink, {"caller_uid": uid, "cwd": cwd}
+
+    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> Any:
+        if kind in self.KINDS:
+            payload = {**payload, **self._extra}
+        return self._sink.append(kind, payload, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
 
 
 def start(config: dict[str, Any]) -> SpawnerHandle:
@@ -143,6 +162,66 @@ def _reap(children: dict[int, str], sock: socket.socket) -> None:
             send_frame(sock, json.dumps(event).encode())
 
 
+def enter_as_caller(path: str, uid: int, gid: int) -> str:
+    """Change to the working directory the caller asked for, found with the credentials the agent
+    will have (uid, gid, no supplementary groups), never root's: a directory the caller could not
+    reach itself (behind another user's 0700 home) is refused. The lookup runs in a child that drops
+    to those credentials and hands the directory back as a descriptor; this process then enters
+    that very directory, so nothing can swap the path in between. Returns its path."""
+    if uid == os.getuid():
+        os.chdir(path)
+        return os.getcwd()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                theirs.sendall(f"{exc.strerror or exc}".encode()[:512])
+            else:
+                socket.send_fds(theirs, [b"ok"], [fd])
+                code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    if not fds:
+        detail = message.decode(errors="replace") or "the lookup failed"
+        raise PermissionError(f"working directory {path!r}: not reachable as uid {uid}: {detail}")
+    try:
+        os.fchdir(fds[0])
+    finally:
+        os.close(fds[0])
+    return os.getcwd()
+
+
+def mask_daemon_files(plan: Any, audit_dir: Path, audit_key: Path) -> None:
+    """Hide the daemon's audit log and signing key from the session, whatever its grants say: an
+    agent that could read the key could forge records, and the log holds every caller's decisions."""
+    for directory in (audit_dir,):
+        if directory.is_dir() and str(directory) not in plan.dir_masks:
+            plan.dir_masks.append(str(directory))
+    if audit_key.is_file() and str(audit_key) not in plan.file_masks:
+        plan.file_masks.append(str(audit_key))
+    plan.layers.append(_masks_layer(f"the daemon's audit log {audit_dir} and signing key {audit_key} are masked"))
+
+
+def _masks_layer(detail: str) -> Any:
+    from ..sandbox.plan import Layer
+
+    return Layer("daemon_files", "mount namespace masks", "active", [detail])
+
+
 def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) -> int:
     """One session, in its own process: compile, plan, audit, run, report to the caller."""
     from ..sandbox.stage import prepare
@@ -166,7 +245,6 @@ def _supervise_prepared(
     order: dict[str, Any], config: dict[str, Any], session: str, client: socket.socket, prepared: Prepared
 ) -> int:
     from datetime import UTC, datetime
-    from pathlib import Path
 
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..documents import PolicyFileError, load_regions, schema_set
@@ -193,6 +271,7 @@ def _supervise_prepared(
         report(reason="refused", exit_code=125, detail=f"audit log unavailable, nothing runs unrecorded: {exc}")
         return 1
     uid, gid = order["uid"], order["gid"]
+    recorder = WithCaller(writer, uid, order["cwd"])  # refusals name the caller and the cwd it asked for
     policy = None
     try:
         egress = EgressSettings(**config["egress"])
@@ -202,8 +281,7 @@ def _supervise_prepared(
         policy = compile_policy(order["adl"], order["aaif"], schema_set(), datetime.now(UTC), options)
         if policy.digest != order["policy_digest"]:
             raise PlanError("the agent's policy changed while it was being launched; try again")
-        with contextlib.suppress(OSError):
-            os.chdir(order["cwd"])
+        cwd = enter_as_caller(order["cwd"], uid, gid)
         plan = build_plan(
             policy,
             order["argv"],
@@ -211,13 +289,14 @@ def _supervise_prepared(
             environ=order["environ"],
             features=sessions.host_features(),
             accept_unenforced=frozenset(order["accept_unenforced"]),
-            cwd=order["cwd"],
+            cwd=cwd,
             pids_max=order["pids_max"],
             egress=egress,
         )
+        mask_daemon_files(plan, Path(config["audit_dir"]), Path(config["audit_key"]))
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):
-            sessions.record_refusal(writer, policy, session, str(exc), order["argv"])
+            sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
         writer.close()
         report(reason="refused", exit_code=125, detail=str(exc))
         return 1
@@ -237,7 +316,7 @@ def _supervise_prepared(
         outcome = sessions.run_session(
             policy,
             plan,
-            writer,
+            WithCaller(writer, uid, cwd),
             session,
             uid=None if uid == os.getuid() else uid,
             gid=None if uid == os.getuid() else gid,
@@ -246,7 +325,7 @@ def _supervise_prepared(
         )
     except (LaunchError, AuditUnavailable) as exc:
         with contextlib.suppress(AuditUnavailable):
-            sessions.record_refusal(writer, policy, session, str(exc), order["argv"])
+            sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
         writer.close()
         report(reason="refused", exit_code=125, detail=str(exc))
         return 1
