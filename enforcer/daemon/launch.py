@@ -20,6 +20,7 @@ import grp
 import logging
 import os
 import pwd
+import resource
 import selectors
 import socket
 import struct
@@ -56,6 +57,7 @@ TRANSIENT_ACCEPT = {
     errno.EAGAIN,
 }
 BACKOFF_S = (0.01, 1.0)  # first and longest pause after a transient accept() error
+FD_RESERVE = 256  # descriptors launch connections leave to everything else, at least
 REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not read
 
 
@@ -158,7 +160,8 @@ class LaunchServer:
         self._serving = serving
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, _Pending] = {}  # in the order they were accepted
+        self._max_pending = self.limits.max_connections
         self.accept_errors = 0
 
     def start(self, mode: int, gid: int | None) -> None:
@@ -170,8 +173,15 @@ class LaunchServer:
             os.chown(self.path, -1, gid)
         listener.listen(256)
         listener.setblocking(False)
+        # Waiting connections never take the descriptors the audit log, gRPC and sessions need.
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            room = soft - max(FD_RESERVE, soft // 4)
+            self._max_pending = max(1, min(self._max_pending, room))
         self._listener = listener
-        threading.Thread(target=self._serve, name="launch-requests", daemon=True).start()
+        selector = selectors.DefaultSelector()  # made here: its descriptor is not one to run out of later
+        selector.register(listener, selectors.EVENT_READ)
+        threading.Thread(target=self._serve, args=(selector,), name="launch-requests", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -181,11 +191,9 @@ class LaunchServer:
 
     # -- reading requests -------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _serve(self, selector: selectors.BaseSelector) -> None:
         """Accept, and read every connection's request until it is whole or its deadline passes."""
         assert self._listener is not None
-        selector = selectors.DefaultSelector()
-        selector.register(self._listener, selectors.EVENT_READ)
         resume_at = 0.0  # after a transient accept() error: when to accept again
         backoff = BACKOFF_S[0]
         try:
@@ -234,14 +242,16 @@ class LaunchServer:
                 log.warning("launch connection without credentials: %s", exc)
                 conn.close()
                 continue
-            if len(self._pending) >= self.limits.max_connections:
+            if len(self._pending) >= self._max_pending:
+                # The oldest goes: a real caller sends its request at once, so the oldest is the
+                # likeliest to be idle, and a flood of idle connections only pushes out its own.
+                oldest = next(iter(self._pending.values()))
                 log.warning(
-                    "launch connection from uid %d closed: %d connections already wait for their request",
-                    uid,
+                    "launch connection from uid %d closed: %d connections wait for their request",
+                    oldest.caller.uid,
                     len(self._pending),
                 )
-                conn.close()
-                continue
+                self._drop(selector, oldest)
             conn.setblocking(False)
             pending = _Pending(conn, caller, time.monotonic() + self.limits.request_s)
             self._pending[conn.fileno()] = pending

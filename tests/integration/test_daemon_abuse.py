@@ -1,0 +1,458 @@
+"""adl-enforcerd under abuse by callers in its socket group: idle and trickled connections, waits for
+humans, floods of ASKs, and two unprivileged users trying each other's rights. Real daemon, real
+kernel; throwaway users and groups are removed even when a test fails."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from enforcer.v1 import enforcer_pb2 as pb
+
+from ..daemon_helpers import FAST_AAIF, REPO, RunningDaemon, tool_request
+from ..sandbox_helpers import Sandbox
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")
+
+SLOW_AAIF = {
+    **FAST_AAIF,
+    "agent_id": "a1c0ffee-0000-4000-8000-0000000051f0",
+    "agent": {
+        **FAST_AAIF["agent"],
+        "name": "Slow",
+        "compliance": {
+            **FAST_AAIF["agent"]["compliance"],
+            "human_in_the_loop": {**FAST_AAIF["agent"]["compliance"]["human_in_the_loop"], "timeout_seconds": 120},
+        },
+    },
+}
+
+
+def records_of(daemon: RunningDaemon, kind: str) -> list[dict[str, Any]]:
+    return [r for r in daemon.records() if r["intent"] == f"adl.enforcer.{kind}"]
+
+
+@contextlib.contextmanager
+def running(root: Path, env: dict[str, str] | None = None, wrap: list[str] | None = None) -> Iterator[RunningDaemon]:
+    box = Sandbox(root / "box")
+    daemon = RunningDaemon(root, box)
+    daemon.write_agents(max_concurrent=4)
+    daemon.write_adl("slow", "Slow", {})
+    (daemon.policies / "slow.aaif.json").write_text(json.dumps(SLOW_AAIF))
+    daemon.extra_env.update(env or {})
+    daemon.wrap = wrap or []
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.cleanup()
+    assert daemon.sessions_left() == [], "a session cgroup was left behind"
+
+
+# -- listeners ------------------------------------------------------------------------------------
+
+
+def test_two_thousand_idle_launch_connections_then_adl_exec_works(tmp_path: Path) -> None:
+    """At a file limit of 1024 the daemon runs out of descriptors (EMFILE) while 2,000 connections
+    sit idle: it backs off, records the error, drops each idle connection at the whole-request
+    deadline, and a real launch then succeeds."""
+    env = {"ADL_ENFORCER_LAUNCH_REQUEST_S": "1"}
+    with running(tmp_path, env, wrap=["prlimit", "--nofile=1024:1024", "--"]) as daemon:
+        idle: list[socket.socket] = []
+        try:
+            started = time.monotonic()
+            deadline = started + 60
+            while len(idle) < 2000:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.setblocking(False)
+                try:
+                    conn.connect(str(daemon.launch))
+                except BlockingIOError:  # the backlog is full until the daemon accepts again
+                    conn.close()
+                    assert time.monotonic() < deadline, f"the daemon stopped accepting after {len(idle)}"
+                    time.sleep(0.01)
+                    continue
+                idle.append(conn)
+            connected_s = time.monotonic() - started
+            assert daemon.health() == "SERVING"
+            run = daemon.adl_exec("python3", "-c", "print('launched')", timeout=60)
+            assert run.returncode == 0 and run.stdout == "launched\n", run.stderr
+        finally:
+            for conn in idle:
+                conn.close()
+        assert daemon.proc is not None and daemon.proc.poll() is None
+        print(f"\n2000 idle connections open after {connected_s:.1f} s at a file limit of 1024")
+
+
+ACCEPT_UNDER_EMFILE = """
+import logging, os, resource, socket, sys, threading, time
+from pathlib import Path
+from enforcer.audit import WriterSettings
+from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.daemon.launch import LaunchLimits, LaunchServer
+from enforcer.daemon.registry import SessionRegistry
+from enforcer.v1 import enforcer_pb2 as pb
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+root = Path(sys.argv[1])
+sink = AuditSink(root / "audit", root / "key.pem", WriterSettings(), on_change=lambda ok: None)
+sink.open()
+server = LaunchServer(root / "launch.sock", None, SessionRegistry(), sink, None, lambda: False, LaunchLimits())
+server.start(0o600, None)
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+filler = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+while True:  # every descriptor taken: the daemon's accept() gets EMFILE
+    try:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+client.connect(str(root / "launch.sock"))  # takes no descriptor on this side
+deadline = time.monotonic() + 10
+while server.accept_errors < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+for fd in filler:
+    os.close(fd)
+send_frame(client, pb.LaunchRequest(agent="x", argv=["true"], cwd="/").SerializeToString(), [0, 1, 2])
+client.settimeout(10)
+reply = pb.LaunchReply.FromString(recv_frame(client)[0])
+print(server.accept_errors, reply.accepted, reply.refusal)
+"""
+
+
+def test_the_accept_loop_outlives_emfile_and_records_it(tmp_path: Path) -> None:
+    script = tmp_path / "emfile.py"
+    script.write_text(ACCEPT_UNDER_EMFILE)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    errors, accepted, refusal = run.stdout.split(" ", 2)
+    assert int(errors) >= 3 and accepted == "False" and "not serving" in refusal, run.stdout
+    assert "Too many open files" in run.stderr
+    from enforcer.audit.query import iter_records
+
+    recorded = [r for r in iter_records(tmp_path / "audit") if "accept()" in r["payload"].get("refusal", "")]
+    assert recorded and recorded[0]["payload"]["errno"] == "EMFILE"
+
+
+def test_a_trickled_launch_request_is_cut_at_the_whole_request_deadline(daemon_root: Path) -> None:
+    with running(daemon_root, {"ADL_ENFORCER_LAUNCH_REQUEST_S": "1"}) as daemon:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(daemon.launch))
+        started = time.monotonic()
+        closed_after = None
+        with conn:
+            conn.settimeout(0.2)
+            header = (1000).to_bytes(4, "big")
+            for i in range(40):  # one byte every 0.2 s: each recv on its own would never time out
+                try:
+                    conn.send(header[i : i + 1] if i < 4 else b"x")
+                    if conn.recv(1) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed_after = time.monotonic() - started
+                    break
+        assert closed_after is not None and closed_after < 3, closed_after
+
+
+# -- approvals ------------------------------------------------------------------------------------
+
+
+def _ask(stub: Any, agent: str) -> pb.CheckResponse:
+    return stub.Check(tool_request(agent, "pay", {"amount": 500}), timeout=5)
+
+
+def test_sixty_four_waits_leave_health_and_check_answering_and_sigterm_ends_them(daemon_root: Path) -> None:
+    with running(daemon_root) as daemon:
+        stub = daemon.enforcer()
+        asks = [_ask(stub, "Slow") for _ in range(64)]
+        assert all(a.decision == pb.ASK and a.approval_id for a in asks)
+        answers: list[Any] = [None] * 64
+        returned_at: list[float] = [0.0] * 64
+
+        def wait(i: int) -> None:
+            try:
+                answers[i] = stub.WaitApproval(
+                    pb.WaitApprovalRequest(approval_id=asks[i].approval_id, wait_ms=60_000), timeout=70
+                )
+            except grpc.RpcError as exc:
+                answers[i] = exc
+            returned_at[i] = time.monotonic()
+
+        threads = [threading.Thread(target=wait, args=(i,)) for i in range(64)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # every wait has reached the daemon
+        worst = 0.0
+        for _ in range(5):
+            started = time.monotonic()
+            assert daemon.health() == "SERVING"  # a 1 s deadline
+            check = stub.Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=1)
+            assert check.decision == pb.ALLOW
+            stub.Explain(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=1)
+            assert stub.Status(pb.StatusRequest(), timeout=1).pending_approvals == 64
+            worst = max(worst, time.monotonic() - started)
+        assert all(a is None for a in answers), "a wait ended before anyone decided"
+        assert daemon.proc is not None
+        stopped = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(15)
+        assert not any(t.is_alive() for t in threads)
+        slowest = max(returned_at) - stopped
+        assert slowest < 3, slowest
+        assert all(isinstance(a, pb.CheckResponse) and a.decision == pb.DENY for a in answers), answers[:2]
+        daemon.proc.wait(15)
+        outcomes = {r["payload"]["approval_id"]: r["payload"] for r in records_of(daemon, "approval")}
+        for ask in asks:
+            assert outcomes[ask.approval_id]["outcome"] == "rejected"
+            assert outcomes[ask.approval_id]["approver"] == "adl-enforcerd"
+        print(
+            f"\n64 waits: health, Check, Explain, Status at worst {worst * 1000:.0f} ms; "
+            f"SIGTERM ended all in {slowest:.2f} s"
+        )
+
+
+def test_one_agents_flood_of_asks_leaves_another_agent_an_approval(daemon_root: Path) -> None:
+    with running(daemon_root) as daemon:
+        stub = daemon.enforcer()
+        opened = 0
+        refused = None
+        for _ in range(12_000):  # beyond the global limit of 10,000: the flood must stop before it
+            try:
+                reply = _ask(stub, "Slow")
+            except grpc.RpcError as exc:
+                refused = exc
+                break
+            assert reply.approval_id
+            opened += 1
+        assert refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "agent" in refused.details() and opened < 10_000, (opened, refused.details())
+        other = _ask(stub, "Fast")
+        assert other.decision == pb.ASK and other.approval_id
+        print(f"\nflood: {opened} ASKs opened for one agent, then RESOURCE_EXHAUSTED; another agent still asks")
+
+
+def test_a_terminated_sessions_approvals_end_with_a_record(daemon_root: Path) -> None:
+    with running(daemon_root) as daemon:
+        session_file = daemon_root / "session.json"
+        argv = daemon.exec_argv(
+            "python3",
+            "-c",
+            "print('up', flush=True); import time; time.sleep(60)",
+            agent="Sandboxed",
+            options=("--session-file", str(session_file)),
+        )
+        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout is not None and client.stdout.readline() == "up\n"
+            session = json.loads(session_file.read_text())
+            stub = daemon.enforcer()
+            ask = stub.Check(
+                pb.CheckRequest(
+                    session=session["session"],
+                    session_token=session["session_token"],
+                    tool=pb.ToolCall(name="delete_note", arguments_json='{"name": "n"}'),
+                )
+            )
+            assert ask.decision == pb.ASK and ask.approval_id
+            admin = daemon.admin_stub()
+            assert admin.TerminateSession(pb.TerminateSessionRequest(session=session["session"])).terminated
+            client.wait(timeout=20)
+            deadline = time.monotonic() + 10
+            while admin.ListPending(pb.ListPendingRequest()).pending and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not admin.ListPending(pb.ListPendingRequest()).pending
+            outcome = next(r for r in records_of(daemon, "approval") if r["payload"]["approval_id"] == ask.approval_id)
+            assert outcome["payload"]["outcome"] == "rejected" and "session ended" in outcome["payload"]["note"]
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+
+
+def test_the_daemons_key_and_log_are_masked_from_a_root_session_that_may_read_them(daemon_root: Path) -> None:
+    with running(daemon_root) as daemon:
+        # Grants cover the whole test tree, where the daemon keeps its log and key.
+        daemon.write_adl(
+            "reader",
+            "Reader",
+            {"filesystem": {"allowed_paths": [{"path": f"{daemon_root}/**", "access": "read"}]}},
+        )
+        daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+        key = daemon_root / "audit-key.pem"
+        log_files = sorted(p for p in daemon.audit.rglob("*") if p.is_file())
+        assert key.stat().st_size > 0 and log_files
+        probe = (
+            "import sys\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        print(p, len(open(p, 'rb').read()))\n"
+            "    except OSError as e:\n"
+            "        print(p, 'refused', e.errno)\n"
+        )
+        run = daemon.adl_exec("python3", "-c", probe, str(key), str(log_files[0]), agent="Reader")
+        assert run.returncode == 0, run.stderr
+        lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+        assert lines[str(key)] in ("0", "refused 13", "refused 2"), run.stdout
+        assert lines[str(log_files[0])].startswith("refused"), run.stdout
+
+
+# -- two unprivileged users -----------------------------------------------------------------------
+
+
+class Users:
+    """Throwaway users in a throwaway group, each with a 0700 home directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.tag = secrets.token_hex(3)
+        self.group = f"adlsg{self.tag}"
+        self.root = root
+        self.names: list[str] = []
+
+    def create(self, *stems: str) -> dict[str, tuple[int, int, Path]]:
+        subprocess.run(["groupadd", self.group], check=True)
+        made = {}
+        for stem in stems:
+            name = f"adl{stem}{self.tag}"
+            subprocess.run(["useradd", "-M", "-N", "-g", self.group, "-s", "/usr/sbin/nologin", name], check=True)
+            self.names.append(name)
+            home = self.root / f"home-{stem}"
+            home.mkdir()
+            uid, gid = int(_id(name, "-u")), int(_id(name, "-g"))
+            os.chown(home, uid, gid)
+            home.chmod(0o700)
+            made[stem] = (uid, gid, home)
+        return made
+
+    def remove(self) -> None:
+        for name in self.names:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+        subprocess.run(["groupdel", self.group], check=False, capture_output=True)
+
+
+def _id(name: str, flag: str) -> str:
+    return subprocess.run(["id", flag, name], check=True, capture_output=True, text=True).stdout.strip()
+
+
+RAW_LAUNCH = """
+import json, os, socket, sys
+from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.v1 import enforcer_pb2 as pb
+spec = json.loads(sys.argv[2])
+request = pb.LaunchRequest(environ={"PATH": "/usr/bin:/bin"}, **spec)
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+    conn.connect(sys.argv[1])
+    send_frame(conn, request.SerializeToString(), [0, 1, 2])
+    reply = pb.LaunchReply.FromString(recv_frame(conn)[0])
+    if not reply.accepted:
+        print(json.dumps({"refusal": reply.refusal}), file=sys.stderr)
+        sys.exit(125)
+    frame = recv_frame(conn)
+    ended = pb.SessionEnded.FromString(frame[0])
+    print(json.dumps({"session": reply.session, "reason": ended.reason, "exit": ended.exit_code,
+                      "detail": ended.detail}), file=sys.stderr)
+    sys.exit(ended.exit_code)
+"""
+
+
+@pytest.fixture
+def daemon_root() -> Iterator[Path]:
+    """A test directory other users may traverse (pytest's own is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="adl-abuse-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_users_cannot_use_each_others_directories_limits_or_agents(daemon_root: Path) -> None:
+    users = Users(daemon_root)
+    try:
+        made = users.create("a", "b")
+        (uid_a, _, home_a), (uid_b, gid_b, home_b) = made["a"], made["b"]
+        private = home_a / "private"
+        private.mkdir()
+        (private / "secret.txt").write_text("A-ONLY\n")
+        (private / "secret.txt").chmod(0o644)  # only the 0700 home protects it
+        os.chown(private, uid_a, -1)
+        script = daemon_root / "raw_launch.py"
+        script.write_text(RAW_LAUNCH)
+        callers = {"Reader": [f"group:{users.group}"], "Fast": [f"uid:{uid_a}"]}
+        env = {"ADL_ENFORCER_SOCKET_GROUP": users.group, "ADL_ENFORCER_AGENT_CALLERS": json.dumps(callers)}
+        with running(daemon_root, env) as daemon:
+            daemon.write_adl(
+                "reader",
+                "Reader",
+                {"filesystem": {"allowed_paths": [{"path": f"{daemon_root}/**", "access": "read"}]}},
+            )
+            daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+
+            def launch_as_b(**spec: Any) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [
+                        *("setpriv", f"--reuid={uid_b}", f"--regid={gid_b}", "--init-groups"),
+                        *(sys.executable, str(script), str(daemon.launch), json.dumps(spec)),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    cwd=home_b,
+                    env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)},
+                )
+
+            cat = ["/bin/cat", "secret.txt"]
+            # The cwd trick: B names a directory behind A's 0700 home.
+            trick = launch_as_b(agent="Reader", argv=cat, cwd=str(private))
+            assert "A-ONLY" not in trick.stdout and trick.returncode == 125, trick
+            assert "not reachable as uid" in trick.stderr, trick.stderr
+            refusal = next(
+                r for r in records_of(daemon, "refused") if "not reachable" in r["payload"].get("refusal", "")
+            )
+            assert refusal["payload"]["caller_uid"] == uid_b and refusal["payload"]["cwd"] == str(private)
+            # Control: B's own directory works, and the launch record names B and the directory.
+            (home_b / "secret.txt").write_text("B-OWN\n")
+            os.chown(home_b / "secret.txt", uid_b, gid_b)
+            own = launch_as_b(agent="Reader", argv=cat, cwd=str(home_b))
+            assert own.returncode == 0 and own.stdout == "B-OWN\n", own
+            launch = records_of(daemon, "launch")[-1]["payload"]
+            assert launch["caller_uid"] == uid_b and launch["cwd"] == str(home_b) and launch["uid"] == uid_b
+
+            # Widening beyond the operator's configuration is refused; within it, allowed.
+            too_many = launch_as_b(agent="Reader", argv=["/bin/true"], cwd=str(home_b), pids_max=4_194_304)
+            assert too_many.returncode == 125 and "max_pids" in too_many.stderr, too_many
+            unenforced = launch_as_b(
+                agent="Reader", argv=["/bin/true"], cwd=str(home_b), accept_unenforced=["filesystem"]
+            )
+            assert unenforced.returncode == 125 and "allowed_unenforced" in unenforced.stderr, unenforced
+            within = launch_as_b(agent="Reader", argv=["/bin/true"], cwd=str(home_b), pids_max=1000)
+            assert within.returncode == 0, within
+
+            # An agent B is not allowed: refused, and recorded with B's uid.
+            fast = launch_as_b(agent="Fast", argv=["/bin/true"], cwd=str(home_b))
+            assert fast.returncode == 125 and "may not launch" in fast.stderr, fast
+            denied = [r for r in records_of(daemon, "refused") if "may not launch" in r["payload"].get("refusal", "")]
+            assert denied and denied[-1]["payload"]["caller_uid"] == uid_b
+            assert uid_a != uid_b
+    finally:
+        users.remove()
