@@ -260,6 +260,12 @@ class Daemon:
             )
 
     def terminate(self, session: str) -> bool:
+        record = self.registry.get(session)
+        if record is not None and self.spawner.sock.fileno() >= 0:
+            # Its supervisor ends it at whatever step it is and reports "terminated" to the caller.
+            with contextlib.suppress(OSError):
+                self.spawner.terminate(session, lambda: setattr(record, "terminating", True))
+                return True
         group = cgroups.existing(group=self.settings.cgroup_group).get(session)
         if group is None:
             return False

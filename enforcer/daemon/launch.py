@@ -423,7 +423,17 @@ class LaunchServer:
                 ).SerializeToString(),
             )
             conn.settimeout(None)  # the supervisor owns the connection from here
-            self.spawner.launch(order, [*fds, conn.fileno()])
+            if not self.spawner.launch(order, [*fds, conn.fileno()], lambda: session.terminating):
+                self.registry.end(session.session)
+                detail = "terminated by TerminateSession before the agent started"
+                with contextlib.suppress(AuditUnavailable):
+                    record_refusal(WithCaller(self.sink, caller.uid, cwd), entry.policy, session.session, detail, argv)
+                send_frame(
+                    conn,
+                    pb.SessionEnded(
+                        session=session.session, reason="terminated", exit_code=137, signal=9, detail=detail
+                    ).SerializeToString(),
+                )
         except (OSError, FrameError) as exc:
             self.registry.end(session.session)
             with contextlib.suppress(OSError, FrameError):

@@ -23,6 +23,7 @@ class SessionRecord:
     started_ms: int
     token: str = field(repr=False)
     pid: int = 0  # the session supervisor's pid, once the spawner reports it
+    terminating: bool = False  # TerminateSession was asked: the launch, if not sent yet, is not
 
 
 class SessionRegistry:

@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,9 +49,20 @@ class SpawnerHandle:
     sock: socket.socket
     lock: threading.Lock
 
-    def launch(self, order: dict[str, Any], fds: list[int]) -> None:
+    def launch(self, order: dict[str, Any], fds: list[int], cancelled: Callable[[], bool] = lambda: False) -> bool:
+        """Send the order, unless `cancelled()` says the session was terminated meanwhile (asked
+        under the same lock as terminate(), so one of the two always sees the other)."""
         with self.lock:
+            if cancelled():
+                return False
             send_frame(self.sock, json.dumps(order).encode(), fds)
+            return True
+
+    def terminate(self, session: str, mark: Callable[[], None]) -> None:
+        """Tell the session's supervisor to end it (SIGUSR1), after `mark()` under the launch lock."""
+        with self.lock:
+            mark()
+            send_frame(self.sock, json.dumps({"terminate": session}).encode())
 
     def events(self) -> Any:
         """Yield the spawner's reports ({"event": "started"|"ended", ...}) until it goes away."""
@@ -133,6 +145,14 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
             return
         data, fds = frame
         order = json.loads(data)
+        if "terminate" in order:
+            for pid, session in children.items():  # a child not reaped yet: its pid is still its own
+                if session == order["terminate"]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGUSR1)
+            continue
+        # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         pid = os.fork()
         if pid == 0:
             sock.close()
@@ -142,6 +162,7 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
                 code = _supervise(order, fds, config)
             finally:
                 os._exit(code)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
         for fd in fds:
             os.close(fd)
         children[pid] = order["session"]
@@ -231,18 +252,37 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
     for target, fd in enumerate((stdin, stdout, stderr)):
         os.dup2(fd, target)
         os.close(fd)
+    from ..sandbox import cgroups
+
     client = socket.socket(fileno=client_fd)
+    terminated = threading.Event()
+
+    def terminate(_signum: int, _frame: Any) -> None:
+        # TerminateSession: end the session at whatever step it is; the cgroup holds the stage or agent.
+        terminated.set()
+        with contextlib.suppress(OSError):
+            group = cgroups.existing(group=config["cgroup_group"]).get(session)
+            if group is not None:
+                group.kill_all()
+
+    signal.signal(signal.SIGUSR1, terminate)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     # The session's cgroup and stage first: the stage's cgroup join (up to ~16 ms on v1) then
     # overlaps compiling the policy below.
     prepared = prepare(session, cgroup_group=config["cgroup_group"])
     try:
-        return _supervise_prepared(order, config, session, client, prepared)
+        return _supervise_prepared(order, config, session, client, prepared, terminated)
     finally:
         prepared.discard()
 
 
 def _supervise_prepared(
-    order: dict[str, Any], config: dict[str, Any], session: str, client: socket.socket, prepared: Prepared
+    order: dict[str, Any],
+    config: dict[str, Any],
+    session: str,
+    client: socket.socket,
+    prepared: Prepared,
+    terminated: threading.Event,
 ) -> int:
     from datetime import UTC, datetime
 
@@ -311,7 +351,16 @@ def _supervise_prepared(
             with contextlib.suppress(OSError):
                 group.kill_all()
 
+    def end_terminated(step: str) -> int:
+        with contextlib.suppress(AuditUnavailable):
+            sessions.record_refusal(recorder, policy, session, f"terminated by TerminateSession {step}", order["argv"])
+        writer.close()
+        report(reason="terminated", exit_code=128 + signal.SIGKILL, signal=signal.SIGKILL, detail=step)
+        return 0
+
     threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    if terminated.is_set():
+        return end_terminated("before the agent started")
     try:
         outcome = sessions.run_session(
             policy,
@@ -324,6 +373,8 @@ def _supervise_prepared(
             prepared=prepared,
         )
     except (LaunchError, AuditUnavailable) as exc:
+        if terminated.is_set():  # the stage was killed under the launcher: not a failure to report
+            return end_terminated(f"while the sandbox was set up ({exc})")
         with contextlib.suppress(AuditUnavailable):
             sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
         writer.close()

@@ -456,3 +456,41 @@ def test_two_users_cannot_use_each_others_directories_limits_or_agents(daemon_ro
             assert uid_a != uid_b
     finally:
         users.remove()
+
+
+def test_terminate_session_at_every_step_of_its_setup_ends_it_cleanly(daemon_root: Path) -> None:
+    """TerminateSession right after LaunchReply, while the supervisor compiles, plans and starts the
+    stage, and once the agent runs: adl-exec reports the termination (137), never a broken launch
+    stage (125), and returns at once."""
+    with running(daemon_root) as daemon:
+        admin = daemon.admin_stub()
+        for delay_s in (0.0, 0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4):
+            session_file = daemon_root / f"session-{secrets.token_hex(4)}.json"
+            argv = daemon.exec_argv(
+                "python3",
+                "-c",
+                "import time; time.sleep(30)",
+                options=("--session-file", str(session_file)),
+            )
+            client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 20
+                while not session_file.exists() or not session_file.read_text():
+                    assert time.monotonic() < deadline and client.poll() is None, client.stderr
+                    time.sleep(0.001)
+                time.sleep(delay_s)
+                session = json.loads(session_file.read_text())["session"]
+                started = time.monotonic()
+                assert admin.TerminateSession(pb.TerminateSessionRequest(session=session)).terminated
+                _out, err = client.communicate(timeout=15)
+                took = time.monotonic() - started
+                assert client.returncode == 137, (delay_s, client.returncode, err)
+                assert "Broken pipe" not in err and took < 5, (delay_s, took, err)
+            finally:
+                if client.poll() is None:
+                    client.kill()
+                    client.wait()
+        ends = {r["payload"].get("reason") for r in records_of(daemon, "exit")}
+        refusals = [r["payload"]["refusal"] for r in records_of(daemon, "refused")]
+        assert all("TerminateSession" in r for r in refusals), refusals
+        assert daemon.sessions_left() == [] and (ends or refusals)
