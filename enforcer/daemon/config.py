@@ -91,6 +91,9 @@ class Settings(EgressSettings):
     launch_request_s: float = Field(
         default=5.0, gt=0, le=60, description="a launch request must arrive whole within this many seconds"
     )
+    max_api_connections: int = Field(
+        default=4096, ge=1, description="open connections to the API socket; more are closed at once"
+    )
     max_launch_connections: int = Field(
         default=4096, ge=1, description="launch connections waiting for their request; more are closed at once"
     )

@@ -29,6 +29,7 @@ from ..v1 import enforcer_pb2 as pb
 from . import notify
 from .approvals import Approvals
 from .auditsink import AuditSink
+from .callers import CallerRelay, CallerTable
 from .config import Settings, as_plain
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
@@ -86,7 +87,13 @@ class Daemon:
             self.store = PolicyStore(settings.policy_dir, schema_set(), options)
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc
-        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms)
+        self.callers = CallerTable()
+        self.core = Core(
+            self.store, self.sink, self.registry, self.approvals, _now_ms, self.callers, settings.agent_callers
+        )
+        self._relay = CallerRelay(
+            settings.socket, CallerRelay.internal_path(settings.socket), self.callers, settings.max_api_connections
+        )
         self._servers: list[grpc.Server] = []
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
@@ -112,7 +119,13 @@ class Daemon:
         self._reap_leftover_sessions()
         self.reload()
         group = self._socket_gid()
-        self._servers.append(self._grpc_server(self.settings.socket, 0o660, group, admin=False))
+        # gRPC listens where only root reaches it; the API socket is the relay that names each caller.
+        try:
+            self._relay.prepare_internal()
+        except OSError as exc:
+            raise StartupError(str(exc)) from exc
+        self._servers.append(self._grpc_server(self._relay.internal, 0o600, None, admin=False))
+        self._relay.start(0o660, group)
         self._servers.append(self._grpc_server(self.settings.admin_socket, 0o600, None, admin=True))
         self._launch = LaunchServer(
             self.settings.launch_socket,
@@ -168,6 +181,7 @@ class Daemon:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._launch is not None:
             self._launch.stop()
+        self._relay.stop()
         self.core.end_pending("the daemon stopped")  # each outcome recorded; waiters answered DENY now
         self.approvals.close()
         ended = self._end_sessions(timeout_s=5.0)
@@ -175,8 +189,10 @@ class Daemon:
             server.stop(grace=2).wait(3)
         if self._inline is not None:
             self._inline.stop()
-        for path in (self.settings.socket, self.settings.admin_socket):
+        for path in (self.settings.socket, self.settings.admin_socket, self._relay.internal):
             path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._relay.internal.parent.rmdir()
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
@@ -382,7 +398,7 @@ class Daemon:
             ],
         )
         limit = self.settings.max_request_bytes
-        enforcer = EnforcerService(self.core, self.status, self.settings.max_approval_waits)
+        enforcer = EnforcerService(self.core, self.status, self.settings.max_approval_waits, admin=admin)
         # The generic handlers cover every method; on the API socket the inline loop takes Check and
         # CheckBatch first (the core routes a registered method's calls only to it).
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
@@ -391,7 +407,11 @@ class Daemon:
         elif not admin and inline:
             try:
                 self._inline = InlineUnary(
-                    server, inline_handlers(enforcer, limit), name="api-inline", nice=self.settings.inline_nice
+                    server,
+                    inline_handlers(enforcer, limit),
+                    name="api-inline",
+                    nice=self.settings.inline_nice,
+                    with_peers=True,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)

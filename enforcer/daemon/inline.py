@@ -47,6 +47,8 @@ Answer = tuple[grpc.StatusCode, str, bytes | None]
 # A handler gets the bytes of every request for its method that arrived together (None for a call
 # that sent no message) and returns one answer for each, in order.
 BatchHandler = Callable[[Sequence[bytes | None]], list[Answer]]
+# With with_peers: also each call's peer string (who is calling), in the same order.
+PeerBatchHandler = Callable[[Sequence[bytes | None], Sequence[bytes]], list[Answer]]
 
 # Calls requested ahead per method, so a new call never waits for the loop to ask for it.
 DEPTH = 32
@@ -69,7 +71,13 @@ class InlineUnary:
     process's and says so in the log. `nice` holds the value the loop runs at once it has started."""
 
     def __init__(
-        self, server: grpc.Server, handlers: Mapping[str, BatchHandler], *, name: str = "inline", nice: int = 0
+        self,
+        server: grpc.Server,
+        handlers: Mapping[str, BatchHandler] | Mapping[str, PeerBatchHandler],
+        *,
+        name: str = "inline",
+        nice: int = 0,
+        with_peers: bool = False,
     ) -> None:
         try:
             from grpc._cython import cygrpc
@@ -88,7 +96,8 @@ class InlineUnary:
         except (ImportError, AttributeError, TypeError) as exc:
             raise InlineUnavailable(f"grpcio {grpc.__version__}: {exc}") from None
         self._core, self._queue = core, queue
-        self._handlers = dict(handlers)
+        self._handlers: dict[str, Any] = dict(handlers)
+        self._with_peers = with_peers
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._wanted_nice = nice
         self._niced = threading.Event()
@@ -186,7 +195,11 @@ class InlineUnary:
             by_method.setdefault(method, []).append((call, request))
         for method, calls in by_method.items():
             try:
-                answers = self._handlers[method]([request for _, request in calls])
+                requests = [request for _, request in calls]
+                if self._with_peers:
+                    answers = self._handlers[method](requests, [call.peer() for call, _ in calls])
+                else:
+                    answers = self._handlers[method](requests)
                 if len(answers) != len(calls):
                     raise ValueError(f"{len(answers)} answers for {len(calls)} requests")
             except Exception:  # a bug in a handler must not end the loop

@@ -1,0 +1,265 @@
+"""Who is calling the API socket: the kernel's word (SO_PEERCRED), carried to the gRPC services.
+
+grpcio tells a service nothing about a unix-socket caller (its peer string is the caller's bound
+address, which the caller chooses; its auth context is empty), so the daemon accepts the API
+socket's connections itself. For each one it reads the caller's uid, gid and groups from the
+kernel, connects to the gRPC server on a socket only root can reach (in a 0700 directory), binding
+its own end to an abstract name that numbers the connection, and relays the bytes. The services
+read that number back from the call's peer string and look the caller up (`CallerTable.of`).
+
+One thread relays every connection with non-blocking sockets: a side that is not reading stops the
+other side being read (no unbounded buffers), and transient accept() errors back off and are
+logged instead of ending the listener.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import resource
+import secrets
+import selectors
+import socket
+import threading
+import time
+from pathlib import Path
+
+from .framing import peer_credentials
+from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups
+
+log = logging.getLogger("adl-enforcerd")
+CHUNK = 1 << 16
+ROOT = Caller(pid=0, uid=0, gid=0, groups=())
+
+
+class CallerTable:
+    """Relayed connections by number, with the caller the kernel named for each."""
+
+    def __init__(self) -> None:
+        self.prefix = f"adl-enforcerd-{secrets.token_hex(6)}-"
+        self._peer_prefix = f"unix-abstract:{self.prefix}".encode()
+        self._callers: dict[int, Caller] = {}
+        self._next = 0
+
+    def add(self, caller: Caller) -> tuple[int, str]:
+        self._next += 1
+        self._callers[self._next] = caller
+        return self._next, self.prefix + str(self._next)
+
+    def remove(self, number: int) -> None:
+        self._callers.pop(number, None)
+
+    def of(self, peer: bytes | str) -> Caller | None:
+        """The caller of a call with this peer string. A call that did not come through the relay
+        reached the root-only internal socket from an unnamed socket: root. None: a relayed
+        connection that has closed, or a peer string of any other form."""
+        raw = peer.encode() if isinstance(peer, str) else peer
+        if raw == b"unix:":  # an unnamed end: a process of root's on the 0700 directory's socket
+            return ROOT
+        if not raw.startswith(self._peer_prefix):
+            return None  # not a peer this daemon names: refused, never guessed
+        try:
+            return self._callers.get(int(raw[len(self._peer_prefix) :]))
+        except ValueError:
+            return None
+
+
+class _Pair:
+    def __init__(self, number: int, outer: socket.socket, inner: socket.socket) -> None:
+        self.number, self.outer, self.inner = number, outer, inner
+        # Bytes read from one side that the other has not taken yet, by the side they go to.
+        self.backlog: dict[socket.socket, bytes] = {outer: b"", inner: b""}
+
+    def other(self, sock: socket.socket) -> socket.socket:
+        return self.inner if sock is self.outer else self.outer
+
+
+class CallerRelay:
+    def __init__(self, public: Path, internal: Path, table: CallerTable, max_connections: int = 4096) -> None:
+        self.public, self.internal, self.table = public, internal, table
+        self._max_pairs = max_connections
+        self._pairs: dict[int, _Pair] = {}  # by number, in the order accepted
+        self._listener: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._stop = threading.Event()
+        self.accept_errors = 0
+
+    @staticmethod
+    def internal_path(public: Path) -> Path:
+        """Where the gRPC server listens: a 0700 directory beside the public socket."""
+        return public.parent / f".{public.name}.d" / "grpc.sock"
+
+    def prepare_internal(self) -> None:
+        directory = self.internal.parent
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stat = directory.lstat()
+        if stat.st_uid != os.geteuid() or stat.st_mode & 0o077 or not directory.is_dir() or directory.is_symlink():
+            raise OSError(f"{directory}: must be a directory of ours with mode 0700")
+        self.internal.unlink(missing_ok=True)
+
+    def start(self, mode: int, gid: int | None) -> None:
+        self.public.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(self.public))
+        finally:
+            os.umask(old)
+        if gid is not None:
+            os.chown(self.public, -1, gid)
+        os.chmod(self.public, mode)
+        listener.listen(256)
+        listener.setblocking(False)
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:  # two descriptors a connection, and room for the rest
+            self._max_pairs = max(1, min(self._max_pairs, (soft - max(FD_RESERVE, soft // 4)) // 2))
+        self._listener = listener
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ)
+        threading.Thread(target=self._serve, name="api-relay", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.close()
+        self.public.unlink(missing_ok=True)
+
+    def _serve(self) -> None:
+        selector = self._selector
+        assert selector is not None and self._listener is not None
+        resume_at = 0.0
+        backoff = BACKOFF_S[0]
+        try:
+            while not self._stop.is_set():
+                if resume_at and time.monotonic() >= resume_at:
+                    resume_at = 0.0
+                    selector.register(self._listener, selectors.EVENT_READ)
+                for key, events in selector.select(timeout=0.2):
+                    if key.fileobj is self._listener:
+                        if self._accept_all():
+                            backoff = BACKOFF_S[0]
+                        else:
+                            selector.unregister(self._listener)
+                            resume_at = time.monotonic() + backoff
+                            backoff = min(backoff * 2, BACKOFF_S[1])
+                        continue
+                    pair: _Pair = key.data
+                    if pair.number not in self._pairs:
+                        continue  # closed earlier in this round
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(pair, sock)
+                    if events & selectors.EVENT_READ and pair.number in self._pairs:
+                        self._pump(pair, sock)
+        except OSError as exc:
+            if not self._stop.is_set():
+                log.error("the API socket relay stopped: %s", exc)
+        finally:
+            for pair in list(self._pairs.values()):
+                self._close(pair)
+            selector.close()
+
+    def _accept_all(self) -> bool:
+        assert self._listener is not None
+        for _ in range(64):
+            try:
+                outer, _ = self._listener.accept()
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_ACCEPT:
+                    raise
+                self.accept_errors += 1
+                log.error("the API socket could not accept a connection (%s); accepting again after a pause", exc)
+                return False
+            try:
+                pid, uid, gid = peer_credentials(outer)
+                caller = Caller(pid, uid, gid, peer_groups(outer))
+            except OSError as exc:
+                log.warning("API connection without credentials: %s", exc)
+                outer.close()
+                continue
+            if len(self._pairs) >= self._max_pairs:
+                log.warning("API connection from uid %d closed: %d connections are open", uid, len(self._pairs))
+                outer.close()
+                continue
+            number, name = self.table.add(caller)
+            inner = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                inner.bind("\0" + name)
+                inner.connect(str(self.internal))
+            except OSError as exc:
+                log.error("API connection from uid %d: the gRPC server is unreachable: %s", uid, exc)
+                self.table.remove(number)
+                inner.close()
+                outer.close()
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    return False
+                continue
+            outer.setblocking(False)
+            inner.setblocking(False)
+            pair = _Pair(number, outer, inner)
+            self._pairs[number] = pair
+            assert self._selector is not None
+            self._selector.register(outer, selectors.EVENT_READ, pair)
+            self._selector.register(inner, selectors.EVENT_READ, pair)
+        return True
+
+    def _pump(self, pair: _Pair, source: socket.socket) -> None:
+        """Read what `source` has and pass it on; stop reading it while the other side is behind."""
+        target = pair.other(source)
+        try:
+            data = source.recv(CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(pair)
+            return
+        if not data:
+            self._close(pair)
+            return
+        pair.backlog[target] = data
+        self._flush(pair, target)
+
+    def _flush(self, pair: _Pair, target: socket.socket) -> None:
+        data = pair.backlog[target]
+        if data:
+            try:
+                sent = target.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._close(pair)
+                return
+            pair.backlog[target] = data[sent:]
+        self._interest(pair, target)
+        self._interest(pair, pair.other(target))
+
+    def _interest(self, pair: _Pair, sock: socket.socket) -> None:
+        """Read `sock` only while what it sent before has all gone on; write it while it has a backlog."""
+        events = (0 if pair.backlog[pair.other(sock)] else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if pair.backlog[sock] else 0
+        )
+        assert self._selector is not None
+        try:
+            if self._selector.get_key(sock).events == events:
+                return
+            if events:
+                self._selector.modify(sock, events, pair)
+            else:
+                self._selector.unregister(sock)
+        except KeyError:  # not registered now
+            if events:
+                self._selector.register(sock, events, pair)
+
+    def _close(self, pair: _Pair) -> None:
+        self._pairs.pop(pair.number, None)
+        self.table.remove(pair.number)
+        assert self._selector is not None
+        for sock in (pair.outer, pair.inner):
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+            sock.close()
