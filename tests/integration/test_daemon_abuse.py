@@ -367,6 +367,7 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
     if not reply.accepted:
         print(json.dumps({"refusal": reply.refusal}), file=sys.stderr)
         sys.exit(125)
+    print(json.dumps({"session": reply.session, "token": reply.session_token}), file=sys.stderr, flush=True)
     frame = recv_frame(conn)
     ended = pb.SessionEnded.FromString(frame[0])
     print(json.dumps({"session": reply.session, "reason": ended.reason, "exit": ended.exit_code,
@@ -494,3 +495,116 @@ def test_terminate_session_at_every_step_of_its_setup_ends_it_cleanly(daemon_roo
         refusals = [r["payload"]["refusal"] for r in records_of(daemon, "refused")]
         assert all("TerminateSession" in r for r in refusals), refusals
         assert daemon.sessions_left() == [] and (ends or refusals)
+
+
+CHECK_AS = """
+import json, sys
+import grpc
+from enforcer.v1 import enforcer_pb2 as pb
+from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
+with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
+    stub = pb_grpc.EnforcerStub(channel)
+    for spec in json.loads(sys.argv[2]):
+        call = spec.pop("call", "Check")
+        try:
+            if call == "Status":
+                reply = stub.Status(pb.StatusRequest(), timeout=5)
+                print(json.dumps({"sessions": [[s.session, s.uid, list(s.argv)] for s in reply.sessions]}))
+                continue
+            tool = pb.ToolCall(name=spec.pop("tool"), arguments_json=json.dumps(spec.pop("arguments", {})))
+            reply = getattr(stub, call)(pb.CheckRequest(tool=tool, **spec), timeout=5)
+            if call == "Explain":
+                reply = reply.decision
+            print(json.dumps({"code": "OK", "decision": pb.Verdict.Name(reply.decision), "id": reply.decision_id}))
+        except grpc.RpcError as exc:
+            print(json.dumps({"code": exc.code().name, "details": exc.details()}))
+"""
+
+
+def test_two_users_cannot_act_as_each_others_agents_or_sessions_over_the_api(daemon_root: Path) -> None:
+    users = Users(daemon_root)
+    try:
+        made = users.create("a", "b")
+        (uid_a, gid_a, home_a), (uid_b, gid_b, _) = made["a"], made["b"]
+        launcher, checker = daemon_root / "raw_launch.py", daemon_root / "check_as.py"
+        launcher.write_text(RAW_LAUNCH)
+        checker.write_text(CHECK_AS)
+        callers = {"Reader": [f"group:{users.group}"], "Fast": [f"user:adla{users.tag}"]}
+        env = {"ADL_ENFORCER_SOCKET_GROUP": users.group, "ADL_ENFORCER_AGENT_CALLERS": json.dumps(callers)}
+        user_env = {"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)}
+        with running(daemon_root, env) as daemon:
+            daemon.write_adl(
+                "reader",
+                "Reader",
+                {"filesystem": {"allowed_paths": [{"path": f"{daemon_root}/**", "access": "read"}]}},
+            )
+            daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+
+            def as_user(uid: int, gid: int, *argv: str) -> list[str]:
+                return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--init-groups", sys.executable, *argv]
+
+            def check_as(uid: int, gid: int, *specs: dict[str, Any]) -> list[dict[str, Any]]:
+                run = subprocess.run(
+                    as_user(uid, gid, str(checker), str(daemon.api), json.dumps(specs)),
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env=user_env,
+                )
+                assert run.returncode == 0, run.stderr
+                return [json.loads(line) for line in run.stdout.splitlines()]
+
+            read = {"tool": "read_note", "arguments": {"name": "n"}}
+            # Agents by the operator's agent_callers: Fast is A's alone, Reader the group's.
+            b_fast, b_explain, b_reader = check_as(
+                uid_b,
+                gid_b,
+                {"agent": "Fast", **read},
+                {"agent": "Fast", "call": "Explain", **read},
+                {"agent": "Reader", **read},
+            )
+            assert b_fast["code"] == "PERMISSION_DENIED" and f"uid {uid_b}" in b_fast["details"], b_fast
+            assert b_explain["code"] == "PERMISSION_DENIED", b_explain
+            assert b_reader["code"] == "OK" and b_reader["decision"] == "ALLOW", b_reader
+            (a_fast,) = check_as(uid_a, gid_a, {"agent": "Fast", **read})
+            assert a_fast["code"] == "OK", a_fast
+            by_id = {r["payload"].get("decision_id"): r["payload"] for r in records_of(daemon, "decision")}
+            assert by_id[a_fast["id"]]["caller_uid"] == uid_a and by_id[b_reader["id"]]["caller_uid"] == uid_b
+
+            # A's session: its token works for A and is refused to B; Status shows it to A alone.
+            session_run = subprocess.Popen(
+                as_user(
+                    uid_a,
+                    gid_a,
+                    str(launcher),
+                    str(daemon.launch),
+                    json.dumps({"agent": "Reader", "argv": ["/bin/sleep", "30"], "cwd": str(home_a)}),
+                ),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=user_env,
+            )
+            try:
+                assert session_run.stderr is not None
+                session = json.loads(session_run.stderr.readline())
+                with_token = {"session": session["session"], "session_token": session["token"], **read}
+                (a_own,) = check_as(uid_a, gid_a, with_token)
+                (b_stolen,) = check_as(uid_b, gid_b, with_token)
+                assert a_own["code"] == "OK" and b_stolen["code"] == "UNAUTHENTICATED", (a_own, b_stolen)
+                (a_status,) = check_as(uid_a, gid_a, {"call": "Status"})
+                (b_status,) = check_as(uid_b, gid_b, {"call": "Status"})
+                assert [s[0] for s in a_status["sessions"]] == [session["session"]], a_status
+                assert b_status["sessions"] == [], b_status
+                assert (
+                    daemon.admin_stub()
+                    .TerminateSession(pb.TerminateSessionRequest(session=session["session"]))
+                    .terminated
+                )
+                session_run.wait(timeout=20)
+            finally:
+                if session_run.poll() is None:
+                    session_run.kill()
+                    session_run.wait()
+    finally:
+        users.remove()
