@@ -41,15 +41,30 @@ class CallerTable:
         self.prefix = f"adl-enforcerd-{secrets.token_hex(6)}-"
         self._peer_prefix = f"unix-abstract:{self.prefix}".encode()
         self._callers: dict[int, Caller] = {}
-        self._next = 0
+        self._per_uid: dict[int, int] = {}
 
     def add(self, caller: Caller) -> tuple[int, str]:
-        self._next += 1
-        self._callers[self._next] = caller
-        return self._next, self.prefix + str(self._next)
+        """A number for a new connection and the abstract name that carries it. Random, not counted:
+        abstract names are listed in /proc/net/unix, and a caller who could guess the next one
+        could bind it first and make that connection fail."""
+        number = secrets.randbits(62)
+        while number in self._callers:
+            number = secrets.randbits(62)
+        self._callers[number] = caller
+        self._per_uid[caller.uid] = self._per_uid.get(caller.uid, 0) + 1
+        return number, self.prefix + str(number)
 
     def remove(self, number: int) -> None:
-        self._callers.pop(number, None)
+        caller = self._callers.pop(number, None)
+        if caller is not None:
+            left = self._per_uid[caller.uid] - 1
+            if left:
+                self._per_uid[caller.uid] = left
+            else:
+                del self._per_uid[caller.uid]
+
+    def connections_of(self, uid: int) -> int:
+        return self._per_uid.get(uid, 0)
 
     def of(self, peer: bytes | str) -> Caller | None:
         """The caller of a call with this peer string. A call that did not come through the relay
@@ -182,8 +197,14 @@ class CallerRelay:
                 log.warning("API connection without credentials: %s", exc)
                 outer.close()
                 continue
-            if len(self._pairs) >= self._max_pairs:
-                log.warning("API connection from uid %d closed: %d connections are open", uid, len(self._pairs))
+            # One uid gets a quarter of the connections at most: it cannot shut the others out.
+            if len(self._pairs) >= self._max_pairs or self.table.connections_of(uid) >= max(1, self._max_pairs // 4):
+                log.warning(
+                    "API connection from uid %d closed: %d connections are open, %d of them its own",
+                    uid,
+                    len(self._pairs),
+                    self.table.connections_of(uid),
+                )
                 outer.close()
                 continue
             number, name = self.table.add(caller)
