@@ -99,6 +99,7 @@ class CallerRelay:
         self._listener: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None
         self._stop = threading.Event()
+        self._no_more = threading.Event()
         self.accept_errors = 0
 
     @staticmethod
@@ -135,10 +136,15 @@ class CallerRelay:
         self._selector.register(listener, selectors.EVENT_READ)
         threading.Thread(target=self._serve, name="api-relay", daemon=True).start()
 
-    def stop(self) -> None:
+    def stop_accepting(self) -> None:
+        """No new connections; those open keep being relayed (their answers still go out)."""
+        self._no_more.set()
+        self.public.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """End the relay and every connection (after the gRPC server has stopped)."""
+        self._no_more.set()
         self._stop.set()
-        if self._listener is not None:
-            self._listener.close()
         self.public.unlink(missing_ok=True)
 
     def _serve(self) -> None:
@@ -148,6 +154,11 @@ class CallerRelay:
         backoff = BACKOFF_S[0]
         try:
             while not self._stop.is_set():
+                if self._no_more.is_set() and self._listener.fileno() >= 0:
+                    with contextlib.suppress(KeyError):
+                        selector.unregister(self._listener)
+                    self._listener.close()
+                    resume_at = 0.0
                 if resume_at and time.monotonic() >= resume_at:
                     resume_at = 0.0
                     selector.register(self._listener, selectors.EVENT_READ)
@@ -176,6 +187,7 @@ class CallerRelay:
             for pair in list(self._pairs.values()):
                 self._close(pair)
             selector.close()
+            self._listener.close()
 
     def _accept_all(self) -> bool:
         assert self._listener is not None

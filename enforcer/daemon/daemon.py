@@ -181,12 +181,13 @@ class Daemon:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._launch is not None:
             self._launch.stop()
-        self._relay.stop()
+        self._relay.stop_accepting()
         self.core.end_pending("the daemon stopped")  # each outcome recorded; waiters answered DENY now
         self.approvals.close()
         ended = self._end_sessions(timeout_s=5.0)
         for server in self._servers:
             server.stop(grace=2).wait(3)
+        self._relay.close()
         if self._inline is not None:
             self._inline.stop()
         for path in (self.settings.socket, self.settings.admin_socket, self._relay.internal):

@@ -232,24 +232,68 @@ def test_sixty_four_waits_leave_health_and_check_answering_and_sigterm_ends_them
         )
 
 
-def test_one_agents_flood_of_asks_leaves_another_agent_an_approval(daemon_root: Path) -> None:
-    with running(daemon_root) as daemon:
-        stub = daemon.enforcer()
-        opened = 0
-        refused = None
-        for _ in range(12_000):  # beyond the global limit of 10,000: the flood must stop before it
-            try:
-                reply = _ask(stub, "Slow")
-            except grpc.RpcError as exc:
-                refused = exc
-                break
-            assert reply.approval_id
-            opened += 1
-        assert refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "agent" in refused.details() and opened < 10_000, (opened, refused.details())
-        other = _ask(stub, "Fast")
-        assert other.decision == pb.ASK and other.approval_id
-        print(f"\nflood: {opened} ASKs opened for one agent, then RESOURCE_EXHAUSTED; another agent still asks")
+FLOOD = """
+import json, sys
+import grpc
+from enforcer.v1 import enforcer_pb2 as pb
+from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
+request = pb.CheckRequest(agent=sys.argv[2], tool=pb.ToolCall(name="pay", arguments_json='{"amount": 500}'))
+opened = 0
+with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
+    stub = pb_grpc.EnforcerStub(channel)
+    for _ in range(int(sys.argv[3])):
+        try:
+            assert stub.Check(request, timeout=5).approval_id
+        except grpc.RpcError as exc:
+            print(json.dumps({"opened": opened, "code": exc.code().name, "details": exc.details()}))
+            break
+        opened += 1
+    else:
+        print(json.dumps({"opened": opened, "code": "OK"}))
+"""
+
+
+def test_one_callers_flood_of_asks_leaves_another_agent_an_approval(daemon_root: Path) -> None:
+    """A group member floods one agent with ASKs (beyond the global limit of 10,000 if it could):
+    its agent's and its uid's bounds stop it, and another caller's ASK for another agent is opened."""
+    users = Users(daemon_root)
+    try:
+        uid, gid, _home = users.create("f")["f"]
+        script = daemon_root / "flood.py"
+        script.write_text(FLOOD)
+        env = {
+            "ADL_ENFORCER_SOCKET_GROUP": users.group,
+            "ADL_ENFORCER_AGENT_CALLERS": json.dumps({"Slow": [f"group:{users.group}"]}),
+        }
+        with running(daemon_root, env) as daemon:
+            started = time.monotonic()
+            flood = subprocess.run(
+                [
+                    "setpriv",
+                    f"--reuid={uid}",
+                    f"--regid={gid}",
+                    "--init-groups",
+                    sys.executable,
+                    str(script),
+                    str(daemon.api),
+                    "Slow",
+                    "12000",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)},
+            )
+            took = time.monotonic() - started
+            assert flood.returncode == 0, flood.stderr
+            result = json.loads(flood.stdout)
+            assert result["code"] == "RESOURCE_EXHAUSTED" and result["opened"] < 10_000, result
+            other = _ask(daemon.enforcer(), "Fast")
+            assert other.decision == pb.ASK and other.approval_id
+            assert daemon.enforcer().Status(pb.StatusRequest()).pending_approvals == result["opened"] + 1
+            print(f"\nflood: {result['opened']} ASKs in {took:.1f} s, then {result['details']!r}; another agent asks")
+    finally:
+        users.remove()
 
 
 def test_a_terminated_sessions_approvals_end_with_a_record(daemon_root: Path) -> None:
