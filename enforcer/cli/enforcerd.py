@@ -24,6 +24,8 @@ sockets:
                                                 ReloadPolicies, ListSessions, TerminateSession
   launch  (launch_socket, mode 0660)            adl-exec --daemon unix:PATH
   every gRPC socket also serves grpc.health.v1 and server reflection.
+  the API socket knows each caller's uid (SO_PEERCRED): who may launch an agent or Check as it
+  without a session is agent_callers (default: root only); a session token works only for its uid.
 
 signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version);
 SIGTERM stops: sessions are ended and their exits recorded first.
