@@ -61,6 +61,7 @@ def _spawner_config(settings: Settings) -> dict[str, object]:
         "regions": str(settings.regions),
         "baseline": str(settings.baseline),
         "cgroup_group": settings.cgroup_group,
+        "helper_memory_mb": settings.helper_memory_mb,
         "egress": settings.egress_config(),
     }
 

@@ -45,6 +45,12 @@ class Settings(EgressSettings):
     cgroup_group: str = Field(
         default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
     )
+    helper_memory_mb: int = Field(
+        default=256,
+        ge=64,
+        description="memory limit of each session's root helpers (its supervisor and egress filter), "
+        "in their own cgroup <cgroup_group>.helpers",
+    )
     workers: int = Field(default=16, ge=1, le=256, description="gRPC worker threads per socket")
     api_cpus: str = Field(
         default="one",

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from ..sandbox.stage import Prepared
 
 PR_SET_PDEATHSIG = 1
+HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgroup_group>.helpers
+HELPER_PIDS = 64  # supervisor, its threads, the egress filter's: far below what an agent may have
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -132,9 +134,33 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
         seccomp.compile_filter(plan)
 
     children: dict[int, str] = {}
+    helpers: dict[int, Any] = {}  # supervisor pid -> its helpers' cgroup
+    try:
+        _serve_orders(sock, config, children, helpers)
+    finally:
+        _remove_helper_groups(config)
+
+
+def _remove_helper_groups(config: dict[str, Any]) -> None:
+    """The helpers' group directories, once empty (a supervisor still running keeps its own)."""
+    from ..sandbox import cgroups
+
+    with contextlib.suppress(OSError):
+        for base in cgroups.group_directories(group=config["cgroup_group"] + HELPERS_SUFFIX):
+            if base.is_dir():
+                for directory in base.iterdir():
+                    with contextlib.suppress(OSError):
+                        directory.rmdir()
+                with contextlib.suppress(OSError):
+                    base.rmdir()
+
+
+def _serve_orders(
+    sock: socket.socket, config: dict[str, Any], children: dict[int, str], helpers: dict[int, Any]
+) -> None:
     while True:
         ready, _, _ = select.select([sock], [], [], 0.2)
-        _reap(children, sock)
+        _reap(children, sock, helpers, config)
         if not ready:
             continue
         try:
@@ -151,6 +177,12 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
             continue
+        try:
+            helper_group = _helpers_cgroup(order["session"], config)
+            joins = helper_group.join_files()
+        except OSError as exc:
+            helper_group = None
+            joins = [f"/nonexistent/{exc}"]  # the supervisor refuses the session: nothing runs unaccounted
         # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         pid = os.fork()
@@ -159,17 +191,34 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
             _die_with_parent(os.getppid())
             code = 1
             try:
-                code = _supervise(order, fds, config)
+                code = _supervise(order, fds, config, joins)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
         for fd in fds:
             os.close(fd)
         children[pid] = order["session"]
+        if helper_group is not None:
+            helpers[pid] = helper_group
         send_frame(sock, json.dumps({"event": "started", "session": order["session"], "pid": pid}).encode())
 
 
-def _reap(children: dict[int, str], sock: socket.socket) -> None:
+def _helpers_cgroup(session: str, config: dict[str, Any]) -> Any:
+    """The cgroup of a session's root helpers (its supervisor, and the egress filter it starts):
+    their memory and processes are counted and bounded as the agent's are, in a group of their own
+    beside the sessions' so that nothing takes them for sessions."""
+    from ..sandbox import cgroups
+
+    group = cgroups.create(session, group=config["cgroup_group"] + HELPERS_SUFFIX)
+    try:
+        group.apply(cgroups.Limits(memory_bytes=config["helper_memory_mb"] << 20, pids_max=HELPER_PIDS))
+    except OSError:
+        group.remove(timeout=1)
+        raise
+    return group
+
+
+def _reap(children: dict[int, str], sock: socket.socket, helpers: dict[int, Any], config: dict[str, Any]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -177,6 +226,12 @@ def _reap(children: dict[int, str], sock: socket.socket) -> None:
             return
         if pid == 0:
             return
+        group = helpers.pop(pid, None)
+        if group is not None:
+            with contextlib.suppress(OSError):
+                group.remove(timeout=2)  # an egress filter left behind goes with it
+            if not helpers:  # the last one: no empty directory is left when the daemon stops
+                _remove_helper_groups(config)
         session = children.pop(pid, None)
         if session is not None:
             event = {"event": "ended", "session": session, "status": os.waitstatus_to_exitcode(status)}
@@ -198,6 +253,11 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
         code = 1
         try:
             ours.close()
+            # Nothing of root's to reach through /proc/self/fd/N or /proc/self/cwd: those magic
+            # links would open what they point at without the path's permission checks.
+            os.chdir("/")
+            os.closerange(0, theirs.fileno())
+            os.closerange(theirs.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -243,7 +303,7 @@ def _masks_layer(detail: str) -> Any:
     return Layer("daemon_files", "mount namespace masks", "active", [detail])
 
 
-def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) -> int:
+def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any], helper_joins: list[str]) -> int:
     """One session, in its own process: compile, plan, audit, run, report to the caller."""
     from ..sandbox.stage import prepare
 
@@ -252,28 +312,53 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any]) ->
     for target, fd in enumerate((stdin, stdout, stderr)):
         os.dup2(fd, target)
         os.close(fd)
-    from ..sandbox import cgroups
-
     client = socket.socket(fileno=client_fd)
     terminated = threading.Event()
+    made: list[Prepared] = []
 
     def terminate(_signum: int, _frame: Any) -> None:
         # TerminateSession: end the session at whatever step it is; the cgroup holds the stage or agent.
         terminated.set()
-        with contextlib.suppress(OSError):
-            group = cgroups.existing(group=config["cgroup_group"]).get(session)
-            if group is not None:
+        group = made[0].group if made else None
+        if group is not None:
+            with contextlib.suppress(OSError):
                 group.kill_all()
 
     signal.signal(signal.SIGUSR1, terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     # The session's cgroup and stage first: the stage's cgroup join (up to ~16 ms on v1) then
-    # overlaps compiling the policy below.
+    # overlaps compiling the policy below. Only then does this process move into its helpers'
+    # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config["cgroup_group"])
+    made.append(prepared)
+    # The move (up to ~16 ms on v1, an RCU grace period) overlaps compiling the policy too.
+    joining = _Join(helper_joins)
     try:
-        return _supervise_prepared(order, config, session, client, prepared, terminated)
+        return _supervise_prepared(order, config, session, client, prepared, terminated, joining)
     finally:
         prepared.discard()
+
+
+class _Join(threading.Thread):
+    """This process into its helpers' cgroup, on a thread of its own; wait() raises what failed."""
+
+    def __init__(self, join_files: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.join_files, self.error = join_files, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for path in self.join_files:
+                with open(path, "w") as f:
+                    f.write("0")
+        except OSError as exc:
+            self.error = exc
+
+    def wait(self) -> None:
+        super().join()
+        if self.error is not None:
+            raise OSError(f"the session's helpers cannot join their cgroup, nothing runs unaccounted: {self.error}")
 
 
 def _supervise_prepared(
@@ -283,6 +368,7 @@ def _supervise_prepared(
     client: socket.socket,
     prepared: Prepared,
     terminated: threading.Event,
+    joining: _Join,
 ) -> int:
     from datetime import UTC, datetime
 
@@ -290,7 +376,6 @@ def _supervise_prepared(
     from ..documents import PolicyFileError, load_regions, schema_set
     from ..egress.settings import EgressSettings
     from ..policy import CompileOptions, DocumentRejected, compile_policy
-    from ..sandbox import cgroups
     from ..sandbox import session as sessions
     from ..sandbox.launcher import LaunchError
     from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -321,6 +406,7 @@ def _supervise_prepared(
         policy = compile_policy(order["adl"], order["aaif"], schema_set(), datetime.now(UTC), options)
         if policy.digest != order["policy_digest"]:
             raise PlanError("the agent's policy changed while it was being launched; try again")
+        joining.wait()  # before anything forks again
         cwd = enter_as_caller(order["cwd"], uid, gid)
         plan = build_plan(
             policy,
@@ -346,10 +432,9 @@ def _supervise_prepared(
         with contextlib.suppress(OSError):
             while client.recv(4096):
                 pass
-        group = cgroups.existing(group=config["cgroup_group"]).get(session)
-        if group is not None:
+        if prepared.group is not None:
             with contextlib.suppress(OSError):
-                group.kill_all()
+                prepared.group.kill_all()
 
     def end_terminated(step: str) -> int:
         with contextlib.suppress(AuditUnavailable):

@@ -49,7 +49,9 @@ def records_of(daemon: RunningDaemon, kind: str) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def running(root: Path, env: dict[str, str] | None = None, wrap: list[str] | None = None) -> Iterator[RunningDaemon]:
+def running(
+    root: Path, env: dict[str, str] | None = None, wrap: list[str] | None = None, cwd: Path | None = None
+) -> Iterator[RunningDaemon]:
     box = Sandbox(root / "box")
     daemon = RunningDaemon(root, box)
     daemon.write_agents(max_concurrent=4)
@@ -58,7 +60,12 @@ def running(root: Path, env: dict[str, str] | None = None, wrap: list[str] | Non
     daemon.extra_env.update(env or {})
     daemon.wrap = wrap or []
     try:
-        daemon.start()
+        here = os.getcwd()
+        os.chdir(cwd or here)  # the daemon's working directory, and so its spawner's
+        try:
+            daemon.start()
+        finally:
+            os.chdir(here)
         yield daemon
     finally:
         daemon.cleanup()
@@ -445,7 +452,8 @@ def test_two_users_cannot_use_each_others_directories_limits_or_agents(daemon_ro
         script.write_text(RAW_LAUNCH)
         callers = {"Reader": [f"group:{users.group}"], "Fast": [f"uid:{uid_a}"]}
         env = {"ADL_ENFORCER_SOCKET_GROUP": users.group, "ADL_ENFORCER_AGENT_CALLERS": json.dumps(callers)}
-        with running(daemon_root, env) as daemon:
+        # The daemon runs in A's private directory: /proc/self/cwd must not lead B there.
+        with running(daemon_root, env, cwd=private) as daemon:
             daemon.write_adl(
                 "reader",
                 "Reader",
@@ -475,6 +483,9 @@ def test_two_users_cannot_use_each_others_directories_limits_or_agents(daemon_ro
                 r for r in records_of(daemon, "refused") if "not reachable" in r["payload"].get("refusal", "")
             )
             assert refusal["payload"]["caller_uid"] == uid_b and refusal["payload"]["cwd"] == str(private)
+            for magic in ("/proc/self/cwd", "/proc/thread-self/cwd", *(f"/proc/self/fd/{n}" for n in range(3, 12))):
+                link = launch_as_b(agent="Reader", argv=cat, cwd=magic)
+                assert "A-ONLY" not in link.stdout, (magic, link)
             # Control: B's own directory works, and the launch record names B and the directory.
             (home_b / "secret.txt").write_text("B-OWN\n")
             os.chown(home_b / "secret.txt", uid_b, gid_b)
@@ -652,3 +663,43 @@ def test_two_users_cannot_act_as_each_others_agents_or_sessions_over_the_api(dae
                     session_run.wait()
     finally:
         users.remove()
+
+
+def test_a_sessions_root_helpers_are_accounted_to_a_bounded_cgroup(daemon_root: Path) -> None:
+    from enforcer.sandbox import cgroups
+
+    with running(daemon_root) as daemon:
+        session_file = daemon_root / "helpers-session.json"
+        argv = daemon.exec_argv(
+            "python3",
+            "-c",
+            "print('up', flush=True); import time; time.sleep(30)",
+            options=("--session-file", str(session_file)),
+        )
+        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert client.stdout is not None and client.stdout.readline() == "up\n"
+            session = json.loads(session_file.read_text())["session"]
+            (info,) = [s for s in daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions]
+            assert info.session == session and info.pid > 0
+            memberships = Path(f"/proc/{info.pid}/cgroup").read_text().splitlines()
+            memory = next(line.split(":", 2)[2] for line in memberships if line.split(":")[1] in ("memory", ""))
+            assert memory.endswith(f"/{daemon.group}.helpers/{session}"), memberships
+            helpers = cgroups.existing(group=f"{daemon.group}.helpers")[session]
+            assert info.pid in helpers.members()
+            limit_files = [d / "memory.max" for d in helpers.directories] + [
+                d / "memory.limit_in_bytes" for d in helpers.directories
+            ]
+            limits = [int(f.read_text()) for f in limit_files if f.exists()]
+            assert limits and limits[0] == 256 << 20, limits
+            daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=session))
+            client.wait(timeout=20)
+            deadline = time.monotonic() + 10
+            while cgroups.existing(group=f"{daemon.group}.helpers") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert cgroups.existing(group=f"{daemon.group}.helpers") == {}  # removed with its supervisor
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    assert not any(d.exists() for d in cgroups.group_directories(group=f"{daemon.group}.helpers"))
