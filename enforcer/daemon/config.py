@@ -86,8 +86,8 @@ class Settings(EgressSettings):
     )
     allowed_unenforced: list[str] = Field(
         default_factory=list,
-        description="enforcement layers (e.g. landlock, cgroups) a caller may accept as unenforced; "
-        "a launch accepting any other is refused. Default: none",
+        description="domains (filesystem, execution, environment, network, resources) a caller may accept "
+        "as unenforced; a launch accepting any other is refused. Default: none",
     )
     agent_callers: dict[str, list[str]] = Field(
         default_factory=dict,
