@@ -81,19 +81,73 @@ class CallerTable:
             return None
 
 
+class RequestClock:
+    """When each of a connection's requests began that the caller has not finished sending.
+
+    grpcio's sync server holds a worker thread from a call's first frame until its request message
+    has arrived, with no deadline of its own: a caller that opens calls and never finishes them
+    would take every thread. So the relay follows the caller's HTTP/2 frames (a 9-byte header each:
+    length, type, flags, stream) and notes when a stream opens (HEADERS) and when the caller's half
+    ends (END_STREAM on HEADERS or DATA, or RST_STREAM)."""
+
+    PREFACE = len(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    MAX_OPEN = 1024  # more unfinished requests on one connection than any caller needs
+
+    def __init__(self) -> None:
+        self._preface = self.PREFACE
+        self._head = b""
+        self._skip = 0  # payload bytes of the current frame still to come
+        self.open: dict[int, float] = {}  # stream -> when it opened
+
+    def feed(self, data: bytes, now: float) -> None:
+        i, n = 0, len(data)
+        if self._preface:
+            i = min(self._preface, n)
+            self._preface -= i
+        while i < n:
+            if self._skip:
+                step = min(self._skip, n - i)
+                self._skip -= step
+                i += step
+                continue
+            need = 9 - len(self._head)
+            self._head += data[i : i + need]
+            i += need
+            if len(self._head) < 9:
+                return
+            head, self._head = self._head, b""
+            self._skip = int.from_bytes(head[:3], "big")
+            kind, flags, stream = head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            if not stream:
+                continue
+            if kind == 0x1 and not flags & 0x1:  # HEADERS without END_STREAM: a request begins
+                self.open.setdefault(stream, now)
+            elif (kind in (0x0, 0x1) and flags & 0x1) or kind == 0x3:  # END_STREAM, or RST_STREAM
+                self.open.pop(stream, None)
+
+    def late(self, now: float, limit_s: float) -> bool:
+        """Whether a request has been unfinished for longer than limit_s (or too many are)."""
+        return len(self.open) > self.MAX_OPEN or any(now - began > limit_s for began in self.open.values())
+
+
 class _Pair:
     def __init__(self, number: int, outer: socket.socket, inner: socket.socket) -> None:
         self.number, self.outer, self.inner = number, outer, inner
         # Bytes read from one side that the other has not taken yet, by the side they go to.
         self.backlog: dict[socket.socket, bytes] = {outer: b"", inner: b""}
+        self.clock = RequestClock()
 
     def other(self, sock: socket.socket) -> socket.socket:
         return self.inner if sock is self.outer else self.outer
 
 
 class CallerRelay:
-    def __init__(self, public: Path, internal: Path, table: CallerTable, max_connections: int = 4096) -> None:
+    def __init__(
+        self, public: Path, internal: Path, table: CallerTable, max_connections: int = 4096, request_s: float = 10.0
+    ) -> None:
         self.public, self.internal, self.table = public, internal, table
+        self.request_s = request_s
+        self.cut = 0  # connections closed for a request unfinished past request_s
         self._max_pairs = max_connections
         self._pairs: dict[int, _Pair] = {}  # by number, in the order accepted
         self._listener: socket.socket | None = None
@@ -152,8 +206,13 @@ class CallerRelay:
         assert selector is not None and self._listener is not None
         resume_at = 0.0
         backoff = BACKOFF_S[0]
+        swept = time.monotonic()
         try:
             while not self._stop.is_set():
+                now = time.monotonic()
+                if now - swept >= 0.1:
+                    swept = now
+                    self._cut_late(now)
                 if self._no_more.is_set() and self._listener.fileno() >= 0:
                     with contextlib.suppress(KeyError):
                         selector.unregister(self._listener)
@@ -254,8 +313,21 @@ class CallerRelay:
         if not data:
             self._close(pair)
             return
+        if source is pair.outer:
+            pair.clock.feed(data, time.monotonic())
         pair.backlog[target] = data
         self._flush(pair, target)
+
+    def _cut_late(self, now: float) -> None:
+        for pair in [p for p in self._pairs.values() if p.clock.open and p.clock.late(now, self.request_s)]:
+            caller = self.table.of(f"unix-abstract:{self.table.prefix}{pair.number}")
+            self.cut += 1
+            log.warning(
+                "API connection of uid %s closed: a request unfinished after %.0f s",
+                caller.uid if caller else "?",
+                self.request_s,
+            )
+            self._close(pair)  # the server cancels its calls: their threads are free again
 
     def _flush(self, pair: _Pair, target: socket.socket) -> None:
         data = pair.backlog[target]

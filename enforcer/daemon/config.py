@@ -97,6 +97,13 @@ class Settings(EgressSettings):
     launch_request_s: float = Field(
         default=5.0, gt=0, le=60, description="a launch request must arrive whole within this many seconds"
     )
+    api_request_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="an API request must arrive whole within this many seconds of its first frame, or its "
+        "connection is closed",
+    )
     max_api_connections: int = Field(
         default=4096, ge=1, description="open connections to the API socket; more are closed at once"
     )

@@ -92,7 +92,11 @@ class Daemon:
             self.store, self.sink, self.registry, self.approvals, _now_ms, self.callers, settings.agent_callers
         )
         self._relay = CallerRelay(
-            settings.socket, CallerRelay.internal_path(settings.socket), self.callers, settings.max_api_connections
+            settings.socket,
+            CallerRelay.internal_path(settings.socket),
+            self.callers,
+            settings.max_api_connections,
+            settings.api_request_s,
         )
         self._servers: list[grpc.Server] = []
         self._inline: InlineUnary | None = None

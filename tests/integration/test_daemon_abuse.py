@@ -703,3 +703,44 @@ def test_a_sessions_root_helpers_are_accounted_to_a_bounded_cgroup(daemon_root: 
                 client.kill()
                 client.wait()
     assert not any(d.exists() for d in cgroups.group_directories(group=f"{daemon.group}.helpers"))
+
+
+def test_unfinished_api_requests_are_cut_at_the_whole_request_deadline(daemon_root: Path) -> None:
+    """400 calls (100 per connection, the server's stream limit) that send their first frame and
+    never their request message would each hold one of the sync server's 272 threads for good; the
+    relay closes their connections after api_request_s, and health and Check answer."""
+    with running(daemon_root, {"ADL_ENFORCER_API_REQUEST_S": "1"}) as daemon:
+        attackers = [grpc.insecure_channel(f"unix:{daemon.api}") for _ in range(4)]
+        never = threading.Event()
+
+        def nothing() -> Iterator[bytes]:
+            never.wait(30)  # the request message never comes (while the test runs)
+            return
+            yield b""
+
+        try:
+            calls = [
+                channel.stream_unary("/enforcer.v1.Enforcer/Explain").future(nothing())
+                for channel in attackers
+                for _ in range(100)
+            ]
+            started = time.monotonic()
+            time.sleep(0.3)  # every call has reached the server and holds its thread
+            answered = None
+            while time.monotonic() - started < 10:
+                if daemon.health() == "SERVING":
+                    check = daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=2)
+                    assert check.decision == pb.ALLOW
+                    answered = time.monotonic() - started
+                    break
+            assert answered is not None and answered < 5, answered
+            for call in calls:
+                with pytest.raises(grpc.RpcError) as cut:
+                    call.result(timeout=10)
+                assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "a request unfinished after 1 s" in daemon.log.read_text()
+            print(f"\n400 unfinished requests: health and Check answered {answered:.1f} s after they began")
+        finally:
+            never.set()
+            for channel in attackers:
+                channel.close()
