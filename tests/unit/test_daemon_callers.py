@@ -76,3 +76,28 @@ def test_close_wakes_every_waiter_at_once() -> None:
     pending = approvals.pending()[0]
     approvals.close()
     assert approvals.wait(pending.approval_id, 30).outcome == "pending"  # returns at once, not in 30 s
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def test_the_request_clock_follows_http2_frames_split_anywhere() -> None:
+    from enforcer.daemon.callers import RequestClock
+
+    stream = (
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        + _frame(0x4, 0, 0, b"s" * 6)  # SETTINGS
+        + _frame(0x1, 0x4, 1, b"h" * 20)  # HEADERS: request 1 begins
+        + _frame(0x1, 0x4, 3, b"h" * 9)  # request 3 begins
+        + _frame(0x0, 0x1, 1, b"d" * 300)  # DATA with END_STREAM: request 1 is whole
+        + _frame(0x1, 0x5, 5, b"h" * 4)  # HEADERS with END_STREAM: nothing left to wait for
+    )
+    for size in (1, 2, 7, 9, 64, len(stream)):
+        clock = RequestClock()
+        for i in range(0, len(stream), size):
+            clock.feed(stream[i : i + size], 1.0)
+        assert clock.open == {3: 1.0}, size
+        assert not clock.late(5.0, 10.0) and clock.late(12.0, 10.0)
+        clock.feed(_frame(0x3, 0, 3, b"\0" * 4), 2.0)  # RST_STREAM: the caller gave up
+        assert clock.open == {}
