@@ -46,7 +46,7 @@ class Settings(EgressSettings):
         default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
     )
     helper_memory_mb: int = Field(
-        default=256,
+        default=512,
         ge=64,
         description="memory limit of each session's root helpers (its supervisor and egress filter), "
         "in their own cgroup <cgroup_group>.helpers",

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 PR_SET_PDEATHSIG = 1
 HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgroup_group>.helpers
-HELPER_PIDS = 64  # supervisor, its threads, the egress filter's: far below what an agent may have
+HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -211,7 +211,9 @@ def _helpers_cgroup(session: str, config: dict[str, Any]) -> Any:
 
     group = cgroups.create(session, group=config["cgroup_group"] + HELPERS_SUFFIX)
     try:
-        group.apply(cgroups.Limits(memory_bytes=config["helper_memory_mb"] << 20, pids_max=HELPER_PIDS))
+        # The egress filter runs two threads per open connection.
+        pids = HELPER_PIDS + 2 * int(config["egress"].get("max_connections", 1024))
+        group.apply(cgroups.Limits(memory_bytes=config["helper_memory_mb"] << 20, pids_max=pids))
     except OSError:
         group.remove(timeout=1)
         raise

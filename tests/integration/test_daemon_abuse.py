@@ -691,7 +691,7 @@ def test_a_sessions_root_helpers_are_accounted_to_a_bounded_cgroup(daemon_root: 
                 d / "memory.limit_in_bytes" for d in helpers.directories
             ]
             limits = [int(f.read_text()) for f in limit_files if f.exists()]
-            assert limits and limits[0] == 256 << 20, limits
+            assert limits and limits[0] == 512 << 20, limits
             daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=session))
             client.wait(timeout=20)
             deadline = time.monotonic() + 10
