@@ -24,6 +24,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .framing import peer_credentials
@@ -81,25 +82,16 @@ class CallerTable:
             return None
 
 
-class RequestClock:
-    """When each of a connection's requests began that the caller has not finished sending.
+class _Frames:
+    """HTTP/2 frame headers (9 bytes: length, type, flags, stream) in a byte stream split anywhere."""
 
-    grpcio's sync server holds a worker thread from a call's first frame until its request message
-    has arrived, with no deadline of its own: a caller that opens calls and never finishes them
-    would take every thread. So the relay follows the caller's HTTP/2 frames (a 9-byte header each:
-    length, type, flags, stream) and notes when a stream opens (HEADERS) and when the caller's half
-    ends (END_STREAM on HEADERS or DATA, or RST_STREAM)."""
-
-    PREFACE = len(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-    MAX_OPEN = 1024  # more unfinished requests on one connection than any caller needs
-
-    def __init__(self) -> None:
-        self._preface = self.PREFACE
+    def __init__(self, preface: int, on_frame: Callable[[int, int, int], None]) -> None:
+        self._preface = preface  # bytes of the client's connection preface still to skip
         self._head = b""
         self._skip = 0  # payload bytes of the current frame still to come
-        self.open: dict[int, float] = {}  # stream -> when it opened
+        self._on_frame = on_frame
 
-    def feed(self, data: bytes, now: float) -> None:
+    def feed(self, data: bytes) -> None:
         i, n = 0, len(data)
         if self._preface:
             i = min(self._preface, n)
@@ -117,13 +109,48 @@ class RequestClock:
                 return
             head, self._head = self._head, b""
             self._skip = int.from_bytes(head[:3], "big")
-            kind, flags, stream = head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
-            if not stream:
-                continue
-            if kind == 0x1 and not flags & 0x1:  # HEADERS without END_STREAM: a request begins
-                self.open.setdefault(stream, now)
-            elif (kind in (0x0, 0x1) and flags & 0x1) or kind == 0x3:  # END_STREAM, or RST_STREAM
-                self.open.pop(stream, None)
+            stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            if stream:
+                self._on_frame(head[3], head[4], stream)
+
+
+class RequestClock:
+    """When each of a connection's requests began that the caller has not finished sending.
+
+    grpcio's sync server holds a worker thread from a call's first frame until its request message
+    has arrived, with no deadline of its own: a caller that opens calls and never finishes them
+    would take every thread. So the relay follows the HTTP/2 frame headers both ways and notes when
+    a stream opens (the caller's HEADERS) and when it no longer waits for the caller: the caller's
+    half ends (END_STREAM on HEADERS or DATA), or either side ends the stream (RST_STREAM, or the
+    server's END_STREAM)."""
+
+    PREFACE = len(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    MAX_OPEN = 1024  # more unfinished requests on one connection than any caller needs
+
+    def __init__(self) -> None:
+        self.open: dict[int, float] = {}  # stream -> when it opened
+        self._now = 0.0
+        self._caller = _Frames(self.PREFACE, self._from_caller)
+        self._server = _Frames(0, self._from_server)
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes the caller sent."""
+        self._now = now
+        self._caller.feed(data)
+
+    def feed_server(self, data: bytes) -> None:
+        """Bytes the server sent."""
+        self._server.feed(data)
+
+    def _from_caller(self, kind: int, flags: int, stream: int) -> None:
+        if kind == 0x1 and not flags & 0x1:  # HEADERS without END_STREAM: a request begins
+            self.open.setdefault(stream, self._now)
+        elif (kind in (0x0, 0x1) and flags & 0x1) or kind == 0x3:  # END_STREAM, or RST_STREAM
+            self.open.pop(stream, None)
+
+    def _from_server(self, kind: int, flags: int, stream: int) -> None:
+        if (kind in (0x0, 0x1) and flags & 0x1) or kind == 0x3:
+            self.open.pop(stream, None)
 
     def late(self, now: float, limit_s: float) -> bool:
         """Whether a request has been unfinished for longer than limit_s (or too many are)."""
@@ -315,6 +342,8 @@ class CallerRelay:
             return
         if source is pair.outer:
             pair.clock.feed(data, time.monotonic())
+        else:  # every byte, or the frame boundaries are lost
+            pair.clock.feed_server(data)
         pair.backlog[target] = data
         self._flush(pair, target)
 

@@ -101,3 +101,16 @@ def test_the_request_clock_follows_http2_frames_split_anywhere() -> None:
         assert not clock.late(5.0, 10.0) and clock.late(12.0, 10.0)
         clock.feed(_frame(0x3, 0, 3, b"\0" * 4), 2.0)  # RST_STREAM: the caller gave up
         assert clock.open == {}
+
+
+def test_a_request_the_server_has_ended_is_not_waited_for() -> None:
+    from enforcer.daemon.callers import RequestClock
+
+    clock = RequestClock()
+    clock.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(0x1, 0x4, 1, b"h" * 20) + _frame(0x1, 0x4, 3), 1.0)
+    server = _frame(0x4, 0, 0, b"s" * 12) + _frame(0x1, 0x4, 1, b"m" * 30) + _frame(0x1, 0x5, 1, b"t" * 9)
+    for i in range(len(server)):  # split anywhere
+        clock.feed_server(server[i : i + 1])
+    assert clock.open == {3: 1.0}  # the server answered (and ended) stream 1; stream 3 still waits
+    clock.feed_server(_frame(0x3, 0, 3, b"\0" * 4))
+    assert clock.open == {}
