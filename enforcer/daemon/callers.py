@@ -22,6 +22,7 @@ import resource
 import secrets
 import selectors
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +83,9 @@ class CallerTable:
             return None
 
 
+_FRAME_HEAD = struct.Struct("!BHBBI")  # length (24 bits as 8 + 16), type, flags, stream
+
+
 class _Frames:
     """HTTP/2 frame headers (9 bytes: length, type, flags, stream) in a byte stream split anywhere."""
 
@@ -102,16 +106,21 @@ class _Frames:
                 self._skip -= step
                 i += step
                 continue
-            need = 9 - len(self._head)
-            self._head += data[i : i + need]
-            i += need
-            if len(self._head) < 9:
-                return
-            head, self._head = self._head, b""
-            self._skip = int.from_bytes(head[:3], "big")
-            stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            if not self._head and i + 9 <= n:  # the usual case: a whole header in this chunk
+                high, low, kind, flags, stream = _FRAME_HEAD.unpack_from(data, i)
+                i += 9
+            else:
+                need = 9 - len(self._head)
+                self._head += data[i : i + need]
+                i += need
+                if len(self._head) < 9:
+                    return
+                high, low, kind, flags, stream = _FRAME_HEAD.unpack(self._head)
+                self._head = b""
+            self._skip = high << 16 | low
+            stream &= 0x7FFFFFFF
             if stream:
-                self._on_frame(head[3], head[4], stream)
+                self._on_frame(kind, flags, stream)
 
 
 class RequestClock:
@@ -344,8 +353,18 @@ class CallerRelay:
             pair.clock.feed(data, time.monotonic())
         else:  # every byte, or the frame boundaries are lost
             pair.clock.feed_server(data)
-        pair.backlog[target] = data
-        self._flush(pair, target)
+        try:
+            sent = target.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._close(pair)
+            return
+        if sent == len(data):  # the usual case: all passed on, nothing to wait for
+            return
+        pair.backlog[target] = data[sent:]
+        self._interest(pair, target)
+        self._interest(pair, source)
 
     def _cut_late(self, now: float) -> None:
         for pair in [p for p in self._pairs.values() if p.clock.open and p.clock.late(now, self.request_s)]:
