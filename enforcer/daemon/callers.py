@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .framing import peer_credentials
-from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups
+from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups, record_accept_error
 
 log = logging.getLogger("adl-enforcerd")
 CHUNK = 1 << 16
@@ -179,9 +180,16 @@ class _Pair:
 
 class CallerRelay:
     def __init__(
-        self, public: Path, internal: Path, table: CallerTable, max_connections: int = 4096, request_s: float = 10.0
+        self,
+        public: Path,
+        internal: Path,
+        table: CallerTable,
+        max_connections: int = 4096,
+        request_s: float = 10.0,
+        sink: Any = None,
     ) -> None:
         self.public, self.internal, self.table = public, internal, table
+        self.sink = sink  # where accept() errors are recorded
         self.request_s = request_s
         self.cut = 0  # connections closed for a request unfinished past request_s
         self._max_pairs = max_connections
@@ -295,7 +303,7 @@ class CallerRelay:
                 if exc.errno not in TRANSIENT_ACCEPT:
                     raise
                 self.accept_errors += 1
-                log.error("the API socket could not accept a connection (%s); accepting again after a pause", exc)
+                record_accept_error(self.sink, "api", exc, self.accept_errors)
                 return False
             try:
                 pid, uid, gid = peer_credentials(outer)

@@ -97,6 +97,7 @@ class Daemon:
             self.callers,
             settings.max_api_connections,
             settings.api_request_s,
+            self.sink,
         )
         self._servers: list[grpc.Server] = []
         self._inline: InlineUnary | None = None

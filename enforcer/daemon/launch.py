@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..audit import AuditUnavailable, records
 from ..policy import Policy
@@ -105,6 +106,26 @@ def _matches(rule: str, caller: Caller) -> bool:
     except (KeyError, ValueError):  # a user or group that does not exist admits nobody
         return False
     return False
+
+
+def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> None:
+    """Log a transient accept() error of `listener` ("launch", "api"), and record it in the audit log
+    at the 1st, 2nd, 4th, 8th... error, so that a flood of them cannot flood the log."""
+    log.error("the %s socket could not accept a connection (%s); accepting again after a pause", listener, exc)
+    if sink is not None and count & (count - 1) == 0:
+        with contextlib.suppress(AuditUnavailable):
+            sink.append(
+                records.REFUSED,
+                {
+                    "decision": "deny",
+                    "reason": "refused",
+                    "refusal": f"{listener} socket accept() failed: {exc.strerror or exc}",
+                    "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                    "accept_errors": count,
+                },
+                corr=listener,
+                priority="high",
+            )
 
 
 def may_launch(agent_callers: Mapping[str, Sequence[str]], entry: AgentEntry, caller: Caller) -> bool:
@@ -260,21 +281,7 @@ class LaunchServer:
 
     def _accept_failed(self, exc: OSError) -> None:
         self.accept_errors += 1
-        log.error("the launch socket could not accept a connection (%s); accepting again after a pause", exc)
-        if self.accept_errors & (self.accept_errors - 1) == 0:  # recorded at the 1st, 2nd, 4th, 8th... error
-            with contextlib.suppress(AuditUnavailable):
-                self.sink.append(
-                    records.REFUSED,
-                    {
-                        "decision": "deny",
-                        "reason": "refused",
-                        "refusal": f"launch socket accept() failed: {exc.strerror or exc}",
-                        "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno)),
-                        "accept_errors": self.accept_errors,
-                    },
-                    corr="launch",
-                    priority="high",
-                )
+        record_accept_error(self.sink, "launch", exc, self.accept_errors)
 
     def _read(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
         try:

@@ -181,6 +181,66 @@ def test_a_trickled_launch_request_is_cut_at_the_whole_request_deadline(daemon_r
         assert closed_after is not None and closed_after < 3, closed_after
 
 
+RELAY_UNDER_EMFILE = """
+import os, resource, socket, sys, threading, time
+from pathlib import Path
+from enforcer.audit import WriterSettings
+from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.callers import CallerRelay, CallerTable
+
+root = Path(sys.argv[1])
+sink = AuditSink(root / "audit", root / "key.pem", WriterSettings(), on_change=lambda ok: None)
+sink.open()
+internal = root / "private" / "grpc.sock"
+relay = CallerRelay(root / "api.sock", internal, CallerTable(), sink=sink)
+relay.prepare_internal()
+echo = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # stands where the gRPC server listens
+echo.bind(str(internal))
+echo.listen(8)
+
+def serve_echo():
+    conn, _ = echo.accept()
+    while data := conn.recv(100):
+        conn.sendall(data)
+
+threading.Thread(target=serve_echo, daemon=True).start()
+relay.start(0o600, None)
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+filler = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+while True:
+    try:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+client.connect(str(root / "api.sock"))
+deadline = time.monotonic() + 10
+while relay.accept_errors < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+for fd in filler:
+    os.close(fd)
+client.settimeout(10)
+client.sendall(b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n")
+got = b""
+while len(got) < 24:
+    got += client.recv(100)
+print(relay.accept_errors, got == b"PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n")
+"""
+
+
+def test_the_api_relay_outlives_emfile_and_records_it(tmp_path: Path) -> None:
+    script = tmp_path / "relay_emfile.py"
+    script.write_text(RELAY_UNDER_EMFILE)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    errors, relayed = run.stdout.split()
+    assert int(errors) >= 3 and relayed == "True", run.stdout
+    from enforcer.audit.query import iter_records
+
+    recorded = [r for r in iter_records(tmp_path / "audit") if "api socket accept()" in r["payload"].get("refusal", "")]
+    assert recorded and recorded[0]["payload"]["errno"] == "EMFILE"
+
+
 # -- approvals ------------------------------------------------------------------------------------
 
 
