@@ -44,6 +44,15 @@ SLOW_AAIF = {
 }
 
 
+def by_approval(daemon: RunningDaemon, decision_id: str) -> str:
+    """The approval id a decision opened, from its record."""
+    return next(
+        r["payload"]["approval_id"]
+        for r in records_of(daemon, "decision")
+        if r["payload"].get("decision_id") == decision_id
+    )
+
+
 def records_of(daemon: RunningDaemon, kind: str) -> list[dict[str, Any]]:
     return [r for r in daemon.records() if r["intent"] == f"adl.enforcer.{kind}"]
 
@@ -626,6 +635,11 @@ with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
                 reply = stub.Status(pb.StatusRequest(), timeout=5)
                 print(json.dumps({"sessions": [[s.session, s.uid, list(s.argv)] for s in reply.sessions]}))
                 continue
+            if call == "WaitApproval":
+                wait = pb.WaitApprovalRequest(approval_id=spec["approval_id"], wait_ms=10)
+                reply = stub.WaitApproval(wait, timeout=5)
+                print(json.dumps({"code": "OK", "decision": pb.Verdict.Name(reply.decision)}))
+                continue
             tool = pb.ToolCall(name=spec.pop("tool"), arguments_json=json.dumps(spec.pop("arguments", {})))
             reply = getattr(stub, call)(pb.CheckRequest(tool=tool, **spec), timeout=5)
             if call == "Explain":
@@ -681,8 +695,14 @@ def test_two_users_cannot_act_as_each_others_agents_or_sessions_over_the_api(dae
             assert b_fast["code"] == "PERMISSION_DENIED" and f"uid {uid_b}" in b_fast["details"], b_fast
             assert b_explain["code"] == "PERMISSION_DENIED", b_explain
             assert b_reader["code"] == "OK" and b_reader["decision"] == "ALLOW", b_reader
-            (a_fast,) = check_as(uid_a, gid_a, {"agent": "Fast", **read})
-            assert a_fast["code"] == "OK", a_fast
+            a_fast, a_ask = check_as(
+                uid_a, gid_a, {"agent": "Fast", **read}, {"agent": "Fast", "tool": "pay", "arguments": {"amount": 500}}
+            )
+            assert a_fast["code"] == "OK" and a_ask["decision"] == "ASK", (a_fast, a_ask)
+            approval_id = by_approval(daemon, a_ask["id"])
+            (b_wait,) = check_as(uid_b, gid_b, {"call": "WaitApproval", "approval_id": approval_id})
+            (a_wait,) = check_as(uid_a, gid_a, {"call": "WaitApproval", "approval_id": approval_id})
+            assert b_wait["code"] == "PERMISSION_DENIED" and a_wait["decision"] == "ASK", (b_wait, a_wait)
             by_id = {r["payload"].get("decision_id"): r["payload"] for r in records_of(daemon, "decision")}
             assert by_id[a_fast["id"]]["caller_uid"] == uid_a and by_id[b_reader["id"]]["caller_uid"] == uid_b
 
