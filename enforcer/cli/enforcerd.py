@@ -26,6 +26,8 @@ sockets:
                                                 ReloadPolicies, ListSessions, TerminateSession
   launch  (launch_socket, mode 0660)            adl-exec --daemon unix:PATH
   every gRPC socket also serves grpc.health.v1 and server reflection.
+  the API socket knows each caller's uid (SO_PEERCRED): who may launch an agent or Check as it
+  without a session is agent_callers (default: root only); a session token works only for its uid.
 
 signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version;
 an empty or unreadable directory keeps every agent loaded before); SIGTERM stops: sessions are
@@ -73,6 +75,7 @@ def _spawner_config(settings: Settings) -> dict[str, object]:
         "regions": str(settings.regions),
         "baseline": str(settings.baseline),
         "cgroup_group": settings.cgroup_group,
+        "helper_memory_mb": settings.helper_memory_mb,
         "egress": settings.egress_config(),
     }
 

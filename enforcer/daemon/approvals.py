@@ -35,23 +35,57 @@ class Approval:
     outcome: Outcome = "pending"
     approver: str = ""
     note: str = ""
+    uid: int | None = None  # the uid of the session that asked (None: a call without a session)
     receipt: Any = field(default=None, compare=False)
 
 
 class Approvals:
-    def __init__(self, clock_ms: Callable[[], int], limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        clock_ms: Callable[[], int],
+        limit: int = 10_000,
+        *,
+        per_agent: int | None = None,
+        per_uid: int | None = None,
+    ) -> None:
         self._clock_ms = clock_ms
         self._limit = limit
+        self._per_agent = per_agent or limit
+        self._per_uid = per_uid or limit
         self._items: dict[str, Approval] = {}
+        # Pending approvals counted by ("all", None), ("agent", key) and ("uid", uid).
+        self._pending_by: dict[tuple[str, Any], int] = {}
         self._lock = threading.Condition()
+        self._closed = False
 
     def open(self, **fields: Any) -> Approval:
+        """A new pending approval; ApprovalError("too_many") when the limit of all agents, of this
+        agent or of this uid is reached (each bound separately, so one flood leaves others room)."""
         with self._lock:
-            if sum(1 for a in self._items.values() if a.outcome == "pending") >= self._limit:
+            pending = self._pending_by.get(("all", None), 0)
+            agent_key, uid_key = ("agent", fields["agent"]), ("uid", fields.get("uid"))
+            if pending >= self._limit:
                 raise ApprovalError("too_many", f"{self._limit} approvals are already pending")
+            if self._pending_by.get(agent_key, 0) >= self._per_agent:
+                raise ApprovalError(
+                    "too_many", f"agent {fields['agent']!r} already has {self._per_agent} approvals pending"
+                )
+            if uid_key[1] is not None and self._pending_by.get(uid_key, 0) >= self._per_uid:
+                raise ApprovalError("too_many", f"uid {uid_key[1]} already has {self._per_uid} approvals pending")
             approval = Approval(approval_id="apr-" + secrets.token_hex(10), created_ms=self._clock_ms(), **fields)
             self._items[approval.approval_id] = approval
+            self._count(approval, 1)
             return approval
+
+    def _count(self, approval: Approval, delta: int) -> None:
+        for key in (("all", None), ("agent", approval.agent), ("uid", approval.uid)):
+            if key[0] == "uid" and key[1] is None:
+                continue
+            left = self._pending_by.get(key, 0) + delta
+            if left:
+                self._pending_by[key] = left
+            else:
+                self._pending_by.pop(key, None)
 
     def get(self, approval_id: str) -> Approval | None:
         with self._lock:
@@ -80,16 +114,29 @@ class Approvals:
             closed = replace(current, outcome=outcome, approver=approver, note=note)
             closed = replace(closed, receipt=record(closed))
             self._items[approval_id] = closed
+            self._count(current, -1)
             self._lock.notify_all()
             return closed
 
     def wait(self, approval_id: str, timeout_s: float) -> Approval | None:
-        """The approval once it is no longer pending, or as it stands after timeout_s."""
+        """The approval once it is no longer pending, or as it stands after timeout_s (or at once
+        after close())."""
         with self._lock:
             self._lock.wait_for(
-                lambda: (a := self._items.get(approval_id)) is None or a.outcome != "pending", timeout=timeout_s
+                lambda: self._closed or (a := self._items.get(approval_id)) is None or a.outcome != "pending",
+                timeout=timeout_s,
             )
             return self._items.get(approval_id)
+
+    def close(self) -> None:
+        """Wake every waiter for good: the daemon is stopping (its pending approvals are resolved first)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def of_session(self, session: str) -> list[Approval]:
+        with self._lock:
+            return [a for a in self._items.values() if a.outcome == "pending" and a.session == session]
 
     def due(self) -> list[Approval]:
         """Pending approvals whose time is up (the caller expires each with resolve())."""

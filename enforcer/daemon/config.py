@@ -44,6 +44,12 @@ class Settings(EgressSettings):
     cgroup_group: str = Field(
         default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
     )
+    helper_memory_mb: int = Field(
+        default=512,
+        ge=64,
+        description="memory limit of each session's root helpers (its supervisor and egress filter), "
+        "in their own cgroup <cgroup_group>.helpers",
+    )
     workers: int = Field(default=16, ge=1, le=256, description="gRPC worker threads per socket")
     api_cpus: str = Field(
         default="one",
@@ -61,7 +67,48 @@ class Settings(EgressSettings):
         "instead of interrupting it (needs CAP_SYS_NICE or LimitNICE); 0 leaves it as the other threads",
     )
     max_request_bytes: int = Field(default=1 << 20, ge=1024, description="larger requests get INVALID_ARGUMENT")
-    max_pending_approvals: int = Field(default=10_000, ge=1)
+    max_pending_approvals: int = Field(default=10_000, ge=1, description="pending approvals, all agents together")
+    max_pending_per_agent: int = Field(
+        default=1_000, ge=1, description="pending approvals of one agent: one agent's flood leaves the others room"
+    )
+    max_pending_per_uid: int = Field(
+        default=1_000, ge=1, description="pending approvals opened for the sessions of one uid"
+    )
+    max_approval_waits: int = Field(
+        default=256,
+        ge=1,
+        le=4096,
+        description="WaitApproval calls waiting at once; they get threads of their own, beyond `workers`",
+    )
+    max_pids: int = Field(
+        default=4096, ge=1, description="the largest pids_max a caller may ask for; larger launches are refused"
+    )
+    allowed_unenforced: list[str] = Field(
+        default_factory=list,
+        description="domains (filesystem, execution, environment, network, resources) a caller may accept "
+        "as unenforced; a launch accepting any other is refused. Default: none",
+    )
+    agent_callers: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='who may launch each agent, by agent key, id or name ("*": every agent): "uid:N", '
+        '"user:NAME", "group:NAME" (primary or supplementary). Default: root only',
+    )
+    launch_request_s: float = Field(
+        default=5.0, gt=0, le=60, description="a launch request must arrive whole within this many seconds"
+    )
+    api_request_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="an API request must arrive whole within this many seconds of its first frame, or its "
+        "connection is closed",
+    )
+    max_api_connections: int = Field(
+        default=4096, ge=1, description="open connections to the API socket; more are closed at once"
+    )
+    max_launch_connections: int = Field(
+        default=4096, ge=1, description="launch connections waiting for their request; more are closed at once"
+    )
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")
 
     # -- bounds on what one caller can cost the others (enforcer/daemon/arguments.py, auditsink.py) --
@@ -73,6 +120,26 @@ class Settings(EgressSettings):
     audit_write_deadline_s: float = Field(
         default=10.0, gt=0, description="an audit write not returned by then: health NOT_SERVING, no watchdog ping"
     )
+
+    @field_validator("allowed_unenforced")
+    @classmethod
+    def _domains(cls, value: list[str]) -> list[str]:
+        from ..sandbox import DOMAINS
+
+        unknown = set(value) - set(DOMAINS)
+        if unknown:
+            raise ValueError(f"takes {', '.join(DOMAINS)}; not {', '.join(sorted(unknown))}")
+        return value
+
+    @field_validator("agent_callers")
+    @classmethod
+    def _callers(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for agent, callers in value.items():
+            for caller in callers:
+                kind, _, name = caller.partition(":")
+                if kind not in ("uid", "user", "group") or not name or (kind == "uid" and not name.isdigit()):
+                    raise ValueError(f"agent_callers[{agent!r}]: {caller!r} is not uid:N, user:NAME or group:NAME")
+        return value
 
     @field_validator("api_cpus")
     @classmethod

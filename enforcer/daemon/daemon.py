@@ -30,9 +30,10 @@ from . import notify
 from .approvals import Approvals
 from .arguments import ArgumentLimits
 from .auditsink import AuditSink
+from .callers import CallerRelay, CallerTable
 from .config import Settings, as_plain
 from .inline import InlineUnary, InlineUnavailable
-from .launch import LaunchServer
+from .launch import LaunchLimits, LaunchServer
 from .registry import SessionRegistry
 from .service import AdminService, Core, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
@@ -64,7 +65,12 @@ class Daemon:
         for name in ("", *SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.registry = SessionRegistry()
-        self.approvals = Approvals(_now_ms, settings.max_pending_approvals)
+        self.approvals = Approvals(
+            _now_ms,
+            settings.max_pending_approvals,
+            per_agent=settings.max_pending_per_agent,
+            per_uid=settings.max_pending_per_uid,
+        )
         self.sink = AuditSink(
             settings.audit_dir,
             settings.audit_key,
@@ -87,7 +93,25 @@ class Daemon:
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc
         limits = ArgumentLimits(settings.max_argument_depth, settings.max_argument_items, settings.max_argument_string)
-        self.core = Core(self.store, self.sink, self.registry, self.approvals, _now_ms, limits)
+        self.callers = CallerTable()
+        self.core = Core(
+            self.store,
+            self.sink,
+            self.registry,
+            self.approvals,
+            _now_ms,
+            limits,
+            self.callers,
+            settings.agent_callers,
+        )
+        self._relay = CallerRelay(
+            settings.socket,
+            CallerRelay.internal_path(settings.socket),
+            self.callers,
+            settings.max_api_connections,
+            settings.api_request_s,
+            self.sink,
+        )
         self._servers: list[grpc.Server] = []
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
@@ -114,7 +138,13 @@ class Daemon:
         self._reap_leftover_sessions()
         self.reload()
         group = self._socket_gid()
-        self._servers.append(self._grpc_server(self.settings.socket, 0o660, group, admin=False))
+        # gRPC listens where only root reaches it; the API socket is the relay that names each caller.
+        try:
+            self._relay.prepare_internal()
+        except OSError as exc:
+            raise StartupError(str(exc)) from exc
+        self._servers.append(self._grpc_server(self._relay.internal, 0o600, None, admin=False))
+        self._relay.start(0o660, group)
         self._servers.append(self._grpc_server(self.settings.admin_socket, 0o600, None, admin=True))
         self._launch = LaunchServer(
             self.settings.launch_socket,
@@ -123,6 +153,13 @@ class Daemon:
             self.sink,
             self.spawner,
             lambda: self._serving,
+            LaunchLimits(
+                agent_callers=self.settings.agent_callers,
+                max_pids=self.settings.max_pids,
+                allowed_unenforced=frozenset(self.settings.allowed_unenforced),
+                request_s=self.settings.launch_request_s,
+                max_connections=self.settings.max_launch_connections,
+            ),
         )
         self._launch.start(0o660, group)
         threading.Thread(target=self._spawner_events, name="spawner-events", daemon=True).start()
@@ -164,13 +201,20 @@ class Daemon:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._launch is not None:
             self._launch.stop()
+        self._relay.stop_accepting()
+        self.core.end_pending("the daemon stopped")  # each outcome recorded; waiters answered DENY now
+        self.approvals.close()
         ended = self._end_sessions(timeout_s=5.0)
         for server in self._servers:
             server.stop(grace=2).wait(3)
+        self._relay.close()
         if self._inline is not None:
             self._inline.stop()
         for path in (self.settings.socket, self.settings.admin_socket):
             self._unlink_own(path)
+        self._relay.internal.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._relay.internal.parent.rmdir()
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
@@ -254,6 +298,12 @@ class Daemon:
             )
 
     def terminate(self, session: str) -> bool:
+        record = self.registry.get(session)
+        if record is not None and self.spawner.sock.fileno() >= 0:
+            # Its supervisor ends it at whatever step it is and reports "terminated" to the caller.
+            with contextlib.suppress(OSError):
+                self.spawner.terminate(session, lambda: setattr(record, "terminating", True))
+                return True
         group = cgroups.existing(group=self.settings.cgroup_group).get(session)
         if group is None:
             return False
@@ -370,7 +420,9 @@ class Daemon:
         path.unlink(missing_ok=True)
         server = grpc.server(
             futures.ThreadPoolExecutor(
-                max_workers=self.settings.workers, thread_name_prefix="admin" if admin else "api"
+                # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
+                max_workers=self.settings.workers + self.settings.max_approval_waits,
+                thread_name_prefix="admin" if admin else "api",
             ),
             options=[
                 ("grpc.max_receive_message_length", max(self.settings.max_request_bytes * 4, 4 << 20)),
@@ -378,7 +430,7 @@ class Daemon:
             ],
         )
         limit = self.settings.max_request_bytes
-        enforcer = EnforcerService(self.core, self.status)
+        enforcer = EnforcerService(self.core, self.status, self.settings.max_approval_waits, admin=admin)
         # The generic handlers cover every method; on the API socket the inline loop takes Check and
         # CheckBatch first (the core routes a registered method's calls only to it).
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))
@@ -391,6 +443,7 @@ class Daemon:
                     inline_handlers(enforcer, limit),
                     name="api-inline",
                     nice=self.settings.inline_nice,
+                    with_peers=True,
                     large_bytes=LARGE_REQUEST_BYTES,
                     refused_bytes=limit,
                 )

@@ -55,6 +55,8 @@ Answer = tuple[grpc.StatusCode, str, bytes | None]
 # A handler gets the bytes of every request for its method that arrived together (None for a call
 # that sent no message) and returns one answer for each, in order.
 BatchHandler = Callable[[Sequence[bytes | None]], list[Answer]]
+# With with_peers: also each call's peer string (who is calling), in the same order.
+PeerBatchHandler = Callable[[Sequence[bytes | None], Sequence[bytes]], list[Answer]]
 
 # Calls requested ahead per method, so a new call never waits for the loop to ask for it.
 DEPTH = 32
@@ -82,10 +84,11 @@ class InlineUnary:
     def __init__(
         self,
         server: grpc.Server,
-        handlers: Mapping[str, BatchHandler],
+        handlers: Mapping[str, BatchHandler] | Mapping[str, PeerBatchHandler],
         *,
         name: str = "inline",
         nice: int = 0,
+        with_peers: bool = False,
         large_bytes: int = 0,
         large_queue: int = 32,
         refused_bytes: int | None = None,
@@ -107,7 +110,8 @@ class InlineUnary:
         except (ImportError, AttributeError, TypeError) as exc:
             raise InlineUnavailable(f"grpcio {grpc.__version__}: {exc}") from None
         self._core, self._queue = core, completion
-        self._handlers = dict(handlers)
+        self._handlers: dict[str, Any] = dict(handlers)
+        self._with_peers = with_peers
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._large_bytes = large_bytes
         self._refused_bytes = refused_bytes if refused_bytes is not None else float("inf")
@@ -234,7 +238,11 @@ class InlineUnary:
     def _handle(self, by_method: dict[str, list[tuple[Any, bytes | None]]]) -> None:
         for method, calls in by_method.items():
             try:
-                answers = self._handlers[method]([request for _, request in calls])
+                requests = [request for _, request in calls]
+                if self._with_peers:
+                    answers = self._handlers[method](requests, [call.peer() for call, _ in calls])
+                else:
+                    answers = self._handlers[method](requests)
                 if len(answers) != len(calls):
                     raise ValueError(f"{len(answers)} answers for {len(calls)} requests")
             except Exception:  # a bug in a handler must not end the loop

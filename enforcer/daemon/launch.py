@@ -2,33 +2,166 @@
 
 A plain unix socket, not gRPC, because the daemon must learn the caller's uid from the kernel
 (SO_PEERCRED) and receive its stdin, stdout and stderr (SCM_RIGHTS). The agent runs as that uid.
-The daemon decides here (known agent, max_concurrent), registers the session, answers LaunchReply,
-and hands the order to the spawner; the session's supervisor sends SessionEnded on this connection.
+The daemon decides here (who may launch the agent, known agent, max_concurrent, what the caller
+may widen), registers the session, answers LaunchReply, and hands the order to the spawner; the
+session's supervisor sends SessionEnded on this connection.
+
+One thread reads every connection's request without blocking, so a caller that connects and sends
+nothing, or trickles its request, holds a file descriptor until the whole-request deadline and no
+thread. The accept loop outlives transient errors (no descriptors left, an aborted connection):
+it backs off, logs and records the error, and goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import grp
 import logging
 import os
+import pwd
+import resource
+import selectors
 import socket
+import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..audit import AuditUnavailable
+from ..audit import AuditUnavailable, records
 from ..policy import Policy
+from ..sandbox import DOMAINS
 from ..sandbox.session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
-from .framing import FrameError, peer_credentials, recv_frame, send_frame
+from .framing import MAX_FRAME, FrameError, peer_credentials, send_frame
 from .registry import SessionLimit, SessionRegistry
-from .spawner import SpawnerHandle
-from .store import PolicyStore
+from .spawner import SpawnerHandle, WithCaller
+from .store import AgentEntry, PolicyStore
 
 log = logging.getLogger("adl-enforcerd")
 MAX_ARGV = 4096
+DEFAULT_PIDS_MAX = 512
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+# accept() errors that say nothing about the listener itself: wait, then accept again.
+TRANSIENT_ACCEPT = {
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOBUFS,
+    errno.ENOMEM,
+    errno.ECONNABORTED,
+    errno.EPROTO,
+    errno.EINTR,
+    errno.EAGAIN,
+}
+BACKOFF_S = (0.01, 1.0)  # first and longest pause after a transient accept() error
+FD_RESERVE = 256  # descriptors launch connections leave to everything else, at least
+REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not read
+
+
+@dataclass(frozen=True)
+class LaunchLimits:
+    """What the operator lets callers do (Settings: agent_callers, max_pids, allowed_unenforced)."""
+
+    agent_callers: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    max_pids: int = 4096
+    allowed_unenforced: frozenset[str] = frozenset()
+    request_s: float = 5.0
+    max_connections: int = 4096
+
+
+@dataclass(frozen=True)
+class Caller:
+    pid: int
+    uid: int
+    gid: int
+    groups: tuple[int, ...]  # supplementary groups, from the kernel (SO_PEERGROUPS)
+
+
+def peer_groups(sock: socket.socket) -> tuple[int, ...]:
+    size = 64
+    while True:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size * 4)
+            return struct.unpack(f"{len(raw) // 4}I", raw)
+        except OSError as exc:
+            if exc.errno != errno.ERANGE or size >= 65536:
+                raise
+            size *= 4
+
+
+def _matches(rule: str, caller: Caller) -> bool:
+    kind, _, name = rule.partition(":")
+    try:
+        if kind == "uid":
+            return caller.uid == int(name)
+        if kind == "user":
+            return caller.uid == pwd.getpwnam(name).pw_uid
+        if kind == "group":
+            gid = grp.getgrnam(name).gr_gid
+            return gid == caller.gid or gid in caller.groups
+    except (KeyError, ValueError):  # a user or group that does not exist admits nobody
+        return False
+    return False
+
+
+def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> None:
+    """Log a transient accept() error of `listener` ("launch", "api"), and record it in the audit log
+    at the 1st, 2nd, 4th, 8th... error, so that a flood of them cannot flood the log."""
+    log.error("the %s socket could not accept a connection (%s); accepting again after a pause", listener, exc)
+    if sink is not None and count & (count - 1) == 0:
+        with contextlib.suppress(AuditUnavailable):
+            sink.append(
+                records.REFUSED,
+                {
+                    "decision": "deny",
+                    "reason": "refused",
+                    "refusal": f"{listener} socket accept() failed: {exc.strerror or exc}",
+                    "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                    "accept_errors": count,
+                },
+                corr=listener,
+                priority="high",
+            )
+
+
+def may_launch(agent_callers: Mapping[str, Sequence[str]], entry: AgentEntry, caller: Caller) -> bool:
+    """Root always; anyone else only as the operator's agent_callers say (by key, id, name or "*")."""
+    if caller.uid == 0:
+        return True
+    names = {entry.key, entry.policy.agent_name, entry.policy.agent_id or "", "*"}
+    rules = [rule for name, listed in agent_callers.items() if name in names for rule in listed]
+    return any(_matches(rule, caller) for rule in rules)
+
+
+class _Pending:
+    """A connection whose request has not arrived whole yet."""
+
+    def __init__(self, conn: socket.socket, caller: Caller, deadline: float) -> None:
+        self.conn, self.caller, self.deadline = conn, caller, deadline
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
+
+    def frame(self) -> bytes | None:
+        """The request, once it has all arrived."""
+        if len(self.data) < 4:
+            return None
+        (size,) = struct.unpack("!I", self.data[:4])
+        if size > MAX_FRAME:
+            raise FrameError(f"message of {size} bytes exceeds {MAX_FRAME}")
+        if len(self.data) < 4 + size:
+            return None
+        return bytes(self.data[4 : 4 + size])
 
 
 class LaunchServer:
@@ -40,24 +173,36 @@ class LaunchServer:
         sink: AuditSink,
         spawner: SpawnerHandle,
         serving: Callable[[], bool],
+        limits: LaunchLimits | None = None,
     ) -> None:
         self.path = path
         self.store, self.registry, self.sink, self.spawner = store, registry, sink, spawner
+        self.limits = limits or LaunchLimits()
         self._serving = serving
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
+        self._pending: dict[int, _Pending] = {}  # in the order they were accepted
+        self._max_pending = self.limits.max_connections
+        self.accept_errors = 0
 
     def start(self, mode: int, gid: int | None) -> None:
         self.path.unlink(missing_ok=True)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         listener.bind(str(self.path))
         os.chmod(self.path, mode)
         if gid is not None:
             os.chown(self.path, -1, gid)
-        listener.listen(64)
-        listener.settimeout(0.2)
+        listener.listen(256)
+        listener.setblocking(False)
+        # Waiting connections never take the descriptors the audit log, gRPC and sessions need.
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            room = soft - max(FD_RESERVE, soft // 4)
+            self._max_pending = max(1, min(self._max_pending, room))
         self._listener = listener
-        threading.Thread(target=self._accept, name="launch-accept", daemon=True).start()
+        selector = selectors.DefaultSelector()  # made here: its descriptor is not one to run out of later
+        selector.register(listener, selectors.EVENT_READ)
+        threading.Thread(target=self._serve, args=(selector,), name="launch-requests", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -65,33 +210,136 @@ class LaunchServer:
             self._listener.close()
         self.path.unlink(missing_ok=True)
 
-    def _accept(self) -> None:
+    # -- reading requests -------------------------------------------------------------------------
+
+    def _serve(self, selector: selectors.BaseSelector) -> None:
+        """Accept, and read every connection's request until it is whole or its deadline passes."""
         assert self._listener is not None
-        while not self._stop.is_set():
+        resume_at = 0.0  # after a transient accept() error: when to accept again
+        backoff = BACKOFF_S[0]
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if resume_at and now >= resume_at:
+                    resume_at = 0.0
+                    selector.register(self._listener, selectors.EVENT_READ)
+                for key, _ in selector.select(timeout=0.2):
+                    if key.fileobj is self._listener:
+                        if self._accept_all(selector):
+                            backoff = BACKOFF_S[0]
+                        else:  # a transient error: stop accepting for a while
+                            selector.unregister(self._listener)
+                            resume_at = time.monotonic() + backoff
+                            backoff = min(backoff * 2, BACKOFF_S[1])
+                    else:
+                        self._read(selector, key.data)
+                self._expire(selector, time.monotonic())
+        except OSError as exc:  # the listener was closed by stop()
+            if not self._stop.is_set():
+                log.error("the launch socket stopped: %s", exc)
+        finally:
+            for pending in list(self._pending.values()):
+                pending.close()
+            self._pending.clear()
+            selector.close()
+
+    def _accept_all(self, selector: selectors.BaseSelector) -> bool:
+        """Accept what is waiting; False after a transient error (the caller backs off)."""
+        assert self._listener is not None
+        for _ in range(64):  # then look at the connections already accepted
             try:
                 conn, _ = self._listener.accept()
-            except TimeoutError:
+            except BlockingIOError:
+                return True
+            except OSError as exc:
+                if exc.errno not in TRANSIENT_ACCEPT:
+                    raise
+                self._accept_failed(exc)
+                return False
+            try:
+                pid, uid, gid = peer_credentials(conn)
+                caller = Caller(pid, uid, gid, peer_groups(conn))
+            except OSError as exc:
+                log.warning("launch connection without credentials: %s", exc)
+                conn.close()
                 continue
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), name="launch", daemon=True).start()
+            if len(self._pending) >= self._max_pending:
+                # The oldest goes: a real caller sends its request at once, so the oldest is the
+                # likeliest to be idle, and a flood of idle connections only pushes out its own.
+                oldest = next(iter(self._pending.values()))
+                log.warning(
+                    "launch connection from uid %d closed: %d connections wait for their request",
+                    oldest.caller.uid,
+                    len(self._pending),
+                )
+                self._drop(selector, oldest)
+            conn.setblocking(False)
+            pending = _Pending(conn, caller, time.monotonic() + self.limits.request_s)
+            self._pending[conn.fileno()] = pending
+            selector.register(conn, selectors.EVENT_READ, pending)
+        return True
 
-    def _handle(self, conn: socket.socket) -> None:
-        fds: list[int] = []
+    def _accept_failed(self, exc: OSError) -> None:
+        self.accept_errors += 1
+        record_accept_error(self.sink, "launch", exc, self.accept_errors)
+
+    def _read(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
         try:
-            conn.settimeout(10)
-            _pid, uid, gid = peer_credentials(conn)
-            frame = recv_frame(conn, max_fds=3)
-            if frame is None:
-                return
-            data, fds = frame
+            data, fds, flags, _ = socket.recv_fds(pending.conn, 1 << 16, 3)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            log.warning("launch connection from uid %d failed: %s", pending.caller.uid, exc)
+            self._drop(selector, pending)
+            return
+        pending.fds.extend(fds)
+        if not data:
+            self._drop(selector, pending)
+            return
+        pending.data += data
+        try:
+            request = pending.frame()
+            if len(pending.fds) > 3 or flags & socket.MSG_CTRUNC:
+                raise FrameError("more than three descriptors attached")
+        except FrameError as exc:
+            log.warning("launch connection from uid %d: %s", pending.caller.uid, exc)
+            self._drop(selector, pending)
+            return
+        if request is None:
+            return
+        selector.unregister(pending.conn)
+        del self._pending[pending.conn.fileno()]
+        threading.Thread(target=self._handle, args=(pending, request), name="launch", daemon=True).start()
+
+    def _expire(self, selector: selectors.BaseSelector, now: float) -> None:
+        for pending in [p for p in self._pending.values() if p.deadline <= now]:
+            log.warning(
+                "launch connection from uid %d closed: no whole request within %.1f s",
+                pending.caller.uid,
+                self.limits.request_s,
+            )
+            self._drop(selector, pending)
+
+    def _drop(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(pending.conn)
+        self._pending.pop(pending.conn.fileno(), None)
+        pending.close()
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    def _handle(self, pending: _Pending, data: bytes) -> None:
+        conn, fds = pending.conn, pending.fds
+        pending.fds = []
+        try:
+            conn.setblocking(True)
+            conn.settimeout(REPLY_S)
             try:
                 request = pb.LaunchRequest.FromString(data)
             except Exception:
-                self._refuse(conn, "the launch request is not a valid LaunchRequest", [])
+                self._refuse(conn, pending.caller, "the launch request is not a valid LaunchRequest", [], "")
                 return
-            conn.settimeout(None)
-            self._launch(conn, request, fds, uid, gid)
+            self._launch(conn, request, fds, pending.caller)
         except (OSError, FrameError) as exc:
             log.warning("launch connection failed: %s", exc)
         finally:
@@ -100,28 +348,62 @@ class LaunchServer:
                     os.close(fd)
             conn.close()
 
-    def _launch(self, conn: socket.socket, request: pb.LaunchRequest, fds: list[int], uid: int, gid: int) -> None:
+    def _widening_refused(self, request: pb.LaunchRequest) -> str | None:
+        """Why what the caller asks to widen is beyond the operator's configuration, or None."""
+        if request.pids_max > self.limits.max_pids:
+            return f"pids_max {request.pids_max} exceeds the operator's max_pids of {self.limits.max_pids}"
+        accepted = set(request.accept_unenforced)
+        unknown = accepted - set(DOMAINS)
+        if unknown:
+            return f"accept_unenforced takes {', '.join(DOMAINS)}; not {', '.join(sorted(unknown))}"
+        beyond = accepted - self.limits.allowed_unenforced
+        if beyond:
+            allowed = ", ".join(sorted(self.limits.allowed_unenforced)) or "none"
+            return (
+                f"accepting {', '.join(sorted(beyond))} unenforced is not allowed by the operator "
+                f"(allowed_unenforced: {allowed})"
+            )
+        return None
+
+    def _launch(self, conn: socket.socket, request: pb.LaunchRequest, fds: list[int], caller: Caller) -> None:
         argv = list(request.argv)
+        cwd = request.cwd or "/"
         if len(fds) != 3:
-            self._refuse(conn, "attach stdin, stdout and stderr to the launch request", argv)
+            self._refuse(conn, caller, "attach stdin, stdout and stderr to the launch request", argv, cwd)
             return
         if not argv or len(argv) > MAX_ARGV:
-            self._refuse(conn, f"argv must hold 1 to {MAX_ARGV} arguments", argv)
+            self._refuse(conn, caller, f"argv must hold 1 to {MAX_ARGV} arguments", argv, cwd)
+            return
+        if not os.path.isabs(cwd) or "\0" in cwd or len(cwd) > 4096:
+            self._refuse(conn, caller, "cwd must be an absolute path", argv, cwd)
             return
         if not self._serving():
-            self._refuse(conn, "the daemon is not serving (audit log or policies unavailable)", argv)
+            self._refuse(conn, caller, "the daemon is not serving (audit log or policies unavailable)", argv, cwd)
             return
         entry = self.store.snapshot.resolve(request.agent)
         if entry is None:
-            self._refuse(conn, f"no policy is loaded for agent {request.agent!r}", argv)
+            self._refuse(conn, caller, f"no policy is loaded for agent {request.agent!r}", argv, cwd)
+            return
+        if not may_launch(self.limits.agent_callers, entry, caller):
+            reason = f"uid {caller.uid} may not launch agent {entry.key!r} (the operator's agent_callers)"
+            self._refuse(conn, caller, reason, argv, cwd, entry.policy)
+            return
+        widening = self._widening_refused(request)
+        if widening is not None:
+            self._refuse(conn, caller, widening, argv, cwd, entry.policy)
             return
         limits = entry.policy.limits
         try:
             session = self.registry.register(
-                entry.key, limits.max_concurrent if limits else None, uid, gid, tuple(argv), int(time.time() * 1000)
+                entry.key,
+                limits.max_concurrent if limits else None,
+                caller.uid,
+                caller.gid,
+                tuple(argv),
+                int(time.time() * 1000),
             )
         except SessionLimit as exc:
-            self._refuse(conn, str(exc), argv, entry.policy)
+            self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)
             return
         order = {
             "session": session.session,
@@ -131,11 +413,11 @@ class LaunchServer:
             "policy_digest": entry.policy.digest,
             "argv": argv,
             "environ": dict(request.environ),
-            "cwd": request.cwd or "/",
-            "uid": uid,
-            "gid": gid,
+            "cwd": cwd,
+            "uid": caller.uid,
+            "gid": caller.gid,
             "accept_unenforced": list(request.accept_unenforced),
-            "pids_max": request.pids_max or 512,
+            "pids_max": request.pids_max or DEFAULT_PIDS_MAX,
         }
         try:
             send_frame(
@@ -147,7 +429,18 @@ class LaunchServer:
                     policy_digest=entry.policy.digest,
                 ).SerializeToString(),
             )
-            self.spawner.launch(order, [*fds, conn.fileno()])
+            conn.settimeout(None)  # the supervisor owns the connection from here
+            if not self.spawner.launch(order, [*fds, conn.fileno()], lambda: session.terminating):
+                self.registry.end(session.session)
+                detail = "terminated by TerminateSession before the agent started"
+                with contextlib.suppress(AuditUnavailable):
+                    record_refusal(WithCaller(self.sink, caller.uid, cwd), entry.policy, session.session, detail, argv)
+                send_frame(
+                    conn,
+                    pb.SessionEnded(
+                        session=session.session, reason="terminated", exit_code=137, signal=9, detail=detail
+                    ).SerializeToString(),
+                )
         except (OSError, FrameError) as exc:
             self.registry.end(session.session)
             with contextlib.suppress(OSError, FrameError):
@@ -158,8 +451,16 @@ class LaunchServer:
                     ).SerializeToString(),
                 )
 
-    def _refuse(self, conn: socket.socket, reason: str, argv: list[str], policy: Policy | None = None) -> None:
+    def _refuse(
+        self,
+        conn: socket.socket,
+        caller: Caller,
+        reason: str,
+        argv: list[str],
+        cwd: str,
+        policy: Policy | None = None,
+    ) -> None:
         with contextlib.suppress(AuditUnavailable):
-            record_refusal(self.sink, policy, "launch", reason, argv)
+            record_refusal(WithCaller(self.sink, caller.uid, cwd), policy, "launch", reason, argv)
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

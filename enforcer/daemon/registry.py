@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -22,12 +23,18 @@ class SessionRecord:
     started_ms: int
     token: str = field(repr=False)
     pid: int = 0  # the session supervisor's pid, once the spawner reports it
+    terminating: bool = False  # TerminateSession was asked: the launch, if not sent yet, is not
 
 
 class SessionRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sessions: dict[str, SessionRecord] = {}
+        self._on_end: list[Callable[[SessionRecord], None]] = []
+
+    def on_end(self, callback: Callable[[SessionRecord], None]) -> None:
+        """Call `callback(record)` after each session ends (outside the lock)."""
+        self._on_end.append(callback)
 
     def register(
         self, agent: str, max_concurrent: int | None, uid: int, gid: int, argv: tuple[str, ...], now_ms: int
@@ -58,7 +65,11 @@ class SessionRegistry:
 
     def end(self, session: str) -> SessionRecord | None:
         with self._lock:
-            return self._sessions.pop(session, None)
+            record = self._sessions.pop(session, None)
+        if record is not None:
+            for callback in self._on_end:
+                callback(record)
+        return record
 
     def get(self, session: str) -> SessionRecord | None:
         return self._sessions.get(session)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 import grpc
 import orjson
 
-from ..audit import AuditUnavailable, Entry, Receipt, records
+from ..audit import AuditUnavailable, Entry, Masker, Receipt, records
 from ..audit.events import action_facets, decision_members
 from ..audit.records import canonical
 from ..audit.writer import RecordRejected
@@ -40,7 +41,9 @@ from ..v1 import enforcer_pb2 as pb
 from .approvals import Approval, ApprovalError, Approvals
 from .arguments import ArgumentError, ArgumentLimits, parse_arguments
 from .auditsink import AuditSink
-from .inline import Answer, BatchHandler
+from .callers import ROOT, CallerTable
+from .inline import Answer, PeerBatchHandler
+from .launch import Caller, may_launch
 from .registry import SessionRegistry
 from .store import AgentEntry, PolicyStore
 
@@ -188,6 +191,7 @@ class _Prepared(NamedTuple):
     request_id: str
     dry_run: bool
     items: int  # in the arguments, and those of the requests before it in a batch
+    who: Caller  # the caller, as the kernel named it
 
 
 class _Decided(NamedTuple):
@@ -220,30 +224,58 @@ class Core:
         approvals: Approvals,
         clock_ms: Callable[[], int],
         limits: ArgumentLimits = DEFAULT_LIMITS,
+        callers: CallerTable | None = None,
+        agent_callers: dict[str, list[str]] | None = None,
     ) -> None:
         self.store, self.sink, self.registry, self.approvals = store, sink, registry, approvals
         self.clock_ms = clock_ms
         self.limits = limits
+        self.callers = callers or CallerTable()
+        self.agent_callers = agent_callers or {}
+        self._allowed: dict[tuple[int, Caller, str], bool] = {}  # (generation, caller, agent) -> may act
         # Decision ids: a random per-instance prefix and a counter. Unique across restarts, and a
         # getrandom() call per Check measured 17 us on these machines.
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
         self._id_counter = itertools.count(1)
         self._derived: dict[int, _Derived] = {}  # by id() of a shared decision
+        # A session's approvals end with it: nobody is left to act on them.
+        registry.on_end(lambda record: self.end_pending("the session ended", record.session))
 
     # -- identity -----------------------------------------------------------------------------
 
-    def caller(self, agent: str, session: str, token: str) -> tuple[AgentEntry, str]:
+    def who(self, peer: bytes | str) -> Caller:
+        """The caller of a call on the API socket, as the kernel named it (see callers.py)."""
+        caller = self.callers.of(peer)
+        if caller is None:
+            raise ApiError(_STATUS.PERMISSION_DENIED, "the caller cannot be identified (or its connection closed)")
+        return caller
+
+    def may_act(self, entry: AgentEntry, who: Caller) -> bool:
+        """Whether `who` may Check as the agent without a session: agent_callers, as for launches."""
+        if who.uid == 0:
+            return True
+        key = (self.store.snapshot.generation, who, entry.key)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            if len(self._allowed) >= 4096:
+                self._allowed.clear()
+            allowed = self._allowed[key] = may_launch(self.agent_callers, entry, who)
+        return allowed
+
+    def caller(self, agent: str, session: str, token: str, who: Caller = ROOT) -> tuple[AgentEntry, str]:
         """The policy entry a request speaks for, and its session ('' for none)."""
         snapshot = self.store.snapshot
         if not session and len(agent) <= 256:  # the usual caller: a loaded agent, by key, id or name
             entry = snapshot.resolve(agent)
             if entry is not None:
+                if not self.may_act(entry, who):
+                    raise ApiError(_STATUS.PERMISSION_DENIED, f"uid {who.uid} may not act as agent {entry.key!r}")
                 return entry, ""
         if not snapshot.agents:
             raise ApiError(_STATUS.FAILED_PRECONDITION, "no policy is loaded")
         if session:
             record = self.registry.authenticate(session, token)
-            if record is None:
+            if record is None or who.uid not in (0, record.uid):  # a token works only for its session's uid
                 raise ApiError(_STATUS.UNAUTHENTICATED, f"unknown session {session!r} or wrong session token")
             entry = snapshot.resolve(record.agent)
             if entry is None:
@@ -256,24 +288,36 @@ class Core:
         entry = snapshot.resolve(_text(agent, "agent", 256))
         if entry is None:
             raise ApiError(_STATUS.FAILED_PRECONDITION, f"no policy is loaded for agent {agent!r}")
+        if not self.may_act(entry, who):
+            raise ApiError(_STATUS.PERMISSION_DENIED, f"uid {who.uid} may not act as agent {entry.key!r}")
         return entry, ""
 
     # -- decisions ----------------------------------------------------------------------------
 
-    def check(self, request: pb.CheckRequest) -> pb.CheckResponse:
-        return _raised(self.check_many((request,))[0])
+    def check(self, request: pb.CheckRequest, who: Caller = ROOT) -> pb.CheckResponse:
+        return _raised(self.check_many((request,), (who,))[0])
 
-    def check_many(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[pb.CheckResponse | ApiError]:
-        """Decide every request, append all their records with one write, then answer each. A request
-        that fails gets its ApiError in its place; one that could not be parsed comes as its ApiError
-        and keeps its place."""
-        return self._record_and_answer(self._decide_all(requests), self._response, _same)
+    def check_many(
+        self, requests: Sequence[pb.CheckRequest | ApiError], whos: Sequence[Caller]
+    ) -> list[pb.CheckResponse | ApiError]:
+        """Decide every request (each for its caller), append all their records with one write, then
+        answer each. A request that fails gets its ApiError in its place; one that could not be
+        parsed comes as its ApiError and keeps its place."""
+        return self._record_and_answer(self._decide_all(requests, whos), self._response, _same)
 
-    def check_answers(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[Answer]:
+    def check_answers(self, requests: Sequence[pb.CheckRequest | ApiError], peers: Sequence[bytes]) -> list[Answer]:
         """check_many for the inline loop: each answer as its status and encoded CheckResponse."""
-        return self._record_and_answer(self._decide_all(requests), self._encoded_answer, _error_answer)
+        whos: list[Caller | ApiError] = []
+        for peer in peers:
+            try:
+                whos.append(self.who(peer))
+            except ApiError as exc:
+                whos.append(exc)
+        requests = [w if type(w) is ApiError else r for r, w in zip(requests, whos, strict=True)]
+        callers = [ROOT if type(w) is ApiError else w for w in whos]
+        return self._record_and_answer(self._decide_all(requests, callers), self._encoded_answer, _error_answer)
 
-    def check_batch(self, requests: Sequence[pb.CheckRequest]) -> list[pb.CheckResponse]:
+    def check_batch(self, requests: Sequence[pb.CheckRequest], who: Caller = ROOT) -> list[pb.CheckResponse]:
         """Every request of a batch is checked before any is decided, and the batch is answered
         as a whole: if one request fails, nothing in it is decided, recorded or left waiting for
         an approval."""
@@ -281,7 +325,7 @@ class Core:
         spent = 0
         for index, request in enumerate(requests):
             try:
-                one = self._prepare(request, spent)
+                one = self._prepare(request, spent, who)
                 spent = one.items
                 prepared.append(one)
             except ApiError as exc:
@@ -297,20 +341,22 @@ class Core:
         return [_raised(a) for a in self._record_and_answer(decided, self._response, _same, all_or_none=True)]
 
     def decide_for(
-        self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool
+        self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool, who: Caller = ROOT
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
-        decided = [self._decide(self._prepare_for(entry, session, request, dry_run))]
+        decided = [self._decide(self._prepare_for(entry, session, request, dry_run, who=who))]
         return _raised(self._record_and_answer(decided, self._response, _same)[0])
 
-    def _decide_all(self, requests: Sequence[pb.CheckRequest | ApiError]) -> list[_Decided | ApiError]:
+    def _decide_all(
+        self, requests: Sequence[pb.CheckRequest | ApiError], whos: Sequence[Caller]
+    ) -> list[_Decided | ApiError]:
         decided: list[_Decided | ApiError] = []
-        for request in requests:
+        for request, who in zip(requests, whos, strict=True):
             if type(request) is ApiError:
                 decided.append(request)
                 continue
             try:
-                decided.append(self._decide(self._prepare(request)))
+                decided.append(self._decide(self._prepare(request, who=who)))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
@@ -322,12 +368,18 @@ class Core:
         log.error("a request could not be decided", exc_info=exc)
         return ApiError(_STATUS.INTERNAL, f"this request could not be decided ({type(exc).__name__})")
 
-    def _prepare(self, request: pb.CheckRequest, spent: int = 0) -> _Prepared:
-        entry, session = self.caller(request.agent, request.session, request.session_token)
-        return self._prepare_for(entry, session, request, request.mode == pb.DRY_RUN, spent)
+    def _prepare(self, request: pb.CheckRequest, spent: int = 0, who: Caller = ROOT) -> _Prepared:
+        entry, session = self.caller(request.agent, request.session, request.session_token, who)
+        return self._prepare_for(entry, session, request, request.mode == pb.DRY_RUN, spent, who)
 
     def _prepare_for(
-        self, entry: AgentEntry, session: str, request: pb.CheckRequest, dry_run: bool, spent: int = 0
+        self,
+        entry: AgentEntry,
+        session: str,
+        request: pb.CheckRequest,
+        dry_run: bool,
+        spent: int = 0,
+        who: Caller = ROOT,
     ) -> _Prepared:
         action, items = _to_action(request, self.limits, spent)
         trace = None
@@ -336,10 +388,10 @@ class Core:
             if request.trace.tracestate:
                 trace["tracestate"] = _text(request.trace.tracestate, "tracestate", 512)
         request_id = _text(request.request_id, "request_id", 256)
-        return _Prepared(entry, session, action, trace, request_id, dry_run, items)
+        return _Prepared(entry, session, action, trace, request_id, dry_run, items, who)
 
     def _decide(self, prepared: _Prepared) -> _Decided:
-        entry, session, action, trace, request_id, dry_run, _ = prepared
+        entry, session, action, trace, request_id, dry_run, _, who = prepared
         started = time.perf_counter_ns()
         # The decision and the record's masking both need the arguments' PII: searched for once.
         pii = scan_leaves(action.arguments) if entry.policy.pii_mode != "none" and type(action) is ToolCall else None
@@ -352,6 +404,7 @@ class Core:
             **action_facets(action, entry.masker, pii),
             "decision_id": decision_id,
             "eval_us": eval_us,
+            "caller_uid": who.uid,
         }
         if request_id:
             payload["request_id"] = request_id
@@ -487,6 +540,7 @@ class Core:
                 arguments=payload.get("args"),
                 reasons=decision.reasons,
                 expires_ms=self.clock_ms() + timeout_s * 1000,
+                uid=payload.get("caller_uid"),
             )
         except ApprovalError as exc:
             raise ApiError(_STATUS.RESOURCE_EXHAUSTED, str(exc)) from None
@@ -521,6 +575,18 @@ class Core:
         except AuditUnavailable as exc:
             raise ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable: {exc}") from None
 
+    def end_pending(self, note: str, session: str | None = None) -> int:
+        """Reject every pending approval (of `session`, or all), each with its record: their waiters
+        are told DENY at once. How many were ended."""
+        ended = 0
+        for approval in self.approvals.of_session(session) if session else self.approvals.pending():
+            try:
+                self.resolve(approval.approval_id, "rejected", "adl-enforcerd", note)
+                ended += 1
+            except ApiError:
+                continue  # resolved meanwhile; or the log is down and the expiry tick retries
+        return ended
+
     def expire_due(self) -> None:
         for approval in self.approvals.due():
             try:
@@ -552,6 +618,17 @@ class Core:
         )
 
 
+def _masked(sessions: Sequence[pb.SessionInfo]) -> list[pb.SessionInfo]:
+    """Sessions with their argv masked as tool arguments are in the audit log."""
+    shown = []
+    for session in sessions:
+        copy = pb.SessionInfo()
+        copy.CopyFrom(session)
+        copy.argv[:] = [str(a) for a in Masker().mask(list(session.argv)).value]
+        shown.append(copy)
+    return shown
+
+
 def approval_message(approval: Approval) -> pb.Approval:
     return pb.Approval(
         approval_id=approval.approval_id,
@@ -569,27 +646,43 @@ def approval_message(approval: Approval) -> pb.Approval:
 class EnforcerService:
     """enforcer.v1.Enforcer"""
 
-    def __init__(self, core: Core, status: Callable[[], pb.StatusResponse]) -> None:
+    def __init__(
+        self, core: Core, status: Callable[[], pb.StatusResponse], max_waits: int = 256, *, admin: bool = False
+    ) -> None:
         self.core = core
         self._status = status
+        self.admin = admin  # on the admin socket (root only): every caller is root
+        # The server has this many threads beyond its workers: waits never take the ones that answer.
+        self._waits = threading.BoundedSemaphore(max_waits)
+        self.max_waits = max_waits
+
+    def _who(self, context: grpc.ServicerContext) -> Caller:
+        return ROOT if self.admin else self.core.who(context.peer())
 
     def Check(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
-        return self.core.check(request)
+        return self.core.check(request, self._who(context))
 
-    def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext | None) -> pb.CheckBatchResponse:
+    def CheckBatch(self, request: pb.CheckBatchRequest, context: grpc.ServicerContext) -> pb.CheckBatchResponse:
+        return self.check_batch(request, self._who(context))
+
+    def check_batch(self, request: pb.CheckBatchRequest, who: Caller) -> pb.CheckBatchResponse:
         if len(request.requests) > MAX_BATCH:
             raise ApiError(_STATUS.INVALID_ARGUMENT, f"at most {MAX_BATCH} requests in a batch")
-        return pb.CheckBatchResponse(responses=self.core.check_batch(request.requests))
+        return pb.CheckBatchResponse(responses=self.core.check_batch(request.requests, who))
 
     def Explain(self, request: pb.CheckRequest, context: grpc.ServicerContext) -> pb.ExplainResponse:
-        entry, session = self.core.caller(request.agent, request.session, request.session_token)
-        decision = self.core.decide_for(entry, session, request, dry_run=True)
+        who = self._who(context)
+        entry, session = self.core.caller(request.agent, request.session, request.session_token, who)
+        decision = self.core.decide_for(entry, session, request, dry_run=True, who=who)
         return pb.ExplainResponse(decision=decision, policy_json=orjson.dumps(policy_summary(entry.policy)).decode())
 
     def WaitApproval(self, request: pb.WaitApprovalRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
         approval = self.core.approvals.get(request.approval_id)
         if approval is None:
             raise ApiError(_STATUS.NOT_FOUND, f"no approval {request.approval_id!r}")
+        who = self._who(context)
+        if approval.uid is not None and who.uid not in (0, approval.uid):
+            raise ApiError(_STATUS.PERMISSION_DENIED, "this approval was asked for by another uid")
         if approval.session and (
             request.session != approval.session
             or self.core.registry.authenticate(request.session, request.session_token) is None
@@ -600,11 +693,23 @@ class EnforcerService:
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - 0.05, 0))
         if wait_s > 0:
-            approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+            if not self._waits.acquire(blocking=False):
+                raise ApiError(
+                    _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
+                )
+            try:
+                approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+            finally:
+                self._waits.release()
         return self.core.approval_response(approval)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        return self._status()
+        status = self._status()
+        who = self._who(context)
+        mine = [s for s in status.sessions if who.uid in (0, s.uid)]  # a caller sees its own sessions
+        del status.sessions[:]
+        status.sessions.extend(_masked(mine))
+        return status
 
 
 class AdminService:
@@ -648,7 +753,7 @@ class AdminService:
         return self._reload()
 
     def ListSessions(self, request: pb.ListSessionsRequest, context: grpc.ServicerContext) -> pb.ListSessionsResponse:
-        return pb.ListSessionsResponse(sessions=self._status().sessions)
+        return pb.ListSessionsResponse(sessions=_masked(self._status().sessions))
 
     def TerminateSession(
         self, request: pb.TerminateSessionRequest, context: grpc.ServicerContext
@@ -674,21 +779,21 @@ def handlers(service: Any, service_name: str, max_request_bytes: int) -> grpc.Ge
     return grpc.method_handlers_generic_handler(descriptor.full_name, methods)
 
 
-def inline_handlers(service: EnforcerService, max_request_bytes: int) -> dict[str, BatchHandler]:
+def inline_handlers(service: EnforcerService, max_request_bytes: int) -> dict[str, PeerBatchHandler]:
     """Check and CheckBatch for the inline loop, which hands each method every request that arrived
     together: the Checks among them are decided and their records appended with one write."""
     name = pb.DESCRIPTOR.services_by_name["Enforcer"].full_name
     parse_check = parse_or_error(pb.CheckRequest, max_request_bytes)
     parse_batch = parse_or_error(pb.CheckBatchRequest, max_request_bytes)
 
-    def check(messages: Sequence[bytes | None]) -> list[Answer]:
-        return service.core.check_answers([parse_check(m) for m in messages])
+    def check(messages: Sequence[bytes | None], peers: Sequence[bytes]) -> list[Answer]:
+        return service.core.check_answers([parse_check(m) for m in messages], peers)
 
-    def check_batch(messages: Sequence[bytes | None]) -> list[Answer]:
+    def check_batch(messages: Sequence[bytes | None], peers: Sequence[bytes]) -> list[Answer]:
         answers = []
-        for message in messages:
+        for message, peer in zip(messages, peers, strict=True):
             try:
-                response = service.CheckBatch(_raised(parse_batch(message)), None)
+                response = service.check_batch(_raised(parse_batch(message)), service.core.who(peer))
                 answers.append((_STATUS.OK, "", response.SerializeToString()))
             except ApiError as exc:
                 answers.append(_error_answer(exc))

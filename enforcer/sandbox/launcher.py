@@ -83,7 +83,8 @@ def run(
             argv=plan.argv,
             executable=plan.executable,
             env=plan.env,
-            cwd=os.getcwd(),
+            # This very directory, not its path again: the path could be swapped meanwhile.
+            cwd=f"/proc/{os.getpid()}/cwd",
             file_masks=plan.file_masks,
             dir_masks=plan.dir_masks,
             landlock=plan.landlock,

@@ -46,3 +46,12 @@ def test_unit_is_a_notify_service_that_reloads_with_sighup_and_owns_its_cgroups(
     text = UNIT.read_text()
     for line in ("Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "Delegate=yes", "WatchdogSec=", "KillMode=mixed"):
         assert line in text
+
+
+def test_unit_file_limit_covers_the_launch_connections_the_daemon_accepts() -> None:
+    from enforcer.daemon.config import Settings
+
+    found = re.search(r"^LimitNOFILE=(\d+)$", UNIT.read_text(), re.MULTILINE)
+    assert found, "the unit must set LimitNOFILE: the default 1024 runs out under idle connections"
+    waiting = Settings.model_fields["max_launch_connections"].default
+    assert int(found.group(1)) >= 4 * waiting  # room for gRPC clients and sessions beside them
