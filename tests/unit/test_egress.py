@@ -56,7 +56,8 @@ def test_sniff_http_host() -> None:
     assert found.protocol == "http" and found.server_name == "api.example.test"
     assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\n").complete is False
     assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").malformed
-    assert sniff(b"SSH-2.0-OpenSSH_9.2\r\n").protocol == "tcp"
+    assert sniff(b"SSH-2.0-OpenSSH_9.2\r\n").protocol == "ssh"
+    assert sniff(b"\x00\x00\x00\x08\x04\xd2\x16\x2f").protocol == "tcp"  # opaque (a PostgreSQL SSLRequest)
     assert sniff(b"GE").complete is False  # could still become an HTTP request
 
 
@@ -154,9 +155,8 @@ def test_observed_protocols_against_declared_ones(schemas: Any) -> None:
     assert verdict(["https"], "https", 443) == "ALLOW"
     assert verdict(["https"], "http", 443) == "DENY"  # plain HTTP on an HTTPS-only grant
     assert verdict(["https"], "tcp", 443) == "DENY"  # opaque bytes are not HTTPS
-    assert verdict(["ssh"], "tcp", 22) == "ALLOW"  # opaque TCP can only be trusted as what cannot be seen
+    assert verdict(["ssh"], "ssh", 22) == "ALLOW"
     assert verdict(["ssh"], "http", 22) == "DENY"
-    assert verdict(["wss"], "https", 443) == "ALLOW"
     tcp_any = base_adl(permissions={"network": {"allowed_hosts": ["h.test"], "allowed_protocols": ["tcp"],
                                                 "allowed_ports": [443], "deny_private": False}})  # fmt: skip
     assert decide(compile_doc(schemas, tcp_any), NetworkConnect("h.test", 443, "tls")).verdict == "ALLOW"
