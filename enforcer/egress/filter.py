@@ -400,6 +400,8 @@ def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
     """Every name the bytes carried goes into the record, allowed or not."""
     if sniffed.protocol == "tls" and sniffed.server_name:
         event["sni"] = sniffed.server_name[:300]
+    if sniffed.head is None and sniffed.protocol == "http" and sniffed.names:
+        event["http_host"] = ", ".join(sniffed.names)[:300]  # what an unreadable head seemed to name
     if sniffed.head is not None:
         if sniffed.head.host_header is not None:
             event["http_host"] = sniffed.head.host_header[:300]

@@ -120,10 +120,20 @@ def sniff_http(data: bytes) -> Sniffed:
     try:
         head = parse_head(data)
     except Malformed as exc:
-        return Sniffed("http", malformed=str(exc))
+        return Sniffed("http", malformed=str(exc), names=claimed_hosts(data))
     if head is None:
         return Sniffed("http", complete=False)
     return http_result(head)
+
+
+_CLAIMED_HOST = re.compile(rb"^[ \t]*host[ \t]*:[ \t]*([^\r\n]{0,300})", re.IGNORECASE | re.MULTILINE)
+
+
+def claimed_hosts(data: bytes) -> tuple[str, ...]:
+    """For the audit record of a head that did not parse: the Host values it seems to carry."""
+    end = head_end(data)
+    head = data[: end if 0 <= end <= MAX_HTTP_HEAD else MAX_HTTP_HEAD]
+    return tuple(m.group(1).strip().decode("latin-1") for m in _CLAIMED_HOST.finditer(head))[:4]
 
 
 def http_result(head: RequestHead) -> Sniffed:
