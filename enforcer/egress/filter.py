@@ -24,8 +24,8 @@ from typing import Any
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import relay
-from .sniff import Malformed, RequestHead, Sniffed, fields, protocol_name
+from .relay import pump, relay
+from .sniff import Malformed, RequestHead, Sniffed, claimed_hosts, fields, protocol_name
 from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_first
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
@@ -146,17 +146,11 @@ class ConnectionFilter:
                 self.stats["allowed"] += 1
             requests = [0]
             refused: list[Verdict] = []
-            if sniffed.head is not None:
-                first = sniffed.head
-                reader.take(first.size)
 
-                def outbound() -> int:
-                    return self._requests(reader, upstream, first, host, name, event, requests, refused)
+            def outbound() -> int:
+                return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
 
-                sent, received = relay(client, upstream, self.workers, outbound)
-            else:
-                upstream.sendall(reader.take(len(reader.buffer)))  # the ClientHello, or opaque bytes
-                sent, received = relay(client, upstream, self.workers)
+            sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them
             with self._lock:
@@ -171,7 +165,7 @@ class ConnectionFilter:
                 "bytes_in": received,
                 "duration_ms": round((time.monotonic() - started) * 1000, 3),
             }
-            if sniffed.head is not None:
+            if requests[0]:
                 closing["requests"] = requests[0]
             self.record("net.close", closing)
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
@@ -253,6 +247,61 @@ class ConnectionFilter:
             client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         return name, name, port, ipaddress.IPv4Address(0)
 
+    def _client_side(
+        self,
+        reader: ClientReader,
+        upstream: socket.socket,
+        sniffed: Sniffed,
+        host: str,
+        name: str | None,
+        event: dict[str, Any],
+        count: list[int],
+        refused: list[Verdict],
+    ) -> int:
+        """Move the agent's bytes upstream; returns how many. TLS and opaque bytes are spliced once
+        their first message is through; plain HTTP goes head by head."""
+        if sniffed.silent:
+            # It waited for the server. Whatever it sends first, however late, is still read whole and
+            # its names checked: a pause before the first byte must not skip the check.
+            late = sniff_first(reader, None, self.message_timeout_s)
+            if late.malformed and not reader.buffer:
+                return 0  # it left without sending anything
+            problem = _name_problem(late, host, name)
+            if problem is not None:
+                self._refuse_later(reader, upstream, event, late, problem, refused, count[0] + 1)
+                return 0
+            sniffed = late
+        if sniffed.head is not None:
+            reader.take(sniffed.head.size)
+            return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
+        first = reader.take(len(reader.buffer))  # the ClientHello, or opaque bytes
+        upstream.sendall(first)
+        return len(first) + pump(reader.sock, upstream)
+
+    def _refuse_later(
+        self,
+        reader: ClientReader,
+        upstream: socket.socket,
+        event: dict[str, Any],
+        sniffed: Sniffed,
+        verdict: Verdict,
+        refused: list[Verdict],
+        request: int,
+    ) -> None:
+        """A refusal after the connection was allowed: audited with the names the bytes carried, then
+        both sides are cut (responses to earlier requests may be in flight: no answer can follow)."""
+        denial = {key: event[key] for key in ("connection", "port", "destination", "host", "via") if key in event}
+        denial.update(protocol=sniffed.protocol, request=request, address=event.get("address"))
+        _record_names(denial, sniffed)
+        with self._lock:
+            self.stats["denied"] += 1
+        refused.append(verdict)
+        self._emit("net.connect", denial, verdict)
+        with contextlib.suppress(OSError):
+            reader.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+
     def _requests(
         self,
         reader: ClientReader,
@@ -278,63 +327,28 @@ class ConnectionFilter:
             except ClientGone:
                 return sent
             except Malformed as exc:
-                verdict: Verdict | None = Verdict("deny", "net.unreadable", str(exc))
-                following = None
-            else:
-                if following is None:
-                    return sent
-                reader.take(following.size)
-                verdict = _request_problem(following, host, name)
-            if verdict is not None:
-                denial = {
-                    key: event[key] for key in ("connection", "port", "destination", "host", "via") if key in event
-                }
-                denial.update(protocol="http", request=count[0] + 1, address=event.get("address"))
-                if following is not None:
-                    _record_names(denial, Sniffed("http", head=following))
-                with self._lock:
-                    self.stats["denied"] += 1
-                refused.append(verdict)
-                self._emit("net.connect", denial, verdict)
-                with contextlib.suppress(OSError):
-                    reader.sock.shutdown(socket.SHUT_RDWR)
-                with contextlib.suppress(OSError):
-                    upstream.shutdown(socket.SHUT_RDWR)
+                bad = Sniffed("http", names=claimed_hosts(bytes(reader.buffer)))
+                self._refuse_later(
+                    reader, upstream, event, bad, Verdict("deny", "net.unreadable", str(exc)), refused, count[0] + 1
+                )
                 return sent
-            assert following is not None
+            if following is None:
+                return sent
+            reader.take(following.size)
+            verdict = _request_problem(following, host, name)
+            if verdict is not None:
+                self._refuse_later(
+                    reader, upstream, event, Sniffed("http", head=following), verdict, refused, count[0] + 1
+                )
+                return sent
             head = following
 
     def _verdict(
         self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
     ) -> Verdict:
-        if sniffed.malformed:
-            rule = "net.incomplete" if sniffed.malformed.startswith("incomplete") else "net.unreadable"
-            return Verdict("deny", rule, sniffed.malformed)
-        if sniffed.head is not None:
-            problem = _request_problem(sniffed.head, host, name)
-            if problem is not None:
-                return problem
-        elif sniffed.protocol == "tls":
-            if sniffed.server_name and not _same_host(sniffed.server_name, host):
-                return Verdict(
-                    "deny",
-                    "net.host_mismatch",
-                    f"TLS SNI '{sniffed.server_name}' does not match the host the agent connected to ('{host}')",
-                )
-            if sniffed.ech:
-                return Verdict(
-                    "deny",
-                    "net.ech",
-                    "the ClientHello carries an encrypted inner ClientHello (ECH): the server name it really asks "
-                    "for cannot be checked",
-                )
-            if sniffed.server_name is None and name is not None:
-                return Verdict(
-                    "deny",
-                    "net.sni_missing",
-                    f"TLS to the name '{name}' without SNI: the server would pick a name the filter cannot check "
-                    "(only literal-address connections may go without, RFC 6066)",
-                )
+        problem = _name_problem(sniffed, host, name)
+        if problem is not None:
+            return problem
         if name is None:
             candidates: list[IPAddress] = [target]  # a literal address: decided as itself, dialled as itself
         else:
@@ -408,6 +422,38 @@ def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
         if sniffed.head.target_host is not None:
             event["http_target_host"] = sniffed.head.target_host[:300]
         event["http_method"] = sniffed.head.method[:40]
+
+
+def _name_problem(sniffed: Sniffed, host: str, name: str | None) -> Verdict | None:
+    """Why the first message may not go to the connection's host (None: it may)."""
+    if sniffed.malformed:
+        rule = "net.incomplete" if sniffed.malformed.startswith("incomplete") else "net.unreadable"
+        return Verdict("deny", rule, sniffed.malformed)
+    if sniffed.head is not None:
+        return _request_problem(sniffed.head, host, name)
+    if sniffed.protocol != "tls":
+        return None
+    if sniffed.server_name and not _same_host(sniffed.server_name, host):
+        return Verdict(
+            "deny",
+            "net.host_mismatch",
+            f"TLS SNI '{sniffed.server_name}' does not match the host the agent connected to ('{host}')",
+        )
+    if sniffed.ech:
+        return Verdict(
+            "deny",
+            "net.ech",
+            "the ClientHello carries an encrypted inner ClientHello (ECH): the server name it really asks "
+            "for cannot be checked",
+        )
+    if sniffed.server_name is None and name is not None:
+        return Verdict(
+            "deny",
+            "net.sni_missing",
+            f"TLS to the name '{name}' without SNI: the server would pick a name the filter cannot check "
+            "(only literal-address connections may go without, RFC 6066)",
+        )
+    return None
 
 
 def _request_problem(head: RequestHead, host: str, name: str | None) -> Verdict | None:

@@ -40,6 +40,13 @@ def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int
         os.close(write_end)
 
 
+def pump(src: socket.socket, dst: socket.socket) -> int:
+    """Splice src into dst until src ends; the bytes moved."""
+    counter = [0]
+    _pump(src, dst, counter, 0)
+    return counter[0]
+
+
 def splice_exact(src: socket.socket, dst: socket.socket, size: int) -> int:
     """Move exactly `size` bytes from src to dst without them entering Python (a request body).
     Returns the bytes moved: fewer only when src ended first."""

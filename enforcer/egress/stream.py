@@ -74,14 +74,15 @@ class ClientReader:
         return data
 
 
-def sniff_first(reader: ClientReader, first_byte_s: float, message_s: float) -> Sniffed:
+def sniff_first(reader: ClientReader, first_byte_s: float | None, message_s: float) -> Sniffed:
     """Read until the first bytes say what they are. A client that sends nothing within
     `first_byte_s` waits for the server (silent: opaque); once it has sent something, whatever
-    looks like TLS or HTTP must be complete within `message_s` and the size bounds, else refused."""
+    looks like TLS or HTTP must be complete within `message_s` and the size bounds, else refused.
+    `first_byte_s` None: wait for the first byte for as long as the connection lasts."""
     started = time.monotonic()
     if not reader.buffer:
         try:
-            reader.fill(started + first_byte_s)
+            reader.fill(None if first_byte_s is None else started + first_byte_s)
         except Incomplete:
             return Sniffed("tcp", silent=True)
         except ClientGone as exc:

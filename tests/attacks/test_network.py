@@ -378,6 +378,7 @@ attempt("records of 7 bytes, paused", lambda: tls("api.example.test", "other.exa
 attempt("no SNI to a name", lambda: tls("api.example.test", None, 1, 0.6))
 attempt("through the proxy, paused", lambda: tls("api.example.test", "other.example.test", 1, 0.6, proxy=True))
 attempt("through the proxy, no SNI", lambda: tls("api.example.test", None, proxy=True))
+attempt("pause before the first byte", lambda: tls("api.example.test", "other.example.test", 0, 0.6))
 """,
     )
     assert_all_blocked(attacks)
@@ -388,6 +389,7 @@ attempt("through the proxy, no SNI", lambda: tls("api.example.test", None, proxy
         ("net.sni_missing", None),
         ("net.host_mismatch", "other.example.test"),
         ("net.sni_missing", None),
+        ("net.host_mismatch", "other.example.test"),  # after an allowed silence: checked all the same
     ]
     assert all(c["host"] == "api.example.test" for c in payloads(r, "net.connect"))
     controls, r = segmented(
@@ -398,10 +400,11 @@ attempt("1-byte writes", lambda: tls("api.example.test", "api.example.test", "by
 attempt("records of 7 bytes, paused", lambda: tls("api.example.test", "api.example.test", 40, 0.6, record=7))
 attempt("a literal address without SNI", lambda: tls("198.51.100.10", None, 1, 0.6))
 attempt("through the proxy, paused", lambda: tls("api.example.test", "api.example.test", 1, 0.6, proxy=True))
+attempt("pause before the first byte", lambda: tls("api.example.test", "api.example.test", 0, 0.6))
 """,
     )
     assert all(v.startswith("OK hello") for v in controls.values()), controls
-    assert [c["decision"] for c in payloads(r, "net.connect")] == ["allow"] * 4
+    assert [c["decision"] for c in payloads(r, "net.connect")] == ["allow"] * 5
 
 
 def test_a_clienthello_that_never_completes_is_refused(net_sandbox: Sandbox, netlab: NetLab) -> None:
@@ -436,6 +439,7 @@ attempt("pause past the sniff timeout", lambda: http(api, 80, [get("other.exampl
 attempt("bare LF", lambda: http(api, 80, [other_lf]))
 attempt("no Host to a name", lambda: http(api, 80, [b"GET / HTTP/1.0\\r\\n\\r\\n"]))
 attempt("through the proxy, bare LF", lambda: http(api, 80, [other_lf], proxy=True))
+attempt("pause before the first byte", lambda: http(api, 80, [other_10], 0, 0.6))
 """,
     )
     assert_all_blocked(attacks)
@@ -444,6 +448,7 @@ attempt("through the proxy, bare LF", lambda: http(api, 80, [other_lf], proxy=Tr
         ("net.host_mismatch", "other.example.test"),
         ("net.host_mismatch", "other.example.test"),
         ("net.host_missing", None),
+        ("net.host_mismatch", "other.example.test"),
         ("net.host_mismatch", "other.example.test"),
     ]
     controls, r = segmented(
