@@ -60,11 +60,20 @@ class Hello(BaseHTTPRequestHandler):
 
 class KeepAlive(Hello):
     """HTTP/1.1 with keep-alive, routing like a virtual-host server: an absolute-form target names the
-    host (RFC 9112 3.2.2), else the Host header does."""
+    host (RFC 9112 3.2.2), else the Host header does. A WebSocket handshake is answered 101 (except on
+    /no-upgrade, where the server ignores it, as servers without WebSocket do)."""
 
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        if self.headers.get("Upgrade", "").lower() == "websocket" and self.path != "/no-upgrade":
+            self.send_response(101)  # switch, then echo what arrives (no WebSocket framing: a test peer)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.write(b"ws-echo " + self.rfile.read1(65536))
+            self.close_connection = True
+            return
         named = self.path.split("://", 1)[1].split("/", 1)[0] if "://" in self.path else self.headers.get("Host")
         length = int(self.headers.get("Content-Length") or 0)
         if length:

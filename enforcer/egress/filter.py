@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import itertools
+import select
 import socket
 import struct
 import threading
@@ -25,7 +26,17 @@ from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
 from .relay import pump, relay
-from .sniff import Malformed, RequestHead, Sniffed, claimed_hosts, fields, protocol_name
+from .sniff import (
+    MAX_HTTP_HEAD,
+    Malformed,
+    RequestHead,
+    Sniffed,
+    claimed_hosts,
+    fields,
+    head_end,
+    is_websocket,
+    protocol_name,
+)
 from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_first
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
@@ -81,6 +92,7 @@ class ConnectionFilter:
         self.connect_timeout_s = connect_timeout_s
         self.sniff_timeout_s = sniff_timeout_s
         self.message_timeout_s = message_timeout_s
+        self.switch_timeout_s = 30.0  # a WebSocket handshake's answer
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
@@ -146,6 +158,16 @@ class ConnectionFilter:
                 self.stats["allowed"] += 1
             requests = [0]
             refused: list[Verdict] = []
+            if sniffed.head is not None and is_websocket(sniffed.head):
+                # The one protocol switch the filter follows, and only as a connection's first request:
+                # nothing is outstanding, so the first response read back answers it.
+                reader.take(sniffed.head.size)
+                upstream.sendall(sniffed.head.canonical)
+                requests[0] = 1
+                switched = _await_switch(upstream, client, self.switch_timeout_s)
+                event_switch = {"connection": conn_id, "host": host, "port": port, "switched": switched}
+                self.record("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"})
+                sniffed = Sniffed("tcp") if switched else Sniffed("http", head=None)
 
             def outbound() -> int:
                 return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
@@ -266,7 +288,7 @@ class ConnectionFilter:
             late = sniff_first(reader, None, self.message_timeout_s)
             if late.malformed and not reader.buffer:
                 return 0  # it left without sending anything
-            problem = _name_problem(late, host, name)
+            problem = _name_problem(late, host, name, first=False)  # no switch is followed here
             if problem is not None:
                 self._refuse_later(reader, upstream, event, late, problem, refused, count[0] + 1)
                 return 0
@@ -274,6 +296,8 @@ class ConnectionFilter:
         if sniffed.head is not None:
             reader.take(sniffed.head.size)
             return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
+        if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
+            return self._requests(reader, upstream, None, host, name, event, count, refused)
         first = reader.take(len(reader.buffer))  # the ClientHello, or opaque bytes
         upstream.sendall(first)
         return len(first) + pump(reader.sock, upstream)
@@ -306,7 +330,7 @@ class ConnectionFilter:
         self,
         reader: ClientReader,
         upstream: socket.socket,
-        head: RequestHead,
+        head: RequestHead | None,
         host: str,
         name: str | None,
         event: dict[str, Any],
@@ -315,14 +339,16 @@ class ConnectionFilter:
     ) -> int:
         """Move a plain-HTTP connection's requests: each head is read whole, checked like the first
         and forwarded re-serialised; bodies are forwarded as their heads frame them. A refused head
-        ends the connection and is audited with the names it carried."""
+        ends the connection and is audited with the names it carried. `head` None: the first one
+        was already forwarded."""
         sent = 0
         while True:
-            count[0] += 1
-            upstream.sendall(head.canonical)
-            sent += len(head.canonical)
             try:
-                sent += forward_body(reader, upstream, head, self.message_timeout_s)
+                if head is not None:
+                    count[0] += 1
+                    upstream.sendall(head.canonical)
+                    sent += len(head.canonical)
+                    sent += forward_body(reader, upstream, head, self.message_timeout_s)
                 following = read_head(reader, self.message_timeout_s, idle=True)
             except ClientGone:
                 return sent
@@ -335,7 +361,7 @@ class ConnectionFilter:
             if following is None:
                 return sent
             reader.take(following.size)
-            verdict = _request_problem(following, host, name)
+            verdict = _request_problem(following, host, name, first=False)
             if verdict is not None:
                 self._refuse_later(
                     reader, upstream, event, Sniffed("http", head=following), verdict, refused, count[0] + 1
@@ -424,13 +450,13 @@ def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
         event["http_method"] = sniffed.head.method[:40]
 
 
-def _name_problem(sniffed: Sniffed, host: str, name: str | None) -> Verdict | None:
+def _name_problem(sniffed: Sniffed, host: str, name: str | None, *, first: bool = True) -> Verdict | None:
     """Why the first message may not go to the connection's host (None: it may)."""
     if sniffed.malformed:
         rule = "net.incomplete" if sniffed.malformed.startswith("incomplete") else "net.unreadable"
         return Verdict("deny", rule, sniffed.malformed)
     if sniffed.head is not None:
-        return _request_problem(sniffed.head, host, name)
+        return _request_problem(sniffed.head, host, name, first=first)
     if sniffed.protocol != "tls":
         return None
     if sniffed.server_name and not _same_host(sniffed.server_name, host):
@@ -456,7 +482,7 @@ def _name_problem(sniffed: Sniffed, host: str, name: str | None) -> Verdict | No
     return None
 
 
-def _request_problem(head: RequestHead, host: str, name: str | None) -> Verdict | None:
+def _request_problem(head: RequestHead, host: str, name: str | None, *, first: bool) -> Verdict | None:
     """Why a request head may not go to the connection's host (None: it may)."""
     for claimed, what in ((head.host_header, "HTTP Host"), (head.target_host, "HTTP request target")):
         if claimed is not None and not _same_host(claimed, host):
@@ -474,14 +500,44 @@ def _request_problem(head: RequestHead, host: str, name: str | None) -> Verdict 
     if head.method.upper() == "CONNECT":
         return Verdict("deny", "net.unreadable", "CONNECT inside a captured connection: the tunnel could not be read")
     upgrade = fields(head.headers, "upgrade")
-    if upgrade:
+    if upgrade and not (first and is_websocket(head)):
+        where = "" if first else " on a kept-alive connection"
         return Verdict(
             "deny",
             "net.unreadable",
-            f"protocol switch to '{', '.join(upgrade)[:100]}': the filter reads HTTP/1.x request heads and cannot "
-            "follow a plain-HTTP connection into another protocol",
+            f"protocol switch to '{', '.join(upgrade)[:100]}'{where}: the filter follows only a WebSocket "
+            "handshake that opens a connection",
         )
     return None
+
+
+def _await_switch(upstream: socket.socket, client: socket.socket, timeout_s: float) -> bool:
+    """Pass the server's answer to a WebSocket handshake back to the agent; True when it switched
+    (101). Anything else, or no answer in time, leaves the connection plain HTTP: every later byte from
+    the agent is then read as a request head, the safe reading either way."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    poller.register(upstream, select.POLLIN)
+    status = 0
+    while True:
+        end = head_end(data)
+        if end >= 0:
+            words = data[:end].split(b" ", 2)
+            status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+            if 100 <= status < 200 and status != 101:  # an interim answer: the real one follows
+                client.sendall(data[:end])
+                data = data[end:]
+                continue
+            break
+        if len(data) > MAX_HTTP_HEAD or not poller.poll(max(0, round((deadline - time.monotonic()) * 1000))):
+            break
+        chunk = upstream.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    client.sendall(data)
+    return status == 101
 
 
 def _same_host(claimed: str, host: str) -> bool:

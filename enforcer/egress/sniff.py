@@ -238,6 +238,21 @@ def fields(headers: tuple[tuple[str, str], ...], name: str) -> list[str]:
     return [v for n, v in headers if n.lower() == name]
 
 
+def tokens(headers: tuple[tuple[str, str], ...], name: str) -> list[str]:
+    return [t.strip().lower() for value in fields(headers, name) for t in value.split(",") if t.strip()]
+
+
+def is_websocket(head: RequestHead) -> bool:
+    """A WebSocket opening handshake (RFC 6455 4.1): a GET without a body asking to switch to
+    websocket and nothing else."""
+    return (
+        head.method == "GET"
+        and head.body == "none"
+        and tokens(head.headers, "upgrade") == ["websocket"]
+        and "upgrade" in tokens(head.headers, "connection")
+    )
+
+
 def _host_header(headers: tuple[tuple[str, str], ...]) -> str | None:
     values = fields(headers, "host")
     if len(values) > 1:
@@ -477,10 +492,13 @@ HTTP_ALPN = ("http/1.1", "h2", "http/1.0")
 def protocol_name(sniffed: Sniffed, port: int) -> str:
     """The protocol decide() is asked about: what the bytes show, never more. TLS carrying HTTP
     (ALPN http/1.1 or h2, or no ALPN on 443) is https: wss and grpc ride inside it unseen, so only a
-    declared https lets it through. Other TLS is tls; plain HTTP is http; an SSH banner is ssh;
+    declared https lets it through. Other TLS is tls; plain HTTP is http, or ws for a WebSocket
+    opening handshake; an SSH banner is ssh;
     bytes that name no protocol (or none at all) are tcp."""
     if sniffed.protocol == "tls":
         if any(p in HTTP_ALPN for p in sniffed.alpn) or (not sniffed.alpn and port == 443):
             return "https"
         return "tls"
+    if sniffed.head is not None and is_websocket(sniffed.head):
+        return "ws"
     return sniffed.protocol

@@ -345,6 +345,23 @@ def http(connect_to, port, requests, writes=None, pause=0.0, proxy=False, pipeli
             send_paced(s, request, writes or len(request), pause)
             answers.append(read_response(s))
     return answers[-1]
+def websocket(connect_to, path="/", then=None):
+    with dial(connect_to, 8011, False) as s:
+        s.sendall(get(connect_to, path, extra="Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n"))
+        if then is None:
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                chunk = s.recv(1)
+                if not chunk:
+                    raise ConnectionError("closed by the filter")
+                head += chunk
+            if b" 101 " not in head.split(b"\\r\\n")[0]:
+                raise PermissionError(head.decode(errors="replace"))
+            s.sendall(b"frames")
+            return s.recv(100).decode()
+        read_response(s)
+        s.sendall(then)
+        return read_response(s)
 def get(host, target="/", version="1.1", eol="\\r\\n", extra=""):
     return f"GET {target} HTTP/{version}{eol}Host: {host}{eol}{extra}{eol}".encode()
 """
@@ -504,3 +521,40 @@ attempt("through the proxy", lambda: http(api, 8011, [ok, ok], proxy=True))
     assert all(v.startswith("OK hello host=api.example.test") for v in controls.values()), controls
     assert all(c["decision"] == "allow" for c in payloads(r, "net.connect"))
     assert [c["requests"] for c in payloads(r, "net.close")] == [3, 2, 2]
+
+
+def test_only_a_websocket_handshake_that_opens_a_connection_switches(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """The filter follows a protocol switch only where it sees the server's 101; a handshake the
+    server ignores leaves the connection HTTP, and every later head is checked."""
+    net_sandbox.permissions["network"]["allowed_ports"] = [8011]
+    upgrade = "Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+    attacks, r = segmented(
+        net_sandbox,
+        netlab,
+        f"""
+api = "api.example.test"
+other = get("other.example.test")
+attempt("after an ignored handshake", lambda: websocket(api, "/no-upgrade", then=other))
+attempt("a handshake on a kept-alive connection", lambda: http(api, 8011, [get(api), get(api, extra="{upgrade}")]))
+attempt("h2c", lambda: http(api, 8011, [get(api, extra="Upgrade: h2c\\r\\nConnection: Upgrade\\r\\n")]))
+""",
+    )
+    assert_all_blocked(attacks)
+    assert denials(r) == [
+        ("net.host_mismatch", "other.example.test"),
+        ("net.unreadable", "api.example.test"),
+        ("net.unreadable", "api.example.test"),
+    ]
+    controls, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+attempt("switched", lambda: websocket(api))
+attempt("ignored, then the same host", lambda: websocket(api, "/no-upgrade", then=get(api)))
+""",
+    )
+    assert controls["switched"] == "OK ws-echo frames", controls
+    assert controls["ignored, then the same host"].startswith("OK hello host=api.example.test"), controls
+    assert [c["protocol"] for c in payloads(r, "net.connect")] == ["ws", "ws"]
+    assert [u["switched"] for u in payloads(r, "net.upgrade")] == [True, False]

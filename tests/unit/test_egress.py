@@ -302,6 +302,10 @@ def test_protocol_names_state_only_what_the_wire_shows() -> None:
     assert protocol_name(Sniffed("tls", alpn=("h2",)), 8443) == "https"  # grpc or wss inside cannot be seen
     assert protocol_name(Sniffed("tls", alpn=("imap",)), 993) == "tls"
     assert protocol_name(Sniffed("http"), 80) == "http"
+    handshake = sniff(b"GET /chat HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    assert protocol_name(handshake, 80) == "ws"
+    h2c = sniff(b"GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+    assert protocol_name(h2c, 80) == "http"  # and refused by the filter: it cannot follow h2c
     assert protocol_name(Sniffed("ssh"), 22) == "ssh"
     assert protocol_name(Sniffed("tcp", silent=True), 25) == "tcp"
 
