@@ -128,6 +128,9 @@ class ConnectionFilter:
                 host = name or str(target)
             event["host"] = host
             sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
+            if sniffed.silent and self._opaque_refused(host, port):
+                # tcp would be refused anyway: give a slow client time to say what it speaks
+                sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
             protocol = protocol_name(sniffed, port)
             event["protocol"] = protocol
             _record_names(event, sniffed)
@@ -368,6 +371,10 @@ class ConnectionFilter:
                 )
                 return sent
             head = following
+
+    def _opaque_refused(self, host: str, port: int) -> bool:
+        decision = decide(self.policy, NetworkConnect(host, port, "tcp"))
+        return bool(decision.reasons) and decision.reasons[0].rule == "net.protocol_not_allowed"
 
     def _verdict(
         self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress

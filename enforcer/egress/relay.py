@@ -85,6 +85,10 @@ def relay(
     else:
         try:
             counts[0] = outbound()
+        except OSError:
+            for sock in (client, upstream):  # one side reset: end both directions, as _pump does
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         finally:
             with contextlib.suppress(OSError):
                 upstream.shutdown(socket.SHUT_WR)

@@ -558,3 +558,27 @@ attempt("ignored, then the same host", lambda: websocket(api, "/no-upgrade", the
     assert controls["ignored, then the same host"].startswith("OK hello host=api.example.test"), controls
     assert [c["protocol"] for c in payloads(r, "net.connect")] == ["ws", "ws"]
     assert [u["switched"] for u in payloads(r, "net.upgrade")] == [True, False]
+
+
+def test_a_late_first_byte_under_an_https_only_policy(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """Where opaque TCP is not allowed, a silent client is given the message time to speak, and what
+    it sends is checked like any first message."""
+    net_sandbox.permissions["network"] = {
+        "allowed_hosts": ["api.example.test"],
+        "allowed_ports": [443],
+        "allowed_protocols": ["https"],
+    }
+    results, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+attempt("late, another SNI", lambda: tls("api.example.test", "other.example.test", 0, 0.6))
+attempt("late, its own SNI", lambda: tls("api.example.test", "api.example.test", 0, 0.6))
+""",
+    )
+    assert results["late, another SNI"].startswith("BLOCKED"), results
+    assert results["late, its own SNI"].startswith("OK hello"), results
+    assert [(c["decision"], c["rules"][0], c["protocol"]) for c in payloads(r, "net.connect")] == [
+        ("deny", "net.host_mismatch", "https"),
+        ("allow", "net.allowed", "https"),
+    ]
