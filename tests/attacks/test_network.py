@@ -285,7 +285,7 @@ def tls(connect_to, sni, writes=None, pause=0.0, record=None, proxy=False):
     if record:
         hello = refragment(hello, record)
     with dial(connect_to, 443, proxy) as s:
-        send_paced(s, hello, writes or len(hello), pause)
+        send_paced(s, hello, len(hello) if writes is None else writes, pause)
         def pump():
             data = s.recv(65536)
             if not data:
@@ -342,7 +342,7 @@ def http(connect_to, port, requests, writes=None, pause=0.0, proxy=False, pipeli
             s.sendall(b"".join(requests))
             return [read_response(s) for _ in requests][-1]
         for request in requests:
-            send_paced(s, request, writes or len(request), pause)
+            send_paced(s, request, len(request) if writes is None else writes, pause)
             answers.append(read_response(s))
     return answers[-1]
 def websocket(connect_to, path="/", then=None):
