@@ -1,10 +1,13 @@
 """The connection filter: every TCP connection the agent opens arrives here (nftables redirect).
 
 For each one it works out the host the agent meant (the name behind the synthetic address the DNS
-stub gave, else the literal address), reads the first bytes for the TLS SNI or HTTP Host and refuses
-a mismatch (domain fronting), resolves the name itself, checks every candidate address with the
-policy (host, port, protocol, deny_private, residency), dials exactly the address it checked, and
-relays. Each decision is audited before a byte moves; each connection's totals when it ends.
+stub gave, else the literal address), reads the client's first message whole (a ClientHello or an
+HTTP request head, however segmented, within size and time bounds, else refused) and refuses a name
+in it that is not that host (domain fronting), or a missing one where a name was meant; resolves the
+name itself, checks every candidate address with the policy (host, port, observed protocol,
+deny_private, residency), dials exactly the address it checked, and relays. A plain-HTTP
+connection is relayed head by head, each one checked. Each decision is audited before a byte moves;
+each connection's totals when it ends.
 """
 
 from __future__ import annotations

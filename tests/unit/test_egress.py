@@ -379,3 +379,27 @@ def test_request_bodies_are_framed_so_the_next_head_is_found() -> None:
         b"POST /b HTTP/1.1\r\nHost: b.test\r\nContent-Length: 16\r\n\r\nGET / HTTP/1.1\r\n"
         b"GET /c HTTP/1.1\r\nHost: c.test\r\n\r\n"
     )
+
+
+def test_names_a_first_message_must_carry() -> None:
+    from enforcer.egress.filter import _name_problem
+    from enforcer.egress.sniff import Sniffed
+
+    def rule(found: Sniffed, host: str, name: str | None) -> str | None:
+        problem = _name_problem(found, host, name)
+        return problem.rule if problem else None
+
+    api = "api.example.test"
+    assert rule(sniff(client_hello(api)), api, api) is None
+    assert rule(sniff(client_hello("API.example.test")), api, api) is None
+    assert rule(sniff(client_hello("other.example.test")), api, api) == "net.host_mismatch"
+    assert rule(sniff(client_hello(None)), api, api) == "net.sni_missing"
+    assert rule(sniff(client_hello(None)), "198.51.100.10", None) is None  # a literal address: RFC 6066
+    assert rule(Sniffed("tls", server_name=api, ech=True), api, api) == "net.ech"
+    assert rule(sniff(b"GET / HTTP/1.1\r\n\r\n"), api, api) == "net.host_missing"
+    assert rule(sniff(b"GET / HTTP/1.0\r\n\r\n"), "198.51.100.10", None) is None
+    assert rule(sniff(b"GET http://other.example.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n"), api, api) == (
+        "net.host_mismatch"
+    )
+    assert rule(Sniffed("http", malformed="incomplete HTTP request head after 5 s"), api, api) == "net.incomplete"
+    assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
