@@ -64,6 +64,7 @@ class Sniffed:
     head: RequestHead | None = None
     silent: bool = False  # the client sent nothing (a server-speaks-first protocol)
     names: tuple[str, ...] = field(default=())  # every name the bytes carried
+    need: int = 0  # incomplete: no answer can change before the input is this long
 
 
 NEED_MORE = Sniffed("tcp", complete=False)
@@ -143,17 +144,8 @@ def http_result(head: RequestHead) -> Sniffed:
 
 def head_end(data: bytes, start: int = 0) -> int:
     """Index just past the blank line that ends a head begun at `start` (CRLF or bare LF), or -1."""
-    at = start
-    while True:
-        nl = data.find(b"\n", at)
-        if nl < 0:
-            return -1
-        nxt = nl + 1
-        if data.startswith(b"\n", nxt):
-            return nxt + 1
-        if data.startswith(b"\r\n", nxt):
-            return nxt + 2
-        at = nxt
+    ends = [at + n for at, n in ((data.find(b"\n\n", start), 2), (data.find(b"\n\r\n", start), 3)) if at >= 0]
+    return min(ends) if ends else -1
 
 
 def parse_head(data: bytes) -> RequestHead | None:
@@ -364,7 +356,8 @@ def _tls(data: bytes) -> Sniffed:
     message = bytearray()
     while True:
         if len(data) < pos + 5:
-            return Sniffed("tls", complete=False)
+            missing = 4 + int.from_bytes(message[1:4], "big") - len(message) if len(message) >= 4 else 1
+            return Sniffed("tls", complete=False, need=pos + 5 + max(1, missing))
         content_type, major, record_len = data[pos], data[pos + 1], struct.unpack_from("!H", data, pos + 3)[0]
         if content_type != 0x16:
             return Sniffed("tls", malformed=f"a TLS record of type {content_type} before the ClientHello was complete")
@@ -375,7 +368,7 @@ def _tls(data: bytes) -> Sniffed:
         if pos + 5 + record_len > MAX_HELLO:
             return Sniffed("tls", malformed=f"ClientHello larger than {MAX_HELLO // 1024} KiB")
         if len(data) < pos + 5 + record_len:
-            return Sniffed("tls", complete=False)
+            return Sniffed("tls", complete=False, need=pos + 5 + record_len)
         message += data[pos + 5 : pos + 5 + record_len]
         pos += 5 + record_len
         if len(message) < 4:

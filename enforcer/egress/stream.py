@@ -7,6 +7,7 @@ thread, and a timeout (O_NONBLOCK on the shared file) would break that splice. W
 
 from __future__ import annotations
 
+import re
 import select
 import socket
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from .relay import splice_exact
 from .sniff import (
     MAX_HTTP_HEAD,
+    MAX_LINE,
     Malformed,
     RequestHead,
     Sniffed,
@@ -26,6 +28,7 @@ from .sniff import (
 )
 
 READ_SIZE = 16384
+_LINE_OR_BINARY = re.compile(rb"[\x00-\x1f\x7f-\xff]")  # a line end, or a byte no request line has
 
 
 class Incomplete(Exception):
@@ -88,10 +91,11 @@ def sniff_first(reader: ClientReader, first_byte_s: float | None, message_s: flo
         except ClientGone as exc:
             return Sniffed("tcp", malformed=f"client went away before sending anything ({exc})")
     deadline = time.monotonic() + message_s
+    result = sniff(bytes(reader.buffer))
     while True:
-        result = sniff(bytes(reader.buffer))
         if result.complete or result.malformed:
             return result
+        before = len(reader.buffer)
         try:
             reader.fill(deadline)
         except Incomplete:
@@ -102,6 +106,18 @@ def sniff_first(reader: ClientReader, first_byte_s: float | None, message_s: flo
             )
         except ClientGone as exc:
             return Sniffed(result.protocol, malformed=f"client went away mid-message ({exc})")
+        if _may_change(result, reader.buffer, before):
+            result = sniff(bytes(reader.buffer))
+
+
+def _may_change(result: Sniffed, buffer: bytearray, before: int) -> bool:
+    """Whether the bytes just read can change an incomplete answer: a client writing one byte at a
+    time must not make the filter re-read its whole message for every byte."""
+    if result.protocol == "tls":
+        return len(buffer) >= result.need
+    if result.protocol == "http":
+        return bool(_LINE_OR_BINARY.search(buffer, before)) or len(buffer) >= MAX_LINE
+    return True
 
 
 def read_head(reader: ClientReader, message_s: float, idle: bool) -> RequestHead | None:
@@ -113,17 +129,21 @@ def read_head(reader: ClientReader, message_s: float, idle: bool) -> RequestHead
             reader.fill(None if idle else time.monotonic() + message_s)
         except ClientGone:
             return None
+        except Incomplete:
+            raise Malformed(f"no HTTP request head within {message_s:g} s") from None
     deadline = time.monotonic() + message_s
-    while True:
-        head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
-        if head is not None:
-            return head
+    head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
+    while head is None:
+        before = len(reader.buffer)
         try:
             reader.fill(deadline)
         except Incomplete:
             raise Malformed(f"incomplete HTTP request head after {message_s:g} s") from None
         except ClientGone:
             raise Malformed("client went away mid-head") from None
+        if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
+            head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
+    return head
 
 
 def _forward_exact(reader: ClientReader, upstream: socket.socket, size: int) -> int:

@@ -403,3 +403,20 @@ def test_names_a_first_message_must_carry() -> None:
     )
     assert rule(Sniffed("http", malformed="incomplete HTTP request head after 5 s"), api, api) == "net.incomplete"
     assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
+
+
+def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    from enforcer.egress import stream
+
+    calls = []
+    real = stream.sniff
+    monkeypatch.setattr(stream, "sniff", lambda data: calls.append(len(data)) or real(data))
+    hello = records(client_hello("api.example.test"), [1])  # ~6 bytes on the wire per byte of hello
+    chunks = [hello[i : i + 6] for i in range(0, len(hello), 6)]
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        writer = _writer(agent, chunks, 0.0005)
+        found = stream.sniff_first(stream.ClientReader(filter_side), 1.0, 10.0)
+        writer.join()
+    assert found.server_name == "api.example.test"
+    assert len(calls) < len(chunks) // 5, (len(calls), len(chunks))
