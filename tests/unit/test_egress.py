@@ -411,7 +411,7 @@ def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte(monkeypatch: pytes
     calls = []
     real = stream.sniff
     monkeypatch.setattr(stream, "sniff", lambda data: calls.append(len(data)) or real(data))
-    hello = records(client_hello("api.example.test"), [1])  # ~6 bytes on the wire per byte of hello
+    hello = records(client_hello("api.example.test"), [1] * 2000)  # 6 bytes on the wire per byte of hello
     chunks = [hello[i : i + 6] for i in range(0, len(hello), 6)]
     agent, filter_side = socket.socketpair()
     with agent, filter_side:
