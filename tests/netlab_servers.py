@@ -64,6 +64,7 @@ class KeepAlive(Hello):
     /no-upgrade, where the server ignores it, as servers without WebSocket do)."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes
 
     def do_GET(self) -> None:
         if self.headers.get("Upgrade", "").lower() == "websocket" and self.path != "/no-upgrade":

@@ -120,6 +120,8 @@ class ConnectionFilter:
                 self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
                 return
             client.settimeout(None)  # blocking for good: see stream.py
+            with contextlib.suppress(OSError):  # a response's head and body are separate writes
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = ClientReader(client)
             if target.is_loopback and port == self.listen_port:
                 tunnel = self._connect_request(reader, event)  # the agent asked for us as its HTTPS proxy
