@@ -26,7 +26,10 @@ _HTTP_VERSION = re.compile(rb"HTTP/1\.[01]")
 _HOST = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=%-]*")  # RFC 3986 reg-name, before normalisation
 _TCHAR_FIRST = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _FIELD_VALUE_BAD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_NOT_IN_REQUEST_LINE = re.compile(rb"[\x00-\x1f\x7f-\xff]")
+# Lenient servers split a request line on any whitespace (Python's http.server: str.split() over
+# Latin-1), so only bytes no server reads as a space rule a line out as an HTTP request early.
+_LENIENT_SPACE = b" \t\n\x0b\x0c\r\x1c\x1d\x1e\x1f\x85\xa0"
+_NOT_IN_REQUEST_LINE = re.compile(rb"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\xa1-\xff]")
 
 
 class Malformed(Exception):
@@ -88,7 +91,7 @@ def sniff(data: bytes) -> Sniffed:
 def _may_be_http(data: bytes) -> bool:
     """Could these bytes start an HTTP request (any token as method: servers accept unknown and
     lower-case ones; empty lines first: servers skip them)?"""
-    rest = data.lstrip(b"\r\n")
+    rest = data.lstrip(_LENIENT_SPACE)
     if len(data) - len(rest) > 2 * MAX_LEADING_EMPTY_LINES:
         return True  # parsed as HTTP, refused there
     return not rest or rest[0] in _TCHAR_FIRST
@@ -114,8 +117,8 @@ def sniff_http(data: bytes) -> Sniffed:
             return Sniffed("tcp")  # no request line has these bytes
         return Sniffed("http", complete=False)  # might still become a request line
     if b"HTTP/" not in first.upper():
-        words = first.rstrip(b"\r").split()
-        if words and words[0].upper() == b"GET" and 1 <= len(words) <= 2:
+        words = first.decode("latin-1").split()
+        if words and words[0].upper() == "GET" and 1 <= len(words) <= 2:
             return Sniffed("http", malformed="an HTTP/0.9 request names no host")
         return Sniffed("tcp")  # a text protocol that is not HTTP (its first line names no version)
     try:

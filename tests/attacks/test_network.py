@@ -457,6 +457,7 @@ attempt("bare LF", lambda: http(api, 80, [other_lf]))
 attempt("no Host to a name", lambda: http(api, 80, [b"GET / HTTP/1.0\\r\\n\\r\\n"]))
 attempt("through the proxy, bare LF", lambda: http(api, 80, [other_lf], proxy=True))
 attempt("pause before the first byte", lambda: http(api, 80, [other_10], 0, 0.6))
+attempt("leading whitespace", lambda: http(api, 80, [b" " + other_10.replace(b" ", b"\\t")]))
 """,
     )
     assert_all_blocked(attacks)
@@ -467,6 +468,7 @@ attempt("pause before the first byte", lambda: http(api, 80, [other_10], 0, 0.6)
         ("net.host_missing", None),
         ("net.host_mismatch", "other.example.test"),
         ("net.host_mismatch", "other.example.test"),
+        ("net.unreadable", "other.example.test"),  # not a strict request line: refused, not relayed as opaque
     ]
     controls, r = segmented(
         net_sandbox,

@@ -292,6 +292,9 @@ def test_sniff_http_heads_strictly() -> None:
         assert sniff(bad).malformed, bad[:60]
     assert sniff(b"GET / HTTP/1.1\r\nHost: a.test\r\nX: " + b"y" * 100).complete is False
     assert sniff(b"G").complete is False and sniff(b"GET / HT").complete is False
+    for lenient in (b" GET / HTTP/1.1\r\n", b"\tGET\t/", b"GET\xa0/\xa0HTTP/1.1\r\n", b"\x0cGET / HTTP/1.1"):
+        assert sniff(lenient).protocol == "http", lenient  # whitespace a lenient server skips or splits on
+    assert sniff(b"A\x00\x00\x00\xd4\x07").protocol == "tcp"  # a binary message that starts with a letter
     assert sniff(b"NICK agent\r\n").protocol == "tcp"  # a text protocol that is not HTTP
     assert sniff(b"*1\r\n$4\r\nPING\r\n").protocol == "tcp"
 
