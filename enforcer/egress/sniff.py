@@ -474,14 +474,6 @@ def _alpn(ext: memoryview) -> list[str]:
     return found
 
 
-def strip_port(host: str) -> str:
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    if host.count(":") == 1:
-        return host.split(":", 1)[0]
-    return host
-
-
 HTTP_ALPN = ("http/1.1", "h2", "http/1.0")
 
 

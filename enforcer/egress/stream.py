@@ -140,6 +140,8 @@ def read_head(reader: ClientReader, message_s: float, idle: bool) -> RequestHead
         except Incomplete:
             raise Malformed(f"incomplete HTTP request head after {message_s:g} s") from None
         except ClientGone:
+            if not reader.buffer.strip(b"\r\n"):
+                return None  # only the empty lines some clients send after a body: it closed between requests
             raise Malformed("client went away mid-head") from None
         if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
             head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))

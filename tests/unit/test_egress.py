@@ -18,7 +18,7 @@ import pytest
 from enforcer.egress import netns
 from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
 from enforcer.egress.settings import EgressSettings, parse_endpoint, system_resolver
-from enforcer.egress.sniff import protocol_name, sniff
+from enforcer.egress.sniff import Malformed, protocol_name, sniff
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 
@@ -423,3 +423,19 @@ def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte(monkeypatch: pytes
         writer.join()
     assert found.server_name == "api.example.test"
     assert len(calls) < len(chunks) // 5, (len(calls), len(chunks))
+
+
+def test_a_client_that_closes_after_an_empty_line_closed_between_requests() -> None:
+    from enforcer.egress.stream import ClientReader, read_head
+
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        agent.sendall(b"\r\n")  # what some clients send after a POST body
+        agent.shutdown(socket.SHUT_WR)
+        assert read_head(ClientReader(filter_side), 1.0, idle=True) is None
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        agent.sendall(b"GET / HTTP/1.1\r\nHost: a")
+        agent.shutdown(socket.SHUT_WR)
+        with pytest.raises(Malformed):
+            read_head(ClientReader(filter_side), 1.0, idle=True)
