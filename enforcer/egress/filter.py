@@ -459,6 +459,8 @@ def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
             event["http_host"] = sniffed.head.host_header[:300]
         if sniffed.head.target_host is not None:
             event["http_target_host"] = sniffed.head.target_host[:300]
+        if sniffed.head.forwarded_hosts:
+            event["http_forwarded_hosts"] = [h[:300] for h in sniffed.head.forwarded_hosts[:4]]
         event["http_method"] = sniffed.head.method[:40]
 
 
@@ -496,7 +498,9 @@ def _name_problem(sniffed: Sniffed, host: str, name: str | None, *, first: bool 
 
 def _request_problem(head: RequestHead, host: str, name: str | None, *, first: bool) -> Verdict | None:
     """Why a request head may not go to the connection's host (None: it may)."""
-    for claimed, what in ((head.host_header, "HTTP Host"), (head.target_host, "HTTP request target")):
+    claims = [(head.host_header, "HTTP Host"), (head.target_host, "HTTP request target")]
+    claims += [(forwarded, "HTTP forwarding header") for forwarded in head.forwarded_hosts]
+    for claimed, what in claims:
         if claimed is not None and not _same_host(claimed, host):
             return Verdict(
                 "deny",

@@ -49,10 +49,12 @@ class RequestHead:
     size: int  # bytes of the input this head took (leading empty lines and the blank line included)
     canonical: bytes  # the head as forwarded: one space between parts, CRLF line ends
 
+    forwarded_hosts: tuple[str, ...] = ()  # X-Forwarded-Host / Forwarded host=: proxies may route by them
+
     @property
     def names(self) -> tuple[str, ...]:
         """Every host the request names (each must be the connection's host)."""
-        return tuple(n for n in (self.host_header, self.target_host) if n is not None)
+        return tuple(n for n in (self.host_header, self.target_host) if n is not None) + self.forwarded_hosts
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,17 @@ def parse_head(data: bytes) -> RequestHead | None:
         + [b"\r\n"]
     )
     return RequestHead(
-        method_text, target_text, version_text, headers, host_header, target_host, body, length, end, canonical
+        method_text,
+        target_text,
+        version_text,
+        headers,
+        host_header,
+        target_host,
+        body,
+        length,
+        end,
+        canonical,
+        _forwarded_hosts(headers),
     )
 
 
@@ -255,6 +267,21 @@ def _host_header(headers: tuple[tuple[str, str], ...]) -> str | None:
     if not values:
         return None
     return _authority_host(values[0], "Host header")
+
+
+def _forwarded_hosts(headers: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """Hosts named by the headers a reverse proxy may route by instead of Host."""
+    found = [_authority_host(v.strip(), "X-Forwarded-Host") for v in tokens_raw(headers, "x-forwarded-host")]
+    for element in tokens_raw(headers, "forwarded"):
+        for pair in element.split(";"):
+            key, _, value = pair.strip().partition("=")
+            if key.strip().lower() == "host":
+                found.append(_authority_host(value.strip().strip('"'), "Forwarded host"))
+    return tuple(found)
+
+
+def tokens_raw(headers: tuple[tuple[str, str], ...], name: str) -> list[str]:
+    return [t for value in fields(headers, name) for t in value.split(",") if t.strip()]
 
 
 def _authority_host(authority: str, what: str) -> str:

@@ -405,6 +405,11 @@ def test_names_a_first_message_must_carry() -> None:
         "net.host_mismatch"
     )
     assert rule(Sniffed("http", malformed="incomplete HTTP request head after 5 s"), api, api) == "net.incomplete"
+    forwarded = b"GET / HTTP/1.1\r\nHost: api.example.test\r\nX-Forwarded-Host: other.example.test\r\n\r\n"
+    assert rule(sniff(forwarded), api, api) == "net.host_mismatch"  # reverse proxies may route by it
+    forwarded = b'GET / HTTP/1.1\r\nHost: api.example.test\r\nForwarded: for=x;host="other.example.test"\r\n\r\n'
+    assert rule(sniff(forwarded), api, api) == "net.host_mismatch"
+    assert rule(sniff(forwarded.replace(b"other", b"api")), api, api) is None
     assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
 
 
