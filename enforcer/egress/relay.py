@@ -1,5 +1,6 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
-bytes never enter Python (one thread per direction; the GIL is released inside splice)."""
+bytes never enter Python (one thread per direction; the GIL is released inside splice). Only what
+the filter must read passes through Python: a connection's first message and plain-HTTP heads."""
 
 from __future__ import annotations
 
