@@ -515,6 +515,10 @@ def _request_problem(head: RequestHead, host: str, name: str | None, *, first: b
         )
     if head.method.upper() == "CONNECT":
         return Verdict("deny", "net.unreadable", "CONNECT inside a captured connection: the tunnel could not be read")
+    if head.body != "none" and head.method.upper() in ("GET", "HEAD", "TRACE"):
+        # RFC 9110 9.3: such content has no semantics; a server that ignores it reads it as the next
+        # request, one the filter took for a body and never checked
+        return Verdict("deny", "net.unreadable", f"a {head.method} request with content (request smuggling)")
     upgrade = fields(head.headers, "upgrade")
     if upgrade and not (first and is_websocket(head)):
         where = "" if first else " on a kept-alive connection"

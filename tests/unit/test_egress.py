@@ -410,6 +410,9 @@ def test_names_a_first_message_must_carry() -> None:
     forwarded = b'GET / HTTP/1.1\r\nHost: api.example.test\r\nForwarded: for=x;host="other.example.test"\r\n\r\n'
     assert rule(sniff(forwarded), api, api) == "net.host_mismatch"
     assert rule(sniff(forwarded.replace(b"other", b"api")), api, api) is None
+    smuggling = b"GET / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: 5\r\n\r\n"
+    assert rule(sniff(smuggling), api, api) == "net.unreadable"  # read as a request by servers ignoring it
+    assert rule(sniff(smuggling.replace(b"GET", b"POST")), api, api) is None
     assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
 
 
