@@ -1,8 +1,8 @@
 """The test "internet"'s servers, run inside the lab's namespaces (python -m tests.netlab_servers).
 
 --role internet: an authoritative DNS server for the zone file (UDP and TCP 53 on --dns), HTTP on
-80 and 8080, HTTPS on 443 (self-signed), and UDP sinks on 443 and 9999, on every address of the
-namespace, IPv4 and IPv6. --role outer: an HTTP service on the outer namespace's loopback
+80 and 8080, keep-alive HTTP/1.1 on 8011, HTTPS on 443 (self-signed), and UDP sinks on 443 and
+9999, on every address of the namespace, IPv4 and IPv6. --role outer: an HTTP service on the outer namespace's loopback
 (127.0.0.1:8081) and an abstract unix socket, the "host services" an agent must not reach.
 Every DNS query and every UDP datagram is appended to --log as a JSON line.
 """
@@ -58,6 +58,36 @@ class Hello(BaseHTTPRequestHandler):
         pass
 
 
+class KeepAlive(Hello):
+    """HTTP/1.1 with keep-alive, routing like a virtual-host server: an absolute-form target names the
+    host (RFC 9112 3.2.2), else the Host header does. A WebSocket handshake is answered 101 (except on
+    /no-upgrade, where the server ignores it, as servers without WebSocket do)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes
+
+    def do_GET(self) -> None:
+        if self.headers.get("Upgrade", "").lower() == "websocket" and self.path != "/no-upgrade":
+            self.send_response(101)  # switch, then echo what arrives (no WebSocket framing: a test peer)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.write(b"ws-echo " + self.rfile.read1(65536))
+            self.close_connection = True
+            return
+        named = self.path.split("://", 1)[1].split("/", 1)[0] if "://" in self.path else self.headers.get("Host")
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = f"hello host={named} path={self.path}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
 class Server6(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
@@ -66,11 +96,11 @@ class Server6(ThreadingHTTPServer):
         super().server_bind()
 
 
-def http(address: str, port: int, context: ssl.SSLContext | None = None) -> None:
+def http(address: str, port: int, context: ssl.SSLContext | None = None, handler: type = Hello) -> None:
     cls = Server6 if ":" in address else ThreadingHTTPServer
     cls.allow_reuse_address = True
     cls.daemon_threads = True
-    server = cls((address, port), Hello)
+    server = cls((address, port), handler)
     if context is not None:
         server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -192,6 +222,7 @@ def main() -> None:
             http(address, 80)
             http(address, 8080)
             http(address, 443, context)
+            http(address, 8011, handler=KeepAlive)
         bench_server(9000)
         for family in (socket.AF_INET, socket.AF_INET6):
             udp_sink(family, 443, args.log)

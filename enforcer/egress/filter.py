@@ -1,10 +1,13 @@
 """The connection filter: every TCP connection the agent opens arrives here (nftables redirect).
 
 For each one it works out the host the agent meant (the name behind the synthetic address the DNS
-stub gave, else the literal address), reads the first bytes for the TLS SNI or HTTP Host and refuses
-a mismatch (domain fronting), resolves the name itself, checks every candidate address with the
-policy (host, port, protocol, deny_private, residency), dials exactly the address it checked, and
-relays. Each decision is audited before a byte moves; each connection's totals when it ends.
+stub gave, else the literal address), reads the client's first message whole (a ClientHello or an
+HTTP request head, however segmented, within size and time bounds, else refused) and refuses a name
+in it that is not that host (domain fronting), or a missing one where a name was meant; resolves the
+name itself, checks every candidate address with the policy (host, port, observed protocol,
+deny_private, residency), dials exactly the address it checked, and relays. A plain-HTTP
+connection is relayed head by head, each one checked. Each decision is audited before a byte moves;
+each connection's totals when it ends.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import itertools
+import select
 import socket
 import struct
 import threading
@@ -24,10 +28,22 @@ from typing import Any
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import relay
-from .sniff import NEED_MORE, Sniffed, protocol_name, sniff
+from .relay import pump, relay
+from .sniff import (
+    MAX_HTTP_HEAD,
+    Malformed,
+    RequestHead,
+    Sniffed,
+    claimed_hosts,
+    fields,
+    head_end,
+    is_websocket,
+    protocol_name,
+)
+from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_first
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
+_OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
 Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when it cannot be written
 
 
@@ -68,6 +84,7 @@ class ConnectionFilter:
         workers: Executor,
         connect_timeout_s: float,
         sniff_timeout_s: float,
+        message_timeout_s: float = 5.0,
     ) -> None:
         self.policy = policy
         self.resolver = resolver
@@ -77,6 +94,8 @@ class ConnectionFilter:
         self.workers = workers
         self.connect_timeout_s = connect_timeout_s
         self.sniff_timeout_s = sniff_timeout_s
+        self.message_timeout_s = message_timeout_s
+        self.switch_timeout_s = 30.0  # a WebSocket handshake's answer
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
@@ -100,8 +119,12 @@ class ConnectionFilter:
             if target is None:
                 self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
                 return
+            client.settimeout(None)  # blocking for good: see stream.py
+            with contextlib.suppress(OSError):  # a response's head and body are separate writes
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = ClientReader(client)
             if target.is_loopback and port == self.listen_port:
-                tunnel = self._connect_request(client, event)  # the agent asked for us as its HTTPS proxy
+                tunnel = self._connect_request(reader, event)  # the agent asked for us as its HTTPS proxy
                 if tunnel is None:
                     return
                 host, name, port, target = tunnel
@@ -109,16 +132,18 @@ class ConnectionFilter:
                 name = self.synthetic.name_for(target)  # None: a literal address
                 host = name or str(target)
             event["host"] = host
-            sniffed = self._sniff(client)
+            sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
+            if sniffed.silent and self._opaque_refused(host, port):
+                # tcp would be refused anyway: give a slow client time to say what it speaks
+                sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
             protocol = protocol_name(sniffed, port)
             event["protocol"] = protocol
-            if sniffed.server_name:
-                event["sni" if sniffed.protocol == "tls" else "http_host"] = sniffed.server_name
+            _record_names(event, sniffed)
             verdict = self._verdict(host, name, port, protocol, sniffed, target)
             if verdict.address is not None:
                 event["address"] = str(verdict.address)
             if verdict.decision == "deny":
-                self._deny(client, event, verdict, http=protocol == "http")
+                self._deny(client, event, verdict, http=sniffed.protocol == "http")
                 return
             assert verdict.address is not None
             try:
@@ -128,32 +153,51 @@ class ConnectionFilter:
                     client,
                     event,
                     Verdict("deny", "net.dial_failed", f"{verdict.address} port {port}: {exc}"),
-                    http=protocol == "http",
+                    http=sniffed.protocol == "http",
                 )
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            upstream.settimeout(None)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
             with self._lock:
                 self.active.add(upstream)
             self._emit("net.connect", event, verdict)  # audited before a byte moves
             with self._lock:
                 self.stats["allowed"] += 1
-            sent, received = relay(client, upstream, self.workers)
+            requests = [0]
+            refused: list[Verdict] = []
+            if sniffed.head is not None and is_websocket(sniffed.head):
+                # The one protocol switch the filter follows, and only as a connection's first request:
+                # nothing is outstanding, so the first response read back answers it.
+                reader.take(sniffed.head.size)
+                upstream.sendall(sniffed.head.canonical)
+                requests[0] = 1
+                switched = _await_switch(upstream, client, self.switch_timeout_s)
+                event_switch = {"connection": conn_id, "host": host, "port": port, "switched": switched}
+                self.record("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"})
+                sniffed = Sniffed("tcp") if switched else Sniffed("http", head=None)
+
+            def outbound() -> int:
+                return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
+
+            sent, received = relay(client, upstream, self.workers, outbound)
+            if refused:
+                reset(client)  # earlier responses may still be in flight: no answer can follow them
             with self._lock:
                 self.stats["bytes_out"] += sent
                 self.stats["bytes_in"] += received
-            self.record(
-                "net.close",
-                {
-                    "connection": conn_id,
-                    "host": host,
-                    "port": port,
-                    "address": str(verdict.address),
-                    "bytes_out": sent,
-                    "bytes_in": received,
-                    "duration_ms": round((time.monotonic() - started) * 1000, 3),
-                },
-            )
+            closing: dict[str, Any] = {
+                "connection": conn_id,
+                "host": host,
+                "port": port,
+                "address": str(verdict.address),
+                "bytes_out": sent,
+                "bytes_in": received,
+                "duration_ms": round((time.monotonic() - started) * 1000, 3),
+            }
+            if requests[0]:
+                closing["requests"] = requests[0]
+            self.record("net.close", closing)
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
             reset(client)
             with contextlib.suppress(Exception):
@@ -176,16 +220,22 @@ class ConnectionFilter:
                     sock.close()
 
     def _connect_request(
-        self, client: socket.socket, event: dict[str, Any]
+        self, reader: ClientReader, event: dict[str, Any]
     ) -> tuple[str, str | None, int, IPAddress] | None:
         """A client that uses the filter as its proxy (HTTPS_PROXY=http://127.0.0.1:15001) sends
         'CONNECT host:port'. The named host is then the intended host, checked like a captured
         connection (the tunnelled SNI must match it). Returns None when it was refused."""
         event["via"] = "connect"
-        head = _read_head(client, self.sniff_timeout_s * 4)
-        request = head.split(b"\r\n", 1)[0].decode("latin-1").split() if head else []
-        if len(request) != 3 or request[0] != "CONNECT":
-            what = " ".join(request[:2])[:200] or "no request"
+        client = reader.sock
+        try:
+            head = read_head(reader, self.message_timeout_s, idle=False)
+        except Malformed as exc:
+            self._deny(
+                client, event, Verdict("deny", "net.proxy_request", f"unreadable proxy request: {exc}"), http=True
+            )
+            return None
+        if head is None or head.method != "CONNECT":
+            what = f"{head.method} {head.target}"[:200] if head else "no request"
             self._deny(
                 client,
                 event,
@@ -195,17 +245,17 @@ class ConnectionFilter:
                 http=True,
             )
             return None
-        authority = request[1]
+        reader.take(head.size)
+        authority = head.target
         host_text, _, port_text = authority.rpartition(":")
         host_text = host_text.strip("[]")
+        port = int(port_text) if port_text.isdigit() and len(port_text) <= 5 else 0
+        event.update(port=port, destination=authority[:300])
         try:
-            port = int(port_text)
             literal: IPAddress | None = ipaddress.ip_address(host_text)
         except ValueError:
             literal = None
-            port = int(port_text) if port_text.isdigit() else 0
-        event.update(port=port, destination=authority[:300])
-        if literal is not None:
+        if literal is not None and 0 < port < 65536:
             return str(literal), None, port, literal
         try:
             name, allowed = host_allowed(self.policy, host_text)
@@ -227,44 +277,116 @@ class ConnectionFilter:
             client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         return name, name, port, ipaddress.IPv4Address(0)
 
-    def _sniff(self, client: socket.socket) -> Sniffed:
-        """Peek (the bytes stay queued for the relay) until the first bytes say enough, the client
-        waits for the server to speak first, or the time is up."""
-        deadline = time.monotonic() + self.sniff_timeout_s
-        result = NEED_MORE
-        size = 4096
+    def _client_side(
+        self,
+        reader: ClientReader,
+        upstream: socket.socket,
+        sniffed: Sniffed,
+        host: str,
+        name: str | None,
+        event: dict[str, Any],
+        count: list[int],
+        refused: list[Verdict],
+    ) -> int:
+        """Move the agent's bytes upstream; returns how many. TLS and opaque bytes are spliced once
+        their first message is through; plain HTTP goes head by head."""
+        if sniffed.silent:
+            # It waited for the server. Whatever it sends first, however late, is still read whole and
+            # its names checked: a pause before the first byte must not skip the check.
+            late = sniff_first(reader, None, self.message_timeout_s)
+            if late.malformed and not reader.buffer:
+                return 0  # it left without sending anything
+            problem = _name_problem(late, host, name, first=False)  # no switch is followed here
+            if problem is not None:
+                self._refuse_later(reader, upstream, event, late, problem, refused, count[0] + 1)
+                return 0
+            sniffed = late
+        if sniffed.head is not None:
+            reader.take(sniffed.head.size)
+            return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
+        if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
+            return self._requests(reader, upstream, None, host, name, event, count, refused)
+        first = reader.take(len(reader.buffer))  # the ClientHello, or opaque bytes
+        upstream.sendall(first)
+        return len(first) + pump(reader.sock, upstream)
+
+    def _refuse_later(
+        self,
+        reader: ClientReader,
+        upstream: socket.socket,
+        event: dict[str, Any],
+        sniffed: Sniffed,
+        verdict: Verdict,
+        refused: list[Verdict],
+        request: int,
+    ) -> None:
+        """A refusal after the connection was allowed: audited with the names the bytes carried, then
+        both sides are cut (responses to earlier requests may be in flight: no answer can follow)."""
+        denial = {key: event[key] for key in ("connection", "port", "destination", "host", "via") if key in event}
+        denial.update(protocol=sniffed.protocol, request=request, address=event.get("address"))
+        _record_names(denial, sniffed)
+        with self._lock:
+            self.stats["denied"] += 1
+        refused.append(verdict)
+        self._emit("net.connect", denial, verdict)
+        with contextlib.suppress(OSError):
+            reader.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+
+    def _requests(
+        self,
+        reader: ClientReader,
+        upstream: socket.socket,
+        head: RequestHead | None,
+        host: str,
+        name: str | None,
+        event: dict[str, Any],
+        count: list[int],
+        refused: list[Verdict],
+    ) -> int:
+        """Move a plain-HTTP connection's requests: each head is read whole, checked like the first
+        and forwarded re-serialised; bodies are forwarded as their heads frame them. A refused head
+        ends the connection and is audited with the names it carried. `head` None: the first one
+        was already forwarded."""
+        sent = 0
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return result if result.complete else Sniffed(result.protocol)
-            client.settimeout(remaining)
             try:
-                data = client.recv(size, socket.MSG_PEEK)
-            except TimeoutError:
-                return result if result.complete else Sniffed(result.protocol)
-            except OSError as exc:
-                return Sniffed("tcp", malformed=f"client went away: {exc}")
-            if not data:
-                return Sniffed("tcp", malformed="client closed before sending anything")
-            result = sniff(data)
-            if result.complete or result.malformed:
-                return result
-            if len(data) < size:
-                time.sleep(0.0005)  # wait for the rest of a segmented ClientHello / request head
-            size = min(size * 2, 65536)
+                if head is not None:
+                    count[0] += 1
+                    upstream.sendall(head.canonical)
+                    sent += len(head.canonical)
+                    sent += forward_body(reader, upstream, head, self.message_timeout_s)
+                following = read_head(reader, self.message_timeout_s, idle=True)
+            except ClientGone:
+                return sent
+            except Malformed as exc:
+                bad = Sniffed("http", names=claimed_hosts(bytes(reader.buffer)))
+                self._refuse_later(
+                    reader, upstream, event, bad, Verdict("deny", "net.unreadable", str(exc)), refused, count[0] + 1
+                )
+                return sent
+            if following is None:
+                return sent
+            reader.take(following.size)
+            verdict = _request_problem(following, host, name, first=False)
+            if verdict is not None:
+                self._refuse_later(
+                    reader, upstream, event, Sniffed("http", head=following), verdict, refused, count[0] + 1
+                )
+                return sent
+            head = following
+
+    def _opaque_refused(self, host: str, port: int) -> bool:
+        decision = decide(self.policy, NetworkConnect(host, port, "tcp"))
+        return bool(decision.reasons) and decision.reasons[0].rule == "net.protocol_not_allowed"
 
     def _verdict(
         self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
     ) -> Verdict:
-        if sniffed.malformed:
-            return Verdict("deny", "net.unreadable", sniffed.malformed)
-        if sniffed.server_name and not _same_host(sniffed.server_name, host):
-            what = "TLS SNI" if sniffed.protocol == "tls" else "HTTP Host"
-            return Verdict(
-                "deny",
-                "net.host_mismatch",
-                f"{what} '{sniffed.server_name}' does not match the host the agent connected to ('{host}')",
-            )
+        problem = _name_problem(sniffed, host, name)
+        if problem is not None:
+            return problem
         if name is None:
             candidates: list[IPAddress] = [target]  # a literal address: decided as itself, dialled as itself
         else:
@@ -277,6 +399,13 @@ class ConnectionFilter:
         first_denial: Verdict | None = None
         for address in candidates:
             decision = decide(self.policy, NetworkConnect(host, port, protocol, str(address)))
+            if (
+                protocol in _OPAQUE_LABELS
+                and decision.reasons
+                and decision.reasons[0].rule == "net.protocol_not_allowed"
+            ):
+                # a banner names the protocol, but what follows it is as opaque as any TCP
+                decision = decide(self.policy, NetworkConnect(host, port, "tcp", str(address)))
             verdict = _from_decision(decision, address)
             if verdict.decision == "allow":
                 return verdict
@@ -319,6 +448,118 @@ class ConnectionFilter:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
+    """Every name the bytes carried goes into the record, allowed or not."""
+    if sniffed.protocol == "tls" and sniffed.server_name:
+        event["sni"] = sniffed.server_name[:300]
+    if sniffed.head is None and sniffed.protocol == "http" and sniffed.names:
+        event["http_host"] = ", ".join(sniffed.names)[:300]  # what an unreadable head seemed to name
+    if sniffed.head is not None:
+        if sniffed.head.host_header is not None:
+            event["http_host"] = sniffed.head.host_header[:300]
+        if sniffed.head.target_host is not None:
+            event["http_target_host"] = sniffed.head.target_host[:300]
+        if sniffed.head.forwarded_hosts:
+            event["http_forwarded_hosts"] = [h[:300] for h in sniffed.head.forwarded_hosts[:4]]
+        event["http_method"] = sniffed.head.method[:40]
+
+
+def _name_problem(sniffed: Sniffed, host: str, name: str | None, *, first: bool = True) -> Verdict | None:
+    """Why the first message may not go to the connection's host (None: it may)."""
+    if sniffed.malformed:
+        rule = "net.incomplete" if sniffed.malformed.startswith("incomplete") else "net.unreadable"
+        return Verdict("deny", rule, sniffed.malformed)
+    if sniffed.head is not None:
+        return _request_problem(sniffed.head, host, name, first=first)
+    if sniffed.protocol != "tls":
+        return None
+    if sniffed.server_name and not _same_host(sniffed.server_name, host):
+        return Verdict(
+            "deny",
+            "net.host_mismatch",
+            f"TLS SNI '{sniffed.server_name}' does not match the host the agent connected to ('{host}')",
+        )
+    if sniffed.ech:
+        return Verdict(
+            "deny",
+            "net.ech",
+            "the ClientHello carries an encrypted inner ClientHello (ECH): the server name it really asks "
+            "for cannot be checked",
+        )
+    if sniffed.server_name is None and name is not None:
+        return Verdict(
+            "deny",
+            "net.sni_missing",
+            f"TLS to the name '{name}' without SNI: the server would pick a name the filter cannot check "
+            "(only literal-address connections may go without, RFC 6066)",
+        )
+    return None
+
+
+def _request_problem(head: RequestHead, host: str, name: str | None, *, first: bool) -> Verdict | None:
+    """Why a request head may not go to the connection's host (None: it may)."""
+    claims = [(head.host_header, "HTTP Host"), (head.target_host, "HTTP request target")]
+    claims += [(forwarded, "HTTP forwarding header") for forwarded in head.forwarded_hosts]
+    for claimed, what in claims:
+        if claimed is not None and not _same_host(claimed, host):
+            return Verdict(
+                "deny",
+                "net.host_mismatch",
+                f"{what} '{claimed}' does not match the host the agent connected to ('{host}')",
+            )
+    if not head.names and name is not None:
+        return Verdict(
+            "deny",
+            "net.host_missing",
+            f"HTTP request to the name '{name}' without a Host: the server would pick a name the filter cannot check",
+        )
+    if head.method.upper() == "CONNECT":
+        return Verdict("deny", "net.unreadable", "CONNECT inside a captured connection: the tunnel could not be read")
+    if head.body != "none" and head.method.upper() in ("GET", "HEAD", "TRACE"):
+        # RFC 9110 9.3: such content has no semantics; a server that ignores it reads it as the next
+        # request, one the filter took for a body and never checked
+        return Verdict("deny", "net.unreadable", f"a {head.method} request with content (request smuggling)")
+    upgrade = fields(head.headers, "upgrade")
+    if upgrade and not (first and is_websocket(head)):
+        where = "" if first else " on a kept-alive connection"
+        return Verdict(
+            "deny",
+            "net.unreadable",
+            f"protocol switch to '{', '.join(upgrade)[:100]}'{where}: the filter follows only a WebSocket "
+            "handshake that opens a connection",
+        )
+    return None
+
+
+def _await_switch(upstream: socket.socket, client: socket.socket, timeout_s: float) -> bool:
+    """Pass the server's answer to a WebSocket handshake back to the agent; True when it switched
+    (101). Anything else, or no answer in time, leaves the connection plain HTTP: every later byte from
+    the agent is then read as a request head, the safe reading either way."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    poller.register(upstream, select.POLLIN)
+    status = 0
+    while True:
+        end = head_end(data)
+        if end >= 0:
+            words = data[:end].split(b" ", 2)
+            status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+            if 100 <= status < 200 and status != 101:  # an interim answer: the real one follows
+                client.sendall(data[:end])
+                data = data[end:]
+                continue
+            break
+        if len(data) > MAX_HTTP_HEAD or not poller.poll(max(0, round((deadline - time.monotonic()) * 1000))):
+            break
+        chunk = upstream.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    client.sendall(data)
+    return status == 101
+
+
 def _same_host(claimed: str, host: str) -> bool:
     try:
         return normalize_host(claimed) == normalize_host(host)
@@ -337,22 +578,6 @@ def _from_decision(decision: Decision, address: IPAddress) -> Verdict:
         address,
         reason.pointer if reason else "",
     )
-
-
-def _read_head(client: socket.socket, timeout_s: float) -> bytes:
-    """Consume exactly one request head (up to the blank line), byte-exact so a tunnel that follows
-    is left untouched."""
-    client.settimeout(timeout_s)
-    head = b""
-    with contextlib.suppress(OSError):
-        while b"\r\n\r\n" not in head and len(head) < 16384:
-            peeked = client.recv(16384, socket.MSG_PEEK)
-            if not peeked:
-                break
-            end = (head + peeked).find(b"\r\n\r\n")
-            take = len(peeked) if end < 0 else end + 4 - len(head)
-            head += client.recv(take)
-    return head
 
 
 def _http_refusal(client: socket.socket, verdict: Verdict) -> None:

@@ -173,6 +173,7 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         workers=workers,
         connect_timeout_s=settings.connect_timeout_s,
         sniff_timeout_s=settings.sniff_timeout_ms / 1000,
+        message_timeout_s=settings.message_timeout_ms / 1000,
     )
     started = {
         "upstream_dns": "{}:{}".format(*resolver.server) if resolver.server else None,

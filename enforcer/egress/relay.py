@@ -1,5 +1,6 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
-bytes never enter Python (one thread per direction; the GIL is released inside splice)."""
+bytes never enter Python (one thread per direction; the GIL is released inside splice). Only what
+the filter must read passes through Python: a connection's first message and plain-HTTP heads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 CHUNK = 1 << 20
@@ -39,13 +41,57 @@ def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int
         os.close(write_end)
 
 
-def relay(client: socket.socket, upstream: socket.socket, workers: Executor) -> tuple[int, int]:
-    """Relay until both directions are done (the way back on a worker thread). Returns (bytes agent ->
-    upstream, upstream -> agent)."""
+def pump(src: socket.socket, dst: socket.socket) -> int:
+    """Splice src into dst until src ends; the bytes moved."""
+    counter = [0]
+    _pump(src, dst, counter, 0)
+    return counter[0]
+
+
+def splice_exact(src: socket.socket, dst: socket.socket, size: int) -> int:
+    """Move exactly `size` bytes from src to dst without them entering Python (a request body).
+    Returns the bytes moved: fewer only when src ended first."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    moved_total = 0
+    try:
+        src_fd, dst_fd = src.fileno(), dst.fileno()
+        while moved_total < size:
+            moved = os.splice(src_fd, write_end, min(CHUNK, size - moved_total), flags=_FLAGS)
+            if moved == 0:
+                break
+            moved_total += moved
+            while moved:
+                moved -= os.splice(read_end, dst_fd, moved, flags=_FLAGS)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    return moved_total
+
+
+def relay(
+    client: socket.socket,
+    upstream: socket.socket,
+    workers: Executor,
+    outbound: Callable[[], int] | None = None,
+) -> tuple[int, int]:
+    """Relay until both directions are done (the way back on a worker thread). `outbound`, when
+    given, moves the agent's bytes itself (plain HTTP: every request head is read and checked) and
+    returns how many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
     counts = [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
     back = workers.submit(_pump, upstream, client, counts, 1)
-    _pump(client, upstream, counts, 0)
+    if outbound is None:
+        _pump(client, upstream, counts, 0)
+    else:
+        try:
+            counts[0] = outbound()
+        except OSError:
+            for sock in (client, upstream):  # one side reset: end both directions, as _pump does
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_WR)
     back.result()
     return counts[0], counts[1]

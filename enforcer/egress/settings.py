@@ -71,7 +71,15 @@ class EgressSettings(BaseSettings):
         default=250,
         ge=10,
         le=5000,
-        description="how long to wait for a client's first bytes (TLS SNI, HTTP Host) before treating it as plain TCP",
+        description="how long to wait for a client's first byte before taking it for a server-speaks-first "
+        "protocol (opaque TCP: decided as 'tcp')",
+    )
+    message_timeout_ms: int = Field(
+        default=5000,
+        ge=100,
+        le=60000,
+        description="how long a client may take to finish a TLS ClientHello or an HTTP request head (chunk-size "
+        "line) once it started one; slower ones are refused",
     )
 
     @field_validator("upstream_dns")

@@ -33,7 +33,8 @@ def attempt(name, fn):
         results[name] = "BLOCKED " + type(exc).__name__ + ": " + str(exc)[:200]
 def http_get(host, port=80, path="/", host_header=None):
     with socket.create_connection((host, port), timeout=3) as s:
-        s.sendall(f"GET {path} HTTP/1.0\\r\\nHost: {host_header or host}\\r\\n\\r\\n".encode())
+        literal_v6 = f"[{host}]" if ":" in host else host
+        s.sendall(f"GET {path} HTTP/1.0\\r\\nHost: {host_header or literal_v6}\\r\\n\\r\\n".encode())
         data = b""
         while chunk := s.recv(4096):
             data += chunk
@@ -236,3 +237,350 @@ def test_the_filter_process_holds_no_capabilities(net_sandbox: Sandbox) -> None:
     assert status, "the egress filter process was not found"
     assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0 and int(status["CapBnd"], 16) == 0
     assert status["NoNewPrivs"].strip() == "1"
+
+
+# Runs inside the sandbox: TLS and HTTP clients that segment and pace what they send, optionally
+# through the filter's CONNECT proxy. Each returns the server's last line (an escape when the name
+# it carried was another host) or raises.
+SEGMENTED = """
+import time
+PROXY = ("127.0.0.1", 15001)
+def dial(connect_to, port, proxy):
+    s = socket.create_connection(PROXY if proxy else (connect_to, port), timeout=8)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if proxy:
+        s.sendall(f"CONNECT {connect_to}:{port} HTTP/1.1\\r\\nHost: {connect_to}:{port}\\r\\n\\r\\n".encode())
+        reply = b""
+        while b"\\r\\n\\r\\n" not in reply:
+            chunk = s.recv(1)
+            if not chunk:
+                raise ConnectionError("proxy closed")
+            reply += chunk
+        if b" 200 " not in reply.split(b"\\r\\n")[0]:
+            raise PermissionError(reply.decode(errors="replace"))
+    return s
+def send_paced(s, data, writes, pause):
+    if writes == "bytes":
+        parts = [data[i:i + 1] for i in range(len(data))]
+    else:
+        parts = [data[:writes], data[writes:]]
+    for part in parts:
+        s.sendall(part)
+        time.sleep(pause)
+def refragment(hello, size):
+    message = hello[5:]
+    return b"".join(b"\\x16\\x03\\x01" + len(message[i:i + size]).to_bytes(2, "big") + message[i:i + size]
+                    for i in range(0, len(message), size))
+def tls(connect_to, sni, writes=None, pause=0.0, record=None, proxy=False):
+    context = ssl.create_default_context(cafile=CA)
+    context.check_hostname = False
+    context.set_alpn_protocols(["http/1.1"])
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = context.wrap_bio(incoming, outgoing, server_hostname=sni)
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = outgoing.read()
+    if record:
+        hello = refragment(hello, record)
+    with dial(connect_to, 443, proxy) as s:
+        send_paced(s, hello, len(hello) if writes is None else writes, pause)
+        def pump():
+            data = s.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the filter")
+            incoming.write(data)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if pending := outgoing.read():
+                    s.sendall(pending)
+                pump()
+        obj.write(b"GET / HTTP/1.0\\r\\nHost: " + (sni or connect_to).encode() + b"\\r\\n\\r\\n")
+        s.sendall(outgoing.read())
+        reply = b""
+        while True:
+            try:
+                chunk = obj.read(4096)
+            except ssl.SSLWantReadError:
+                try:
+                    pump()
+                except ConnectionError:
+                    break
+                continue
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+            if not chunk:
+                break
+            reply += chunk
+    return reply.decode(errors="replace").splitlines()[-1]
+def read_response(s):
+    head = b""
+    while b"\\r\\n\\r\\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            raise ConnectionError("closed by the filter")
+        head += chunk
+    length = int(dict(line.split(": ", 1) for line in head.decode().split("\\r\\n")[1:] if ": " in line)
+                 .get("Content-Length", "0"))
+    body = b""
+    while len(body) < length:
+        chunk = s.recv(length - len(body))
+        if not chunk:
+            raise ConnectionError("closed mid-body")
+        body += chunk
+    if b" 200 " not in head.split(b"\\r\\n")[0]:
+        raise PermissionError(body.decode(errors="replace").strip())
+    return body.decode(errors="replace").strip()
+def http(connect_to, port, requests, writes=None, pause=0.0, proxy=False, pipelined=False):
+    answers = []
+    with dial(connect_to, port, proxy) as s:
+        if pipelined:
+            s.sendall(b"".join(requests))
+            return [read_response(s) for _ in requests][-1]
+        for request in requests:
+            send_paced(s, request, len(request) if writes is None else writes, pause)
+            answers.append(read_response(s))
+    return answers[-1]
+def websocket(connect_to, path="/", then=None):
+    with dial(connect_to, 8011, False) as s:
+        s.sendall(get(connect_to, path, extra="Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n"))
+        if then is None:
+            head = b""
+            while b"\\r\\n\\r\\n" not in head:
+                chunk = s.recv(1)
+                if not chunk:
+                    raise ConnectionError("closed by the filter")
+                head += chunk
+            if b" 101 " not in head.split(b"\\r\\n")[0]:
+                raise PermissionError(head.decode(errors="replace"))
+            s.sendall(b"frames")
+            return s.recv(100).decode()
+        read_response(s)
+        s.sendall(then)
+        return read_response(s)
+def get(host, target="/", version="1.1", eol="\\r\\n", extra=""):
+    return f"GET {target} HTTP/{version}{eol}Host: {host}{eol}{extra}{eol}".encode()
+"""
+
+
+def segmented(box: Sandbox, netlab: NetLab, body: str, **kw: Any) -> tuple[dict[str, str], Any]:
+    box.permissions["resource_limits"]["max_duration_sec"] = 60  # paced clients take seconds
+    return probe(box, f"CA = {str(netlab.ca_dir / 'lab-ca.pem')!r}\n" + SEGMENTED + body, **kw)
+
+
+def denials(result: Any) -> list[tuple[str, str | None]]:
+    """(rule, the name the refused bytes carried) for each refusal, in order."""
+    return [
+        (c["rules"][0], c.get("sni") or c.get("http_target_host") or c.get("http_host"))
+        for c in payloads(result, "net.connect")
+        if c["decision"] == "deny"
+    ]
+
+
+def test_split_and_slow_clienthellos_are_read_whole(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """A ClientHello cut into 1-byte writes, or paused past the first-byte wait, or split across
+    records, is still read whole: another name in its SNI is refused, and so is no SNI to a name."""
+    net_sandbox.permissions["network"]["allowed_hosts"].append("198.51.100.10")
+    attacks, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+attempt("1-byte writes", lambda: tls("api.example.test", "other.example.test", "bytes", 0.002))
+attempt("pause past the sniff timeout", lambda: tls("api.example.test", "other.example.test", 1, 0.6))
+attempt("records of 7 bytes, paused", lambda: tls("api.example.test", "other.example.test", 40, 0.6, record=7))
+attempt("no SNI to a name", lambda: tls("api.example.test", None, 1, 0.6))
+attempt("through the proxy, paused", lambda: tls("api.example.test", "other.example.test", 1, 0.6, proxy=True))
+attempt("through the proxy, no SNI", lambda: tls("api.example.test", None, proxy=True))
+attempt("pause before the first byte", lambda: tls("api.example.test", "other.example.test", 0, 0.6))
+""",
+    )
+    assert_all_blocked(attacks)
+    assert denials(r) == [
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.sni_missing", None),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.sni_missing", None),
+        ("net.host_mismatch", "other.example.test"),  # after an allowed silence: checked all the same
+    ]
+    assert all(c["host"] == "api.example.test" for c in payloads(r, "net.connect"))
+    controls, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+attempt("1-byte writes", lambda: tls("api.example.test", "api.example.test", "bytes", 0.002))
+attempt("records of 7 bytes, paused", lambda: tls("api.example.test", "api.example.test", 40, 0.6, record=7))
+attempt("a literal address without SNI", lambda: tls("198.51.100.10", None, 1, 0.6))
+attempt("through the proxy, paused", lambda: tls("api.example.test", "api.example.test", 1, 0.6, proxy=True))
+attempt("pause before the first byte", lambda: tls("api.example.test", "api.example.test", 0, 0.6))
+""",
+    )
+    assert all(v.startswith("OK hello") for v in controls.values()), controls
+    assert [c["decision"] for c in payloads(r, "net.connect")] == ["allow"] * 5
+
+
+def test_a_clienthello_that_never_completes_is_refused(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    body = """
+def stalled():
+    with socket.create_connection(("api.example.test", 443), timeout=10) as s:
+        s.sendall(bytes.fromhex("1603010200010001fc0303"))  # a ClientHello's start, then nothing
+        data = s.recv(100)
+        if not data:
+            raise ConnectionError("closed by the filter")
+        return data
+attempt("stalled ClientHello", stalled)
+"""
+    started = time.monotonic()
+    results, r = segmented(net_sandbox, netlab, body, env={"ADL_ENFORCER_MESSAGE_TIMEOUT_MS": "1000"})
+    assert_all_blocked(results)
+    assert time.monotonic() - started < 20
+    [denied] = payloads(r, "net.connect")
+    assert denied["rules"] == ["net.incomplete"] and denied["protocol"] == "https", denied
+
+
+def test_slow_and_bare_lf_http_heads_are_read_whole(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    attacks, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+other_10 = get("other.example.test", version="1.0")
+other_lf = get("other.example.test", version="1.0", eol="\\n")
+attempt("1-byte writes", lambda: http(api, 80, [other_10], "bytes", 0.01))
+attempt("pause past the sniff timeout", lambda: http(api, 80, [get("other.example.test")], 5, 0.6))
+attempt("bare LF", lambda: http(api, 80, [other_lf]))
+attempt("no Host to a name", lambda: http(api, 80, [b"GET / HTTP/1.0\\r\\n\\r\\n"]))
+attempt("through the proxy, bare LF", lambda: http(api, 80, [other_lf], proxy=True))
+attempt("pause before the first byte", lambda: http(api, 80, [other_10], 0, 0.6))
+attempt("leading whitespace", lambda: http(api, 80, [b" " + other_10.replace(b" ", b"\\t")]))
+""",
+    )
+    assert_all_blocked(attacks)
+    assert denials(r) == [
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_missing", None),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.host_mismatch", "other.example.test"),
+        ("net.unreadable", "other.example.test"),  # not a strict request line: refused, not relayed as opaque
+    ]
+    controls, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+attempt("1-byte writes", lambda: http(api, 80, [get(api, version="1.0")], "bytes", 0.01))
+attempt("bare LF", lambda: http(api, 80, [get(api, version="1.0", eol="\\n")]))
+""",
+    )
+    assert all("host=api.example.test" in v for v in controls.values()), controls
+
+
+def test_every_request_on_a_kept_alive_connection_is_checked(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    net_sandbox.permissions["network"]["allowed_ports"] = [80, 443, 8011]
+    attacks, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+ok, other = get(api), get("other.example.test")
+absolute = get(api, "http://other.example.test/")
+chunked = b"POST / HTTP/1.1\\r\\nHost: api.example.test\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n"
+unframed = chunked.replace(b"Host:", b"Content-Length: 3\\r\\nHost:")
+attempt("second request, another Host", lambda: http(api, 8011, [ok, other]))
+attempt("pipelined", lambda: http(api, 8011, [ok, other], pipelined=True))
+attempt("absolute-form target", lambda: http(api, 8011, [absolute]))
+attempt("second, absolute-form", lambda: http(api, 8011, [ok, absolute]))
+attempt("after a chunked body", lambda: http(api, 8011, [chunked + b"3\\r\\nabc\\r\\n0\\r\\n\\r\\n", other]))
+attempt("through the proxy", lambda: http(api, 8011, [ok, other], proxy=True))
+attempt("a body that cannot be framed", lambda: http(api, 8011, [unframed + b"0\\r\\n\\r\\n", other], pipelined=True))
+""",
+    )
+    assert_all_blocked(attacks)
+    assert denials(r) == [("net.host_mismatch", "other.example.test")] * 6 + [("net.unreadable", "api.example.test")]
+    later = [c for c in payloads(r, "net.connect") if c["decision"] == "deny" and c.get("request", 1) > 1]
+    assert len(later) == 5 and all(c["request"] == 2 for c in later)
+    controls, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+ok = get(api)
+smuggled = get("other.example.test")
+looks_like_a_head = b"POST / HTTP/1.1\\r\\nHost: api.example.test\\r\\nContent-Length: %d\\r\\n\\r\\n%s" % (
+    len(smuggled), smuggled)
+attempt("three requests", lambda: http(api, 8011, [ok, ok, ok]))
+attempt("a body that looks like a head", lambda: http(api, 8011, [looks_like_a_head, ok], pipelined=True))
+attempt("through the proxy", lambda: http(api, 8011, [ok, ok], proxy=True))
+""",
+    )
+    assert all(v.startswith("OK hello host=api.example.test") for v in controls.values()), controls
+    assert all(c["decision"] == "allow" for c in payloads(r, "net.connect"))
+    assert [c["requests"] for c in payloads(r, "net.close")] == [3, 2, 2]
+
+
+def test_only_a_websocket_handshake_that_opens_a_connection_switches(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """The filter follows a protocol switch only where it sees the server's 101; a handshake the
+    server ignores leaves the connection HTTP, and every later head is checked."""
+    net_sandbox.permissions["network"]["allowed_ports"] = [8011]
+    upgrade = "Upgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+    attacks, r = segmented(
+        net_sandbox,
+        netlab,
+        f"""
+api = "api.example.test"
+other = get("other.example.test")
+attempt("after an ignored handshake", lambda: websocket(api, "/no-upgrade", then=other))
+attempt("a handshake on a kept-alive connection", lambda: http(api, 8011, [get(api), get(api, extra="{upgrade}")]))
+attempt("h2c", lambda: http(api, 8011, [get(api, extra="Upgrade: h2c\\r\\nConnection: Upgrade\\r\\n")]))
+""",
+    )
+    assert_all_blocked(attacks)
+    assert denials(r) == [
+        ("net.host_mismatch", "other.example.test"),
+        ("net.unreadable", "api.example.test"),
+        ("net.unreadable", "api.example.test"),
+    ]
+    controls, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+api = "api.example.test"
+attempt("switched", lambda: websocket(api))
+attempt("ignored, then the same host", lambda: websocket(api, "/no-upgrade", then=get(api)))
+""",
+    )
+    assert controls["switched"] == "OK ws-echo frames", controls
+    assert controls["ignored, then the same host"].startswith("OK hello host=api.example.test"), controls
+    assert [c["protocol"] for c in payloads(r, "net.connect")] == ["ws", "ws"]
+    assert [u["switched"] for u in payloads(r, "net.upgrade")] == [True, False]
+
+
+def test_a_late_first_byte_under_an_https_only_policy(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """Where opaque TCP is not allowed, a silent client is given the message time to speak, and what
+    it sends is checked like any first message."""
+    net_sandbox.permissions["network"] = {
+        "allowed_hosts": ["api.example.test"],
+        "allowed_ports": [443],
+        "allowed_protocols": ["https"],
+    }
+    results, r = segmented(
+        net_sandbox,
+        netlab,
+        """
+attempt("late, another SNI", lambda: tls("api.example.test", "other.example.test", 0, 0.6))
+attempt("late, its own SNI", lambda: tls("api.example.test", "api.example.test", 0, 0.6))
+""",
+    )
+    assert results["late, another SNI"].startswith("BLOCKED"), results
+    assert results["late, its own SNI"].startswith("OK hello"), results
+    assert [(c["decision"], c["rules"][0], c["protocol"]) for c in payloads(r, "net.connect")] == [
+        ("deny", "net.host_mismatch", "https"),
+        ("allow", "net.allowed", "https"),
+    ]

@@ -18,7 +18,7 @@ import pytest
 from enforcer.egress import netns
 from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
 from enforcer.egress.settings import EgressSettings, parse_endpoint, system_resolver
-from enforcer.egress.sniff import protocol_name, sniff
+from enforcer.egress.sniff import Malformed, protocol_name, sniff
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 
@@ -56,7 +56,8 @@ def test_sniff_http_host() -> None:
     assert found.protocol == "http" and found.server_name == "api.example.test"
     assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\n").complete is False
     assert sniff(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").malformed
-    assert sniff(b"SSH-2.0-OpenSSH_9.2\r\n").protocol == "tcp"
+    assert sniff(b"SSH-2.0-OpenSSH_9.2\r\n").protocol == "ssh"
+    assert sniff(b"\x00\x00\x00\x08\x04\xd2\x16\x2f").protocol == "tcp"  # opaque (a PostgreSQL SSLRequest)
     assert sniff(b"GE").complete is False  # could still become an HTTP request
 
 
@@ -232,3 +233,219 @@ def test_relay_moves_bytes_both_ways() -> None:
     thread.join(5)
     sender.join(5)
     assert received == b"request" and got == len(payload) and result == [(7, len(payload))]
+
+
+# -- whole-message sniffing: segmentation, bounds, names
+
+
+def records(hello: bytes, sizes: list[int]) -> bytes:
+    """The same ClientHello handshake message re-split into TLS records of the given sizes."""
+    message = hello[5 : 5 + int.from_bytes(hello[3:5], "big")]
+    out, at = b"", 0
+    for size in [*sizes, len(message)]:
+        part = message[at : at + size]
+        if not part:
+            break
+        out += b"\x16\x03\x01" + len(part).to_bytes(2, "big") + part
+        at += len(part)
+    return out
+
+
+def test_sniff_reassembles_a_clienthello_split_across_records() -> None:
+    hello = client_hello("api.example.test", ["http/1.1"])
+    for sizes in ([1], [1] * 40, [3, 500], [100, 100, 100]):
+        split = records(hello, sizes)
+        assert sniff(split).server_name == "api.example.test", sizes
+        for cut in range(1, len(split)):
+            prefix = sniff(split[:cut])
+            assert prefix.protocol == "tls" and not prefix.complete and not prefix.malformed
+    assert sniff(records(hello, [1]) + b"\x17\x03\x03\x00\x01x").server_name == "api.example.test"  # early data after
+    broken = hello[:5] + b"\x02" + hello[6:]  # not a ClientHello
+    assert sniff(broken).malformed
+    interleaved = records(hello, [10])
+    interleaved = interleaved[:15] + b"\x15\x03\x03\x00\x02\x01\x00" + interleaved[15:]  # an alert mid-hello
+    assert sniff(interleaved).malformed
+    assert sniff(b"\x16\x03\x01\xff\xff").malformed  # a record larger than TLS allows
+
+
+def test_sniff_http_heads_strictly() -> None:
+    bare_lf = sniff(b"GET / HTTP/1.1\nHost: other.test\n\n")
+    assert bare_lf.server_name == "other.test" and bare_lf.head is not None
+    assert bare_lf.head.canonical == b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n"
+    absolute = sniff(b"GET http://other.test:8080/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+    assert absolute.head is not None and absolute.head.names == ("api.test", "other.test")
+    assert sniff(b"get / HTTP/1.1\r\nHost: other.test\r\n\r\n").server_name == "other.test"  # any token is a method
+    assert sniff(b"\r\nPROPFIND / HTTP/1.1\r\nHost: x.test\r\n\r\n").server_name == "x.test"
+    assert sniff(b"GET /\r\n").malformed  # HTTP/0.9 names no host
+    for bad in (
+        b"GET / HTTP/1.1\r\nHost: a.test\r\n x: folded\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : a.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a.test\rX: y\r\n\r\n",
+        b"GET  / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: api.test@b.test\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: +5\r\n\r\n",
+        b"GET / HTTP/1.1\r\n" + b"X: " + b"y" * 40000 + b"\r\n\r\n",
+    ):
+        assert sniff(bad).malformed, bad[:60]
+    assert sniff(b"GET / HTTP/1.1\r\nHost: a.test\r\nX: " + b"y" * 100).complete is False
+    assert sniff(b"G").complete is False and sniff(b"GET / HT").complete is False
+    for lenient in (b" GET / HTTP/1.1\r\n", b"\tGET\t/", b"GET\xa0/\xa0HTTP/1.1\r\n", b"\x0cGET / HTTP/1.1"):
+        assert sniff(lenient).protocol == "http", lenient  # whitespace a lenient server skips or splits on
+    assert sniff(b"A\x00\x00\x00\xd4\x07").protocol == "tcp"  # a binary message that starts with a letter
+    assert sniff(b"NICK agent\r\n").protocol == "tcp"  # a text protocol that is not HTTP
+    assert sniff(b"*1\r\n$4\r\nPING\r\n").protocol == "tcp"
+
+
+def test_protocol_names_state_only_what_the_wire_shows() -> None:
+    from enforcer.egress.sniff import Sniffed
+
+    assert protocol_name(Sniffed("tls", alpn=("h2",)), 8443) == "https"  # grpc or wss inside cannot be seen
+    assert protocol_name(Sniffed("tls", alpn=("imap",)), 993) == "tls"
+    assert protocol_name(Sniffed("http"), 80) == "http"
+    handshake = sniff(b"GET /chat HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    assert protocol_name(handshake, 80) == "ws"
+    h2c = sniff(b"GET / HTTP/1.1\r\nHost: a.test\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+    assert protocol_name(h2c, 80) == "http"  # and refused by the filter: it cannot follow h2c
+    assert protocol_name(Sniffed("ssh"), 22) == "ssh"
+    assert protocol_name(Sniffed("tcp", silent=True), 25) == "tcp"
+
+
+def _writer(sock: socket.socket, parts: list[bytes], pause: float) -> threading.Thread:
+    def run() -> None:
+        import time
+
+        for part in parts:
+            sock.sendall(part)
+            time.sleep(pause)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_sniff_first_waits_for_a_slow_clienthello_within_its_bound() -> None:
+    from enforcer.egress.stream import ClientReader, sniff_first
+
+    hello = client_hello("other.example.test", ["http/1.1"])
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        writer = _writer(agent, [hello[:1], hello[1:6], hello[6:]], 0.3)  # pauses past the first-byte wait
+        found = sniff_first(ClientReader(filter_side), 0.05, 3.0)
+        writer.join()
+    assert found.complete and not found.malformed and found.server_name == "other.example.test"
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        writer = _writer(agent, [hello[:10], hello[10:]], 0.6)
+        slow = sniff_first(ClientReader(filter_side), 0.05, 0.3)
+        writer.join()
+    assert slow.protocol == "tls" and slow.malformed and slow.malformed.startswith("incomplete")
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        silent = sniff_first(ClientReader(filter_side), 0.05, 0.3)
+    assert silent.protocol == "tcp" and silent.silent and not silent.malformed
+
+
+def test_request_bodies_are_framed_so_the_next_head_is_found() -> None:
+    from enforcer.egress.stream import ClientReader, forward_body, read_head
+
+    stream = (
+        b"POST /a HTTP/1.1\nHost: a.test\nTransfer-Encoding: chunked\n\n"
+        b"5;ext=1\nhello\n0\nTrailer: x\n\n"
+        b"POST /b HTTP/1.1\r\nHost: b.test\r\nContent-Length: 16\r\n\r\nGET / HTTP/1.1\r\n"
+        b"GET /c HTTP/1.1\r\nHost: c.test\r\n\r\n"
+    )
+    agent, filter_side = socket.socketpair()
+    upstream_side, server = socket.socketpair()
+    with agent, filter_side, upstream_side, server:
+        writer = _writer(agent, [bytes([b]) for b in stream[:80]] + [stream[80:]], 0.0)
+        reader = ClientReader(filter_side)
+        hosts = []
+        for _ in range(3):
+            head = read_head(reader, 2.0, idle=False)
+            assert head is not None
+            reader.take(head.size)
+            hosts.append(head.host_header)
+            upstream_side.sendall(head.canonical)
+            forward_body(reader, upstream_side, head, 2.0)
+        writer.join()
+        upstream_side.shutdown(socket.SHUT_WR)
+        forwarded = b""
+        while chunk := server.recv(65536):
+            forwarded += chunk
+    assert hosts == ["a.test", "b.test", "c.test"]  # the body that looks like a head was not taken for one
+    assert forwarded == (
+        b"POST /a HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nTrailer: x\r\n\r\n"
+        b"POST /b HTTP/1.1\r\nHost: b.test\r\nContent-Length: 16\r\n\r\nGET / HTTP/1.1\r\n"
+        b"GET /c HTTP/1.1\r\nHost: c.test\r\n\r\n"
+    )
+
+
+def test_names_a_first_message_must_carry() -> None:
+    from enforcer.egress.filter import _name_problem
+    from enforcer.egress.sniff import Sniffed
+
+    def rule(found: Sniffed, host: str, name: str | None) -> str | None:
+        problem = _name_problem(found, host, name)
+        return problem.rule if problem else None
+
+    api = "api.example.test"
+    assert rule(sniff(client_hello(api)), api, api) is None
+    assert rule(sniff(client_hello("API.example.test")), api, api) is None
+    assert rule(sniff(client_hello("other.example.test")), api, api) == "net.host_mismatch"
+    assert rule(sniff(client_hello(None)), api, api) == "net.sni_missing"
+    assert rule(sniff(client_hello(None)), "198.51.100.10", None) is None  # a literal address: RFC 6066
+    assert rule(Sniffed("tls", server_name=api, ech=True), api, api) == "net.ech"
+    assert rule(sniff(b"GET / HTTP/1.1\r\n\r\n"), api, api) == "net.host_missing"
+    assert rule(sniff(b"GET / HTTP/1.0\r\n\r\n"), "198.51.100.10", None) is None
+    assert rule(sniff(b"GET http://other.example.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n"), api, api) == (
+        "net.host_mismatch"
+    )
+    assert rule(Sniffed("http", malformed="incomplete HTTP request head after 5 s"), api, api) == "net.incomplete"
+    forwarded = b"GET / HTTP/1.1\r\nHost: api.example.test\r\nX-Forwarded-Host: other.example.test\r\n\r\n"
+    assert rule(sniff(forwarded), api, api) == "net.host_mismatch"  # reverse proxies may route by it
+    forwarded = b'GET / HTTP/1.1\r\nHost: api.example.test\r\nForwarded: for=x;host="other.example.test"\r\n\r\n'
+    assert rule(sniff(forwarded), api, api) == "net.host_mismatch"
+    assert rule(sniff(forwarded.replace(b"other", b"api")), api, api) is None
+    smuggling = b"GET / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: 5\r\n\r\n"
+    assert rule(sniff(smuggling), api, api) == "net.unreadable"  # read as a request by servers ignoring it
+    assert rule(sniff(smuggling.replace(b"GET", b"POST")), api, api) is None
+    assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
+
+
+def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    from enforcer.egress import stream
+
+    calls = []
+    real = stream.sniff
+    monkeypatch.setattr(stream, "sniff", lambda data: calls.append(len(data)) or real(data))
+    hello = records(client_hello("api.example.test"), [1] * 2000)  # 6 bytes on the wire per byte of hello
+    chunks = [hello[i : i + 6] for i in range(0, len(hello), 6)]
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        writer = _writer(agent, chunks, 0.0005)
+        found = stream.sniff_first(stream.ClientReader(filter_side), 1.0, 10.0)
+        writer.join()
+    assert found.server_name == "api.example.test"
+    assert len(calls) < len(chunks) // 5, (len(calls), len(chunks))
+
+
+def test_a_client_that_closes_after_an_empty_line_closed_between_requests() -> None:
+    from enforcer.egress.stream import ClientReader, read_head
+
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        agent.sendall(b"\r\n")  # what some clients send after a POST body
+        agent.shutdown(socket.SHUT_WR)
+        assert read_head(ClientReader(filter_side), 1.0, idle=True) is None
+    agent, filter_side = socket.socketpair()
+    with agent, filter_side:
+        agent.sendall(b"GET / HTTP/1.1\r\nHost: a")
+        agent.shutdown(socket.SHUT_WR)
+        with pytest.raises(Malformed):
+            read_head(ClientReader(filter_side), 1.0, idle=True)
