@@ -25,6 +25,7 @@ from enforcer.daemon import service as service_module
 from enforcer.daemon.approvals import Approvals
 from enforcer.daemon.arguments import ArgumentError, ArgumentLimits, parse_arguments
 from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.callers import ROOT
 from enforcer.daemon.registry import SessionRegistry
 from enforcer.daemon.service import ApiError, Core, EnforcerService, inline_handlers, to_action
 from enforcer.daemon.store import PolicyStore
@@ -33,6 +34,11 @@ from enforcer.v1 import enforcer_pb2 as pb
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
 CHECK = "/enforcer.v1.Enforcer/Check"
+
+
+def _as_root(check: Any) -> Any:
+    """An inline Check handler called as root over the internal socket (peer "unix:")."""
+    return lambda messages: check(messages, [b"unix:"] * len(messages))
 
 
 def _now_ms() -> int:
@@ -93,18 +99,19 @@ def _decision_records(core: Core) -> list[dict[str, Any]]:
 
 
 def _per_call(payload: dict[str, Any]) -> dict[str, Any]:
-    keys = ("decision_id", "eval_us", "request_id", "mode", "approval_id", "approval_expires_ms")
+    assert payload["caller_uid"] == 0  # these tests call as root
+    keys = ("decision_id", "eval_us", "caller_uid", "request_id", "mode", "approval_id", "approval_expires_ms")
     return {k: payload[k] for k in keys if k in payload}
 
 
 @pytest.mark.parametrize("serialized", [True, False])
 def test_records_and_answers_match_those_built_for_each_call(core: Core, serialized: bool) -> None:
     if serialized:
-        check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+        check = _as_root(inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK])
         answers = [pb.CheckResponse.FromString(body) for _, _, body in check([r.SerializeToString() for r in REQUESTS])]
     else:
         answers = [core.check(r) for r in REQUESTS]
-    again = core.check_many(REQUESTS)  # the shared decisions' parts now come from the memo
+    again = core.check_many(REQUESTS, [ROOT] * len(REQUESTS))  # the shared decisions' parts now come from the memo
     assert [a.decision for a in answers] == [pb.ALLOW, pb.ALLOW, pb.ALLOW, pb.DENY, pb.ALLOW, pb.ASK]
     written = _decision_records(core)
     assert len(written) == 2 * len(REQUESTS)
@@ -137,7 +144,7 @@ def _receipt(record: dict[str, Any]) -> Receipt:
 
 
 def test_an_unparsable_request_keeps_its_place_among_the_answers(core: Core) -> None:
-    check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+    check = _as_root(inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK])
     good = REQUESTS[0].SerializeToString()
     answers = check([good, b"\xff\xff", None, good])
     assert [code for code, _, _ in answers] == [
@@ -181,7 +188,7 @@ def test_any_tool_call_is_recorded_and_answered_as_built_for_each_call(
 ) -> None:
     agent, name = agent_tool
     request = _tool(agent, name, arguments, request_id=request_id, mode=pb.DRY_RUN if dry_run else pb.ENFORCE)
-    check = inline_handlers(EnforcerService(core_for_many, pb.StatusResponse), 1 << 20)[CHECK]
+    check = _as_root(inline_handlers(EnforcerService(core_for_many, pb.StatusResponse), 1 << 20)[CHECK])
     ((code, _, body),) = check([request.SerializeToString()])
     assert code == grpc.StatusCode.OK
     answers = [pb.CheckResponse.FromString(body), core_for_many.check(request)]
@@ -190,7 +197,7 @@ def test_any_tool_call_is_recorded_and_answered_as_built_for_each_call(
 
 
 def test_a_request_that_cannot_be_recorded_or_decided_fails_alone(core: Core, monkeypatch: pytest.MonkeyPatch) -> None:
-    check = inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK]
+    check = _as_root(inline_handlers(EnforcerService(core, pb.StatusResponse), 1 << 20)[CHECK])
     good = REQUESTS[0].SerializeToString()
     # Limits raised past what the record's encoder takes: the log refuses that one record only.
     core.limits = ArgumentLimits(max_depth=1000)
@@ -225,13 +232,13 @@ def test_a_batch_with_a_bad_request_decides_nothing_and_leaves_no_approval(core:
     service = EnforcerService(core, pb.StatusResponse)
     bad = pb.CheckRequest(agent="Coding Agent", tool=pb.ToolCall(name="read_file", arguments_json='{"a": 1, "a": 2}'))
     with pytest.raises(ApiError) as refused:
-        service.CheckBatch(pb.CheckBatchRequest(requests=[ask, REQUESTS[0], bad]), None)
+        service.check_batch(pb.CheckBatchRequest(requests=[ask, REQUESTS[0], bad]), ROOT)
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT and str(refused.value).startswith("requests[2]: ")
     assert core.approvals.pending() == [] and _decision_records(core) == []
     # one that fails while deciding (the approval limit) withdraws the approvals opened before it
     core.approvals = Approvals(_now_ms, 1)
     with pytest.raises(ApiError) as full:
-        service.CheckBatch(pb.CheckBatchRequest(requests=[ask, ask]), None)
+        service.check_batch(pb.CheckBatchRequest(requests=[ask, ask]), ROOT)
     assert full.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and str(full.value).startswith("requests[1]: ")
     assert core.approvals.pending() == [] and _decision_records(core) == []
 
@@ -277,6 +284,6 @@ def test_exec_argv_is_bounded_like_arguments(core: Core) -> None:
     for argv in (["a", "b", "c", "d"], ["abcdef"]):
         request = pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=argv))
         with pytest.raises(ApiError, match=r"max_argument_items \(3\).*max_argument_string \(5\)"):
-            service.Check(request, None)  # type: ignore[arg-type]
-    ok = service.Check(pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["ls", "-l"])), None)  # type: ignore[arg-type]
+            service.core.check(request, ROOT)
+    ok = service.core.check(pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["ls", "-l"])), ROOT)
     assert ok.decision in (pb.ALLOW, pb.DENY, pb.ASK)
