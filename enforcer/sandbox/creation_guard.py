@@ -13,10 +13,19 @@ nothing: the checked string is the one used.
 The supervisor runs with the agent's uid, groups and mount namespace, inside a Landlock domain that
 is the agent's plus read access to /proc (to read callers' memory and descriptors); the agent's own
 domain is nested inside it, so the agent can neither signal nor trace the supervisor, while the
-supervisor can read the agent. It is not dumpable. If it dies, every guarded call fails (ENOSYS):
-creation stops, it is never let through unchecked. Paths under /proc are refused unless they name
-one of the caller's own descriptors (/dev/stdout and friends), so the extra /proc access is never
-lent to the agent.
+supervisor can read the agent. It is not dumpable and its environment is emptied. If it dies, every
+guarded call fails (ENOSYS): creation stops, it is never let through unchecked.
+
+The supervisor never resolves a path the agent names with its own rights: its main thread only
+reads the caller's memory and takes the caller's own descriptors (cwd, dirfd, /proc/self/fd/N) as
+O_PATH handles, and every lookup, open, creation and rename runs in a second thread restricted to
+exactly the agent's Landlock rules. Reopening /proc/self/fd/N therefore grants what the agent could
+open itself, nothing more (a confused deputy would read host /proc files for it). Names created
+under /proc are refused outright.
+
+A rename or exchange creates every name inside a moved directory: each one is checked against the
+denied patterns (a tree too large or unreadable to check is refused with EXDEV, so `mv` falls back
+to copying name by name, each checked).
 
 Refusals are reported as JSON lines on a pipe the launcher reads after the session.
 """
@@ -28,9 +37,12 @@ import ctypes
 import errno
 import fcntl
 import os
+import queue
 import re
 import select
+import stat
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +52,7 @@ import orjson
 
 if TYPE_CHECKING:
     from ..policy.patterns import PatternList
+    from .landlock import LandlockPlan
 
 # Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
 # means relative to the cwd. open/openat are only sent here when O_CREAT is set (see seccomp.py).
@@ -78,6 +91,7 @@ PATH_MAX = 4096
 MAX_SYMLINKS = 40
 MAX_REPORTED = 200  # refusals reported one by one; later ones are only counted
 MAX_KEPT_MEM = 256
+MAX_MOVED_TREE = 10_000  # names checked in a moved directory; beyond, EXDEV (mv then copies)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
@@ -113,6 +127,77 @@ class DeniedNames:
         hit = self.patterns.first(path)
         return None if hit is None else self.patterns.patterns[hit]
 
+    def may_match_beneath(self, path: str) -> bool:
+        """Whether some denied pattern could match a name strictly beneath `path`: only then does a
+        moved directory's content need to be listed."""
+        return _trie_continues(self.patterns._index, path)
+
+
+def _trie_continues(index: object, path: str) -> bool:
+    root = getattr(index, "root", None)
+    if root is None:
+        return True  # not a path trie: assume the worst
+    segments = [s for s in path.split("/") if s]
+    seen: set[tuple[int, int]] = set()
+    stack = [(root, 0)]
+    while stack:
+        node, i = stack.pop()
+        if (id(node), i) in seen:
+            continue
+        seen.add((id(node), i))
+        if node.globstar is not None:
+            if i == len(segments):
+                return True
+            stack.extend((node.globstar, j) for j in range(i, len(segments) + 1))
+        if i == len(segments):
+            if node.literal or node.wild:
+                return True
+            continue
+        child = node.literal.get(segments[i])
+        if child is not None:
+            stack.append((child, i + 1))
+        stack.extend((wild_child, i + 1) for matcher, wild_child in node.wild if matcher.match(segments[i]))
+    return False
+
+
+class AgentRights:
+    """A thread restricted to exactly the agent's Landlock rules: everything the supervisor does with
+    a path the agent named runs here, so it can never reach more than the agent could. Landlock
+    domains belong to threads, so the supervisor's main thread keeps its wider domain for reading
+    callers' memory."""
+
+    def __init__(self, rules: LandlockPlan | None) -> None:
+        self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(rules,), name="agent-rights", daemon=True).start()
+        ok, error = self._answers.get()
+        if not ok:
+            raise error
+
+    def _serve(self, rules: LandlockPlan | None) -> None:
+        try:
+            if rules is not None and rules.abi:
+                from .landlock import restrict
+
+                restrict(rules)
+        except BaseException as exc:
+            self._answers.put((False, exc))
+            return
+        self._answers.put((True, None))
+        while True:
+            fn, args = self._requests.get()
+            try:
+                self._answers.put((True, fn(*args)))
+            except BaseException as exc:
+                self._answers.put((False, exc))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._requests.put((fn, args))
+        ok, value = self._answers.get()
+        if not ok:
+            raise value
+        return value
+
 
 class Supervisor:
     def __init__(
@@ -121,8 +206,10 @@ class Supervisor:
         denied: Callable[[str], str | None],
         syscall_names: dict[int, str],
         report_fd: int = -1,
+        agent_rules: LandlockPlan | None = None,
     ) -> None:
-        """`denied(path)` returns the denied pattern a path matches, or None."""
+        """`denied(path)` returns the denied pattern a path matches, or None. `agent_rules`: the
+        agent's Landlock rules, applied to the thread that performs every call."""
         self.listener = listener
         self.denied = denied
         self.names = syscall_names
@@ -130,6 +217,7 @@ class Supervisor:
         self.refusals = 0
         self.handled = 0
         self._mem: dict[int, int] = {}  # tid -> its /proc/<tid>/mem
+        self.agent = AgentRights(agent_rules)
 
     # -- loop -------------------------------------------------------------------------------------
 
@@ -200,45 +288,97 @@ class Supervisor:
         with contextlib.suppress(OSError):
             os.write(self.report_fd, orjson.dumps(event) + b"\n")
 
-    # -- one call ---------------------------------------------------------------------------------
+    # -- one call: gathered with the supervisor's rights, performed with the agent's --------------
 
     def _dispatch(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
         pairs = GUARDED.get(name)
         if pairs is None:
             raise Refused(errno.ENOSYS)
         paths = [self._read_string(caller.tid, args[p]) for _, p in pairs]
-        bases = [
-            AT_FDCWD if path.startswith("/") else self._base(caller, None if d is None else _int32(args[d]), opened)
-            for (d, _), path in zip(pairs, paths, strict=True)
-        ]
+        bases: list[int] = []
+        for i, ((d, _), path) in enumerate(zip(pairs, paths, strict=True)):
+            base, rest = self._own_descriptor(caller, path, opened)
+            if base is not None:
+                bases.append(base)
+                paths[i] = rest
+            elif path.startswith("/"):
+                bases.append(AT_FDCWD)
+            else:
+                bases.append(self._base(caller, None if d is None else _int32(args[d]), opened))
+        link_source = None
+        if name == "linkat" and _int32(args[4]) & AT_EMPTY_PATH and not paths[0]:
+            link_source = self._base(caller, _int32(args[0]), opened)
+        symlink_target = self._read_string(caller.tid, args[0]) if name in ("symlink", "symlinkat") else ""
         # The caller must still be waiting in this call: its pid (and so its /proc entries) are its own.
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
         os.umask(caller.umask)
+        return self.agent.call(self._perform, name, caller, args, pairs, paths, bases, link_source, symlink_target)
+
+    def _own_descriptor(self, caller: Caller, path: str, opened: list[int]) -> tuple[int | None, str]:
+        """/proc/self/fd/N[/rest] (and /dev/stdout and friends) name one of the caller's descriptors:
+        taken here as an O_PATH handle, so the agent thread resolves the rest from it."""
+        match = re.fullmatch(rf"/proc/{caller.tgid}(?:/task/{caller.tid})?/fd/(\d+)(/.*)?", _proc_view(path, caller))
+        if not match:
+            return None, path
+        fd = os.open(f"/proc/{caller.tid}/fd/{match.group(1)}", os.O_PATH | os.O_CLOEXEC)
+        opened.append(fd)
+        return fd, (match.group(2) or "").lstrip("/")
+
+    def _perform(
+        self,
+        name: str,
+        caller: Caller,
+        args: list[int],
+        pairs: tuple[tuple[int | None, int], ...],
+        paths: list[str],
+        bases: list[int],
+        link_source: int | None,
+        symlink_target: str,
+    ) -> Any:
+        """Runs in the agent-rights thread."""
+        opened: list[int] = []
+        try:
+            return self._perform_call(name, caller, args, pairs, paths, bases, link_source, symlink_target, opened)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _perform_call(
+        self,
+        name: str,
+        caller: Caller,
+        args: list[int],
+        pairs: tuple[tuple[int | None, int], ...],
+        paths: list[str],
+        bases: list[int],
+        link_source: int | None,
+        symlink_target: str,
+        opened: list[int],
+    ) -> Any:
         if name in ("open", "openat", "creat"):
             flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC if name == "creat" else _int32(args[pairs[0][1] + 1])
             mode = args[1] if name == "creat" else args[pairs[0][1] + 2]
-            return self._open(caller, bases[0], paths[0], flags, mode & 0o7777, opened)
+            return self._open(caller, bases[0], paths[0], flags, _safe_mode(mode), opened)
         if name in ("mkdir", "mkdirat"):
             parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
             os.mkdir(leaf, args[pairs[0][1] + 1] & 0o7777, dir_fd=parent)
             return 0
         if name in ("mknod", "mknodat"):
             parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
-            os.mknod(leaf, args[pairs[0][1] + 1] & 0xFFFFFFFF, args[pairs[0][1] + 2], dir_fd=parent)
+            mode = args[pairs[0][1] + 1] & 0xFFFFFFFF
+            os.mknod(leaf, (mode & ~0o7777) | _safe_mode(mode), args[pairs[0][1] + 2], dir_fd=parent)
             return 0
         if name in ("symlink", "symlinkat"):
-            target = self._read_string(caller.tid, args[0])
             parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
-            os.symlink(target, leaf, dir_fd=parent)
+            os.symlink(symlink_target, leaf, dir_fd=parent)
             return 0
-        old_base, old_path = bases[0], _proc_view(paths[0], caller)
-        parent, leaf = self._creation_target(
-            caller, bases[1], paths[1], opened, name, moves_tree=name.startswith("rename")
-        )
+        parent, leaf = self._creation_target(caller, bases[1], paths[1], opened, name)
         if name.startswith("link"):
             flags = _int32(args[4]) if name == "linkat" else 0
-            if flags & AT_EMPTY_PATH and not old_path:
-                old_base, old_path, flags = -1, f"/proc/{caller.tgid}/fd/{_int32(args[0])}", AT_SYMLINK_FOLLOW
+            if link_source is not None:  # AT_EMPTY_PATH: the descriptor itself gets the name
+                os.link(f"/proc/thread-self/fd/{link_source}", leaf, dst_dir_fd=parent, follow_symlinks=True)
+                return 0
+            old_base, old_path = bases[0], _proc_view(paths[0], caller)
             os.link(
                 old_path,
                 leaf,
@@ -248,11 +388,49 @@ class Supervisor:
             )
             return 0
         flags = _int32(args[4]) if name == "renameat2" else 0
-        if flags & RENAME_EXCHANGE:  # the old name receives the other file: it is created too
-            self._creation_target(caller, bases[0], paths[0], opened, name, moves_tree=True)
-        if _libc.renameat2(old_base, os.fsencode(old_path), parent, os.fsencode(leaf), flags) != 0:
+        old_parent, old_leaf = self._creation_target(
+            caller, bases[0], paths[0], opened, name, check=bool(flags & RENAME_EXCHANGE)
+        )
+        new_full = _real(parent) + "/" + leaf
+        # Whatever moves to the new name brings its contents; with an exchange, both sides do.
+        self._check_moved_tree(old_parent, old_leaf, new_full, name)
+        if flags & RENAME_EXCHANGE:
+            self._check_moved_tree(parent, leaf, _real(old_parent) + "/" + old_leaf, name)
+        if _libc.renameat2(old_parent, os.fsencode(old_leaf), parent, os.fsencode(leaf), flags) != 0:
             return -ctypes.get_errno()
         return 0
+
+    def _check_moved_tree(self, parent: int, leaf: str, destination: str, syscall: str) -> None:
+        """Refuse when a directory arriving at `destination` holds a name a denied pattern matches
+        there. The supervisor answers one call at a time, so no name can be added in between."""
+        try:
+            info = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return  # the rename itself reports it
+        if not stat.S_ISDIR(info.st_mode):
+            return
+        may = getattr(self.denied, "may_match_beneath", None)
+        if may is not None and not may(destination):
+            return
+        try:
+            top = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError:
+            raise Refused(errno.EXDEV) from None
+        seen = 0
+        try:
+            for root, dirs, files, _ in os.fwalk(".", dir_fd=top, follow_symlinks=False, onerror=_raise):
+                for entry in dirs + files:
+                    seen += 1
+                    if seen > MAX_MOVED_TREE:
+                        raise Refused(errno.EXDEV)
+                    full = os.path.normpath(f"{destination}/{root}/{entry}")
+                    pattern = self.denied(full)
+                    if pattern is not None:
+                        raise Refused(errno.EACCES, f"{syscall} would create a denied path", full, pattern)
+        except OSError:
+            raise Refused(errno.EXDEV) from None
+        finally:
+            os.close(top)
 
     def _read_string(self, tid: int, address: int) -> str:
         """A NUL-terminated path from the caller's memory, read once, page by page (a read must not
@@ -299,33 +477,32 @@ class Supervisor:
         return fd
 
     def _creation_target(
-        self, caller: Caller, base: int, path: str, opened: list[int], syscall: str, *, moves_tree: bool = False
+        self, caller: Caller, base: int, path: str, opened: list[int], syscall: str, *, check: bool = True
     ) -> tuple[int, str]:
         """(parent directory descriptor, leaf name) for a name about to be created, after checking the
-        real path of the opened parent against the denied patterns. `moves_tree`: a directory may
-        arrive with contents, so a pattern matching anything beneath the name refuses it too."""
+        real path of the opened parent against the denied patterns (`check`)."""
         path = _proc_view(path, caller)
         head, leaf = os.path.split(path.rstrip("/") or path)
         if leaf in ("", ".", ".."):
             raise Refused(errno.EEXIST)
         parent = os.open(head or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=base)
         opened.append(parent)
-        real_parent = os.readlink(f"/proc/self/fd/{parent}")
-        if real_parent == "/proc" or real_parent.startswith("/proc/"):
+        real_parent = _real(parent)
+        if real_parent == "/proc" or real_parent.startswith("/proc/") or _on_procfs(parent):
             raise Refused(errno.EACCES)
         full = real_parent.rstrip("/") + "/" + leaf
-        pattern = self.denied(full) or (self.denied(full + "/x") if moves_tree else None)
+        pattern = self.denied(full) if check else None
         if pattern is not None:
             raise Refused(errno.EACCES, f"{syscall} would create a denied path", full, pattern)
         return parent, leaf
 
     def _open(self, caller: Caller, base: int, path: str, flags: int, mode: int, opened: list[int]) -> Any:
         cloexec = os.O_CLOEXEC if flags & os.O_CLOEXEC else 0
+        if not path:  # one of the caller's descriptors, reopened: nothing is created
+            if _on_procfs(base):
+                raise Refused(errno.EACCES)
+            return ("fd", os.open(f"/proc/thread-self/fd/{base}", flags & ~os.O_CREAT | os.O_CLOEXEC), cloexec)
         for _ in range(MAX_SYMLINKS):
-            viewed = _proc_view(path, caller)
-            own_fd = re.fullmatch(rf"/proc/{caller.tgid}(?:/task/{caller.tid})?/fd/\d+", viewed)
-            if own_fd:  # /dev/stdout and the like: reopen the caller's own descriptor, nothing is created
-                return ("fd", os.open(viewed, flags & ~os.O_CREAT | os.O_CLOEXEC), cloexec)
             parent, leaf = self._creation_target(caller, base, path, opened, "open")
             try:
                 return ("fd", os.open(leaf, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent), cloexec)
@@ -336,6 +513,41 @@ class Supervisor:
             target = os.readlink(leaf, dir_fd=parent)
             base, path = parent, target
         raise Refused(errno.ELOOP)
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def forget_environment() -> None:
+    """Empty this process's environment, including the block /proc/<pid>/environ shows (a fork keeps
+    its parent's): the supervisor holds nothing of adl-exec's environment."""
+    os.environ.clear()
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
+
+
+def _real(fd: int) -> str:
+    return os.readlink(f"/proc/thread-self/fd/{fd}")
+
+
+_PROC_SUPER_MAGIC = 0x9FA0
+_libc.fstatfs.argtypes = (ctypes.c_int, ctypes.c_void_p)
+
+
+def _on_procfs(fd: int) -> bool:
+    buf = ctypes.create_string_buffer(128)
+    if _libc.fstatfs(fd, buf) != 0:
+        return True  # unknown: treat as /proc
+    return struct.unpack_from("=l", buf)[0] == _PROC_SUPER_MAGIC
+
+
+def _safe_mode(mode: int) -> int:
+    """Permission bits for a new file: never setuid or setgid (seccomp refuses them on chmod too)."""
+    return mode & 0o1777
 
 
 def _caller(tid: int) -> Caller:

@@ -320,7 +320,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
                 outer = replace(rules, rules=list(rules.rules))
                 outer.add("/proc", landlock.READ)
                 landlock.restrict(outer)
-            guard_socket = _fork_guard(order.guard, report_fd)
+            guard_socket = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
             os.close(report_fd)
         if order.landlock.abi:
             step = "landlock"
@@ -340,7 +340,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         raise _StepFailed(step) from exc
 
 
-def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
+def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> socket.socket:
     """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
     the socket on which it waits for the seccomp listener."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -350,7 +350,7 @@ def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
         try:
             ours.close()
             if os.fork() == 0:
-                _run_guard(theirs, guard, report_fd)
+                _run_guard(theirs, guard, report_fd, agent_rules)
             code = 0
         finally:
             os._exit(code)
@@ -359,12 +359,13 @@ def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
     return ours
 
 
-def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
+def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:
     from . import creation_guard
 
     code = 1
     try:
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
+        creation_guard.forget_environment()
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)  # never hold the agent's stdout open
@@ -372,9 +373,10 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
         _, fds, _, _ = socket.recv_fds(sock, 16, 1)
         if not fds:
             return
+        supervisor = creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd, agent_rules)
         sock.send(b"ok")
         sock.close()
-        creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd).serve()
+        supervisor.serve()
         code = 0
     finally:
         os._exit(code)
