@@ -1,0 +1,193 @@
+"""Hostile-agent attacks on the creation guard, the execution layer, the runtime baseline and the
+metadata calls Landlock cannot see. Each tries the forbidden thing from inside a real sandbox, and a
+control shows the allowed thing next to it still works. None depends on the agent being root."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..sandbox_helpers import Result, Sandbox, needs_root
+
+pytestmark = needs_root
+
+TRY = """
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(label, fn):
+    try:
+        fn()
+        print("ESCAPED", label)
+    except OSError as exc:
+        print("BLOCKED", label, exc.errno)
+def works(label, fn):
+    try:
+        fn()
+        print("WORKS", label)
+    except OSError as exc:
+        print("BROKEN", label, exc)
+"""
+
+
+def run(box: Sandbox, code: str, **kw: Any) -> Result:
+    result = box.python(TRY + textwrap.dedent(code), **kw)
+    assert "launch" in result.kinds() and "exit" in result.kinds(), result.err
+    return result
+
+
+def outcome(result: Result, blocked: int, works: int = 0) -> None:
+    text = result.out + result.err
+    assert "ESCAPED" not in result.out and "BROKEN" not in result.out, text
+    assert result.out.count("BLOCKED") == blocked and result.out.count("WORKS") == works, text
+
+
+# -- the creation guard -----------------------------------------------------------------------------
+
+
+def test_the_guard_never_reopens_a_file_with_wider_rights(sandbox: Sandbox) -> None:
+    """An O_PATH descriptor needs no rights; asking the guard to reopen it through /proc/self/fd/N
+    (O_CREAT sends the call to the guard) must grant only what the agent could open itself."""
+    ws = str(sandbox.ws)
+    result = run(
+        sandbox,
+        f"""
+def via_guard(path):
+    fd = os.open(path, os.O_PATH)
+    data = os.read(os.open(f"/proc/self/fd/{{fd}}", os.O_RDONLY | os.O_CREAT, 0o600), 4096)
+    if not data: raise OSError(errno.ENODATA, "empty")
+check("direct /proc/version", lambda: open("/proc/version").read())
+check("/proc/version via the guard", lambda: via_guard("/proc/version"))
+check("/proc/cpuinfo via the guard", lambda: via_guard("/proc/cpuinfo"))
+check("outside file via the guard", lambda: via_guard({str(sandbox.outside / "private.txt")!r}))
+def parent_environ():
+    for pid in range(max(2, os.getpid() - 30), os.getpid() + 30):
+        try:
+            fd = os.open(f"/proc/{{pid}}/environ", os.O_PATH)
+            data = os.read(os.open(f"/proc/self/fd/{{fd}}", os.O_RDONLY | os.O_CREAT), 65536)
+        except OSError:
+            continue
+        if b"DROPPED_SECRET" in data: return
+    raise OSError(errno.EACCES, "no environment readable")
+check("another process's environ via the guard", parent_environ)
+works("workspace file via the guard", lambda: via_guard({ws + "/notes.txt"!r}))
+works("/dev/stdout through the guard", lambda: open("/dev/stdout", "w").write("to-stdout\\n"))
+""",
+        env={"DROPPED_SECRET": "leak"},
+    )
+    outcome(result, blocked=5, works=2)
+    assert "to-stdout" in result.out
+
+
+def test_the_guard_holds_no_environment(sandbox: Sandbox) -> None:
+    """Seen from the host: the guard process's /proc environ holds nothing of adl-exec's."""
+    policy = sandbox.policy()
+    ready = sandbox.ws / "ready"
+    import subprocess
+    import sys
+
+    environ = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
+        "GUARD_ENV_MARKER": "marker-value",
+    }
+    code = f"import time; open({str(ready)!r}, 'w').close(); time.sleep(3)"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "python3", "-c", code],
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        guards = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                status = Path(f"/proc/{pid}/status").read_text()
+                env = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            # The guard: adl-exec's image, under Landlock (no_new_privs) but without a seccomp filter.
+            if str(policy).encode() in cmdline and "NoNewPrivs:\t1" in status and "Seccomp:\t0" in status:
+                guards.append(env)
+        assert len(guards) == 1, guards
+        assert b"GUARD_ENV_MARKER" not in guards[0] and b"marker-value" not in guards[0]
+    finally:
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def dotdirs(sandbox: Sandbox) -> Sandbox:
+    ssh = sandbox.ws / ".ssh"
+    ssh.mkdir()
+    (ssh / "authorized_keys").write_text("HOST-KEY\n")
+    fs = sandbox.permissions["filesystem"]
+    fs["denied_paths"] = [
+        *fs["denied_paths"],
+        f"{sandbox.root}/**/.aws/credentials",
+        f"{sandbox.root}/**/.ssh/authorized_keys",
+    ]
+    return sandbox
+
+
+RENAMEAT2 = """
+def renameat2(old, new, flags):
+    if libc.renameat2(-100, old.encode(), -100, new.encode(), flags) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+"""
+
+
+def test_moving_a_directory_cannot_assemble_a_denied_name(dotdirs: Sandbox) -> None:
+    ws = str(dotdirs.ws)
+    result = run(
+        dotdirs,
+        RENAMEAT2
+        + f"""
+ws = {ws!r}
+os.makedirs(ws + "/aws-tmp/deeper")
+open(ws + "/aws-tmp/credentials", "w").write("agent")
+check("rename aws-tmp to .aws", lambda: os.rename(ws + "/aws-tmp", ws + "/.aws"))
+os.makedirs(ws + "/outer/aws-tmp")
+open(ws + "/outer/aws-tmp/credentials", "w").write("agent")
+os.rename(ws + "/outer/aws-tmp", ws + "/outer/.awsx")
+check("rename a parent so a nested name matches", lambda: renameat2(ws + "/outer/.awsx", ws + "/outer/.aws", 0))
+os.makedirs(ws + "/build-tmp/sub")
+open(ws + "/build-tmp/sub/out.txt", "w").write("ok")
+works("rename a harmless tree", lambda: os.rename(ws + "/build-tmp", ws + "/build"))
+""",
+    )
+    outcome(result, blocked=2, works=1)
+    assert not (dotdirs.ws / ".aws").exists() and not (dotdirs.ws / "outer/.aws").exists()
+    assert (dotdirs.ws / "build/sub/out.txt").read_text() == "ok"
+    denials = [r["payload"]["path"] for r in result.records if r["intent"] == "adl.enforcer.decision"]
+    assert f"{ws}/.aws/credentials" in denials, denials
+
+
+def test_exchange_cannot_swap_a_masked_file(dotdirs: Sandbox) -> None:
+    ws = str(dotdirs.ws)
+    result = run(
+        dotdirs,
+        RENAMEAT2
+        + f"""
+ws = {ws!r}
+os.mkdir(ws + "/mine")
+open(ws + "/mine/authorized_keys", "w").write("AGENT-KEY")
+check("exchange .ssh with the agent's directory", lambda: renameat2(ws + "/mine", ws + "/.ssh", 2))
+check("exchange the other way round", lambda: renameat2(ws + "/.ssh", ws + "/mine", 2))
+os.mkdir(ws + "/left"); os.mkdir(ws + "/right")
+open(ws + "/left/a.txt", "w").write("a")
+works("exchange two harmless directories", lambda: renameat2(ws + "/left", ws + "/right", 2))
+""",
+    )
+    outcome(result, blocked=2, works=1)
+    assert (dotdirs.ws / ".ssh/authorized_keys").read_text() == "HOST-KEY\n"
+    assert (dotdirs.ws / "right/a.txt").exists()
