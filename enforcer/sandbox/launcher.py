@@ -93,6 +93,7 @@ def run(
             gid=gid,
             join_netns=netns_fd is not None,
             guard=GuardOrder(seccomp.guarded_syscall_numbers(), plan.creation_denied) if guarded else None,  # type: ignore[arg-type]
+            exec_mounts=plan.exec_mounts,
         )
         started = time.monotonic()
         try:
