@@ -20,6 +20,7 @@ from ruamel.yaml import YAML
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
+from ..policy.patterns import PatternList
 from . import DOMAINS, creation_guard, landlock, seccomp
 from .cgroups import Limits
 from .execmounts import ExecMounts
@@ -399,12 +400,13 @@ def _baseline_masks(
     more than MAX_MASK_WALK entries checked refuses the launch rather than leave matches readable."""
     details: list[str] = []
     masked = set(file_masks) | set(dir_masks)
-    for index, pattern in enumerate(denied.patterns):
+    for pattern in denied.patterns:
+        single = creation_guard.DeniedNames(PatternList.compile([pattern], "path"))
         prefix = literal_prefix(pattern, cwd, home)
         for root in roots:
             if _beneath(prefix, root):
                 start = prefix
-            elif _beneath(root, prefix) and creation_guard.DeniedNames(denied).may_match_beneath(root):
+            elif _beneath(root, prefix) and single.may_match_beneath(root):
                 start = root
             else:
                 continue
@@ -415,7 +417,11 @@ def _baseline_masks(
                 for name in list(subdirs) + files:
                     visited += 1
                     full = os.path.join(directory, name)
-                    if index not in denied.match(full) or full in masked:
+                    if single(full) is None:
+                        if name in subdirs and not single.may_match_beneath(full):
+                            subdirs.remove(name)  # nothing below can match: not walked
+                        continue
+                    if full in masked:
                         continue
                     masked.add(full)
                     if name in subdirs:

@@ -191,3 +191,115 @@ works("exchange two harmless directories", lambda: renameat2(ws + "/left", ws + 
     outcome(result, blocked=2, works=1)
     assert (dotdirs.ws / ".ssh/authorized_keys").read_text() == "HOST-KEY\n"
     assert (dotdirs.ws / "right/a.txt").exists()
+
+
+# -- execution: only allowed programs and their libraries are mapped as code -------------------------
+
+LOADER = "/lib64/ld-linux-x86-64.so.2" if os.uname().machine == "x86_64" else "/lib/ld-linux-aarch64.so.1"
+LOADED = """
+import subprocess
+def loader(*argv):
+    done = subprocess.run([{loader!r}, *argv], capture_output=True, timeout=20)
+    if done.returncode != 0:
+        raise OSError(errno.EACCES, done.stderr.decode()[-200:])
+"""
+
+
+def test_the_loader_cannot_run_programs_outside_allowed_commands(sandbox: Sandbox) -> None:
+    ws = str(sandbox.ws)
+    policy = sandbox.policy(
+        permissions={
+            "filesystem": {
+                **sandbox.permissions["filesystem"],
+                "allowed_paths": [
+                    *sandbox.permissions["filesystem"]["allowed_paths"],
+                    {"path": "/usr/bin/**", "access": "read"},
+                ],
+            }
+        }
+    )
+    result = run(
+        sandbox,
+        LOADED.format(loader=LOADER)
+        + f"""
+ws = {ws!r}
+check("ld.so git (not an allowed command)", lambda: loader("/usr/lib/git-core/git", "--version"))
+check("ld.so bash -c (allow_shell false)", lambda: loader("/usr/bin/bash", "-c", "echo hi"))
+open(ws + "/agent-elf", "wb").write(open("/usr/lib/git-core/git", "rb").read())
+check("ld.so an ELF the agent wrote", lambda: loader(ws + "/agent-elf", "--version"))
+import ctypes.util
+open(ws + "/agent.so", "wb").write(open("/usr/lib/" + os.uname().machine + "-linux-gnu/libz.so.1", "rb").read())
+check("dlopen of a library the agent wrote", lambda: ctypes.CDLL(ws + "/agent.so"))
+works("an allowed command", lambda: subprocess.run(["ls", ws], check=True, capture_output=True))
+works("the loader running an allowed command", lambda: loader("/usr/bin/cat", ws + "/notes.txt"))
+def extensions():
+    import _ctypes, _decimal, _json, _ssl, select, zlib, _sqlite3  # C extensions from lib-dynload
+works("python imports C extensions", extensions)
+""",
+        policy=policy,
+    )
+    outcome(result, blocked=4, works=3)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/git"), reason="git is not installed")
+def test_git_and_node_still_run_under_noexec_mounts(sandbox: Sandbox) -> None:
+    """Control: real programs with their own libraries (git, node where installed) keep working."""
+    ws = str(sandbox.ws)
+    commands = ["python3", "git", *(["node"] if os.path.exists("/usr/bin/node") else [])]
+    fs = sandbox.permissions["filesystem"]
+    policy = sandbox.policy(
+        permissions={
+            "execution": {"allowed_commands": commands, "allow_shell": False},
+            # node reads OpenSSL's configuration at start, which the runtime baseline does not grant
+            "filesystem": {**fs, "allowed_paths": [*fs["allowed_paths"], {"path": "/etc/ssl/**", "access": "read"}]},
+        }
+    )
+    result = run(
+        sandbox,
+        f"""
+import subprocess
+env = {{"GIT_CONFIG_NOSYSTEM": "1", "HOME": {ws!r}, "GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b",
+       "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}}
+def git(*args):
+    subprocess.run(["git", "-C", {ws!r} + "/repo", *args], check=True, capture_output=True, env=env)
+def repository():
+    subprocess.run(["git", "init", "-q", {ws!r} + "/repo"], check=True, capture_output=True, env=env)
+    open({ws!r} + "/repo/a.txt", "w").write("a")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "first")
+    git("log", "--oneline")
+works("git init, add, commit, log", repository)
+if {"node" in commands!r}:
+    def node():
+        out = subprocess.run(["node", "-e", "console.log(6 * 7)"], check=True, capture_output=True).stdout
+        if out.strip() != b"42": raise OSError(errno.EIO, out)
+    works("node", node)
+""",
+        policy=policy,
+    )
+    outcome(result, blocked=0, works=len(commands) - 1)
+
+
+# -- deny wins over the runtime baseline -------------------------------------------------------------
+
+
+def test_a_denied_path_inside_the_runtime_baseline_is_masked(sandbox: Sandbox) -> None:
+    fs = sandbox.permissions["filesystem"]
+    policy = sandbox.policy(
+        permissions={"filesystem": {**fs, "denied_paths": [*fs["denied_paths"], "/etc/passwd", "/usr/lib/os-rel*"]}}
+    )
+    result = run(
+        sandbox,
+        """
+def read(path):
+    data = open(path).read()
+    if not data: raise OSError(errno.EACCES, "masked (empty)")
+check("/etc/passwd (baseline, denied)", lambda: read("/etc/passwd"))
+check("/usr/lib/os-release (beneath a baseline directory, denied)", lambda: read("/usr/lib/os-release"))
+works("/etc/group (baseline, not denied)", lambda: read("/etc/group"))
+""",
+        policy=policy,
+    )
+    outcome(result, blocked=2, works=1)
+    layers = {layer["name"]: layer for layer in result.record("launch")["payload"]["layers"]}
+    assert any("/etc/passwd DENIED" in d for d in layers["filesystem"]["details"])
