@@ -73,6 +73,29 @@ GUARDED: dict[str, tuple[tuple[int | None, int], ...]] = {
     "renameat2": ((0, 1), (2, 3)),
 }
 
+# Metadata calls Landlock has no right for (mode, owner, times): answered only for files beneath a
+# writable grant. name -> (dirfd argument, path argument, flags argument); no path argument: the call
+# names the descriptor in the dirfd position.
+METADATA: dict[str, tuple[int | None, int | None, int | None]] = {
+    "chmod": (None, 0, None),
+    "fchmod": (0, None, None),
+    "fchmodat": (0, 1, None),
+    "fchmodat2": (0, 1, 3),
+    "chown": (None, 0, None),
+    "lchown": (None, 0, None),
+    "fchown": (0, None, None),
+    "fchownat": (0, 1, 4),
+    "utime": (None, 0, None),
+    "utimes": (None, 0, None),
+    "futimesat": (0, 1, None),
+    "utimensat": (0, 1, 3),
+}
+# Argument positions of what each metadata call sets.
+_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+_OWNER_ARGS = {"chown": 1, "lchown": 1, "fchown": 1, "fchownat": 2}
+_TIMES = {"utime": (1, 16), "utimes": (1, 32), "futimesat": (2, 32), "utimensat": (2, 32)}  # (argument, bytes)
+AT_SYMLINK_NOFOLLOW = 0x100
+
 # <linux/seccomp.h>
 NOTIF_RECV = 0xC0502100
 NOTIF_SEND = 0xC0182101
@@ -95,6 +118,7 @@ MAX_MOVED_TREE = 10_000  # names checked in a moved directory; beyond, EXDEV (mv
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+_libc.utimensat.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int)
 
 
 class Refused(Exception):
@@ -122,10 +146,14 @@ class DeniedNames:
     closure so the launch stage can receive it pickled."""
 
     patterns: PatternList
+    write_roots: tuple[str, ...] = ()  # real paths of the writable grants: metadata changes stay inside
 
     def __call__(self, path: str) -> str | None:
         hit = self.patterns.first(path)
         return None if hit is None else self.patterns.patterns[hit]
+
+    def writable(self, path: str) -> bool:
+        return any(path == root or path.startswith(root.rstrip("/") + "/") for root in self.write_roots)
 
     def may_match_beneath(self, path: str) -> bool:
         """Whether some denied pattern could match a name strictly beneath `path`: only then does a
@@ -291,6 +319,8 @@ class Supervisor:
     # -- one call: gathered with the supervisor's rights, performed with the agent's --------------
 
     def _dispatch(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
+        if name in METADATA:
+            return self._dispatch_metadata(notif_id, name, caller, args, opened)
         pairs = GUARDED.get(name)
         if pairs is None:
             raise Refused(errno.ENOSYS)
@@ -313,6 +343,67 @@ class Supervisor:
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
         os.umask(caller.umask)
         return self.agent.call(self._perform, name, caller, args, pairs, paths, bases, link_source, symlink_target)
+
+    def _dispatch_metadata(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
+        dirfd_arg, path_arg, flags_arg = METADATA[name]
+        flags = _int32(args[flags_arg]) if flags_arg is not None else 0
+        path = self._read_string(caller.tid, args[path_arg]) if path_arg is not None and args[path_arg] else ""
+        if path_arg is not None and not path and not (flags & AT_EMPTY_PATH or name == "utimensat"):
+            raise Refused(errno.ENOENT)
+        base, rest = self._own_descriptor(caller, path, opened) if path else (None, path)
+        if base is None:
+            if path.startswith("/"):
+                base = AT_FDCWD
+            elif not path:  # the descriptor itself
+                base = self._base(caller, _int32(args[dirfd_arg if dirfd_arg is not None else 0]), opened)
+            else:
+                base = self._base(caller, None if dirfd_arg is None else _int32(args[dirfd_arg]), opened)
+        else:
+            path = rest
+        times = None
+        if name in _TIMES and args[_TIMES[name][0]]:
+            times = self._read_bytes(caller.tid, args[_TIMES[name][0]], _TIMES[name][1])
+        nofollow = name == "lchown" or bool(flags & AT_SYMLINK_NOFOLLOW)
+        fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
+        return self.agent.call(self._set_metadata, name, base, path, nofollow, args, times)
+
+    def _set_metadata(
+        self, name: str, base: int, path: str, nofollow: bool, args: list[int], times: bytes | None
+    ) -> int:
+        """Runs in the agent-rights thread: resolve the file as the agent would, then change it only
+        when it lies beneath a writable grant."""
+        target = base
+        if path:
+            target = os.open(path, os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow else 0), dir_fd=base)
+        try:
+            where = _real(target)
+            writable = getattr(self.denied, "writable", None)
+            if _on_procfs(target) or writable is None or not writable(where):
+                raise Refused(errno.EPERM)
+            magic = f"/proc/thread-self/fd/{target}"  # the checked file itself, whatever its name is now
+            if name in _MODE_ARG:
+                os.chmod(magic, _safe_mode(args[_MODE_ARG[name]]))
+            elif name in _OWNER_ARGS:
+                uid, gid = (_int32(args[_OWNER_ARGS[name] + i]) for i in (0, 1))
+                os.chown(magic, uid, gid)
+            else:
+                _set_times(magic, name, times)
+            return 0
+        finally:
+            if target != base:
+                os.close(target)
+
+    def _read_bytes(self, tid: int, address: int, size: int) -> bytes:
+        fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, size, address)
+        except OSError:
+            raise Refused(errno.EFAULT) from None
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            raise Refused(errno.EFAULT)
+        return data
 
     def _own_descriptor(self, caller: Caller, path: str, opened: list[int]) -> tuple[int | None, str]:
         """/proc/self/fd/N[/rest] (and /dev/stdout and friends) name one of the caller's descriptors:
@@ -528,6 +619,24 @@ def forget_environment() -> None:
     start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
     if 0 < start < end:
         ctypes.memset(start, 0, end - start)
+
+
+def _set_times(path: str, name: str, times: bytes | None) -> None:
+    """utime/utimes/futimesat/utimensat with the caller's times, as one utimensat on `path`."""
+    spec = None
+    if times is not None:
+        if name == "utimensat":
+            spec = times
+        elif name == "utime":  # struct utimbuf: seconds
+            atime, mtime = struct.unpack("=qq", times)
+            spec = struct.pack("=qqqq", atime, 0, mtime, 0)
+        else:  # struct timeval[2]
+            a_s, a_us, m_s, m_us = struct.unpack("=qqqq", times)
+            spec = struct.pack("=qqqq", a_s, a_us * 1000, m_s, m_us * 1000)
+    buf = None if spec is None else ctypes.create_string_buffer(spec, len(spec))
+    if _libc.utimensat(AT_FDCWD, os.fsencode(path), buf, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _real(fd: int) -> str:

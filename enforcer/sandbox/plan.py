@@ -222,8 +222,8 @@ def build_plan(
         base_details.extend(_baseline_masks(denied, baseline_dirs, cwd, home, file_masks, dir_masks))
 
     # -- filesystem
-    creation_denied = _creation_matcher(fs)
     writable: list[str] = []
+    creation_denied = None
     if fs is None:
         fs_layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
     else:
@@ -240,7 +240,10 @@ def build_plan(
                 writable.append(os.path.realpath(prefix))
             narrower = "" if pattern.rstrip("/") in (prefix, prefix + "/**") else f" (Landlock grants all of {prefix})"
             fs_layer.details.append(f"{access:<10} {pattern}{narrower}")
-        masks_layer = _denied_masks(fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None)
+        creation_denied = _creation_matcher(fs, writable)
+        masks_layer = _denied_masks(
+            fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None and bool(fs.denied.patterns)
+        )
         layers.append(masks_layer)
     fs_layer.details.extend(base_details)
     layers.insert(0, fs_layer)
@@ -381,11 +384,12 @@ def _network_details(policy: Policy) -> list[str]:
     return details
 
 
-def _creation_matcher(fs: Any) -> creation_guard.DeniedNames | None:
-    """Denied patterns the creation guard applies to new names (None: nothing to guard)."""
-    if fs is None or not fs.denied.patterns or not any(a != "read" for a in fs.access):
-        return None  # without a writable grant, Landlock already forbids creating files
-    return creation_guard.DeniedNames(fs.denied)
+def _creation_matcher(fs: Any, writable: list[str]) -> creation_guard.DeniedNames | None:
+    """What the guard applies: denied patterns to new names, writable grants to metadata changes.
+    None without a writable grant: Landlock forbids creating files and seccomp every metadata change."""
+    if fs is None or not writable:
+        return None
+    return creation_guard.DeniedNames(fs.denied, tuple(writable))
 
 
 def _beneath(path: str, root: str) -> bool:
