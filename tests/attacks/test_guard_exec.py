@@ -303,3 +303,64 @@ works("/etc/group (baseline, not denied)", lambda: read("/etc/group"))
     outcome(result, blocked=2, works=1)
     layers = {layer["name"]: layer for layer in result.record("launch")["payload"]["layers"]}
     assert any("/etc/passwd DENIED" in d for d in layers["filesystem"]["details"])
+
+
+# -- metadata calls Landlock cannot see, and MPTCP ----------------------------------------------------
+
+
+def test_metadata_changes_stay_inside_writable_grants(sandbox: Sandbox) -> None:
+    """Landlock has no right for chmod, chown, utimes or xattrs: seccomp and the guard keep them to
+    files beneath a writable grant, and refuse setuid/setgid bits and ACLs everywhere."""
+    ws, ref, outside = str(sandbox.ws), str(sandbox.ref / "doc.txt"), str(sandbox.outside / "private.txt")
+    before = {p: os.stat(p) for p in (ref, outside)}
+    result = run(
+        sandbox,
+        f"""
+ws, ref, outside = {ws!r}, {ref!r}, {outside!r}
+check("chmod a read-only grant's file", lambda: os.chmod(ref, 0o666))
+check("chmod a file outside every grant", lambda: os.chmod(outside, 0o644))
+check("fchmodat through a directory descriptor", lambda: os.chmod("doc.txt", 0o600,
+      dir_fd=os.open(os.path.dirname(ref), os.O_PATH)))
+check("fchmod of an O_PATH-reopened descriptor", lambda: os.chmod(f"/proc/self/fd/{{os.open(ref, os.O_PATH)}}", 0o666))
+check("utime a read-only grant's file", lambda: os.utime(ref, (0, 0)))
+check("chown a file outside every grant (owner kept)", lambda: os.chown(outside, -1, os.getgid()))
+open(ws + "/tool", "w").write("x")
+check("setuid bit in the workspace", lambda: os.chmod(ws + "/tool", 0o4755))
+check("setgid bit in the workspace", lambda: os.chmod(ws + "/tool", 0o2755))
+check("user xattr in the workspace", lambda: os.setxattr(ws + "/tool", "user.mark", b"1"))
+check("POSIX ACL on a read-only grant's file", lambda: os.setxattr(ref, "system.posix_acl_access",
+      bytes.fromhex("02000000" "0100060000000000" "0400040000000000" "1000060000000000" "2000040000000000")))
+works("chmod in the workspace", lambda: os.chmod(ws + "/tool", 0o750))
+works("utime now through a descriptor", lambda: os.utime(os.open(ws + "/tool", os.O_RDONLY)))
+works("utime in the workspace", lambda: os.utime(ws + "/tool", (1, 2)))
+works("chown in the workspace (owner kept)", lambda: os.chown(ws + "/tool", -1, os.getgid()))
+""",
+    )
+    outcome(result, blocked=10, works=4)
+    for path, info in before.items():
+        now = os.stat(path)
+        assert (now.st_mode, now.st_mtime_ns, now.st_uid, now.st_gid) == (
+            info.st_mode,
+            info.st_mtime_ns,
+            info.st_uid,
+            info.st_gid,
+        ), path
+    tool = os.stat(sandbox.ws / "tool")
+    assert tool.st_mode & 0o7777 == 0o750 and tool.st_mtime == 2
+
+
+def test_mptcp_sockets_cannot_listen(sandbox: Sandbox) -> None:
+    result = run(
+        sandbox,
+        """
+def listen(protocol):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, protocol)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+check("MPTCP listen", lambda: listen(262))
+check("MPTCP over IPv6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM, 262))
+check("TCP listen (Landlock: no TCP bind)", lambda: listen(0))
+works("a UDP socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind(("127.0.0.1", 0)))
+""",
+    )
+    outcome(result, blocked=3, works=1)
