@@ -90,6 +90,11 @@ METADATA: dict[str, tuple[int | None, int | None, int | None]] = {
     "futimesat": (0, 1, None),
     "utimensat": (0, 1, 3),
 }
+# inotify reports the names of entries in a watched directory, and no Landlock right covers watching:
+# a watch is added only on what the agent could open for reading.
+WATCH = "inotify_add_watch"
+IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
+_SYS_PIDFD_OPEN, _SYS_PIDFD_GETFD = 434, 438
 # Argument positions of what each metadata call sets.
 _MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 _OWNER_ARGS = {"chown": 1, "lchown": 1, "fchown": 1, "fchownat": 2}
@@ -119,6 +124,7 @@ MAX_MOVED_TREE = 10_000  # names checked in a moved directory; beyond, EXDEV (mv
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
 _libc.utimensat.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int)
+_libc.inotify_add_watch.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
 
 
 class Refused(Exception):
@@ -321,6 +327,8 @@ class Supervisor:
     def _dispatch(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
         if name in METADATA:
             return self._dispatch_metadata(notif_id, name, caller, args, opened)
+        if name == WATCH:
+            return self._dispatch_watch(notif_id, caller, args, opened)
         pairs = GUARDED.get(name)
         if pairs is None:
             raise Refused(errno.ENOSYS)
@@ -389,6 +397,40 @@ class Supervisor:
             else:
                 _set_times(magic, name, times)
             return 0
+        finally:
+            if target != base:
+                os.close(target)
+
+    def _dispatch_watch(self, notif_id: int, caller: Caller, args: list[int], opened: list[int]) -> Any:
+        path = self._read_string(caller.tid, args[1])
+        base, rest = self._own_descriptor(caller, path, opened)
+        if base is None:
+            base = AT_FDCWD if path.startswith("/") else self._base(caller, None, opened)
+        else:
+            path = rest
+        # The caller's inotify instance itself (not a copy): the watch must land in it.
+        pidfd = _syscall_fd(_SYS_PIDFD_OPEN, caller.tgid, 0)
+        opened.append(pidfd)
+        instance = _syscall_fd(_SYS_PIDFD_GETFD, pidfd, _int32(args[0]), 0)
+        opened.append(instance)
+        fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
+        return self.agent.call(self._watch, instance, base, path, args[2] & 0xFFFFFFFF)
+
+    def _watch(self, instance: int, base: int, path: str, mask: int) -> int:
+        """Runs in the agent-rights thread: watch only what the agent could open for reading."""
+        flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if mask & IN_DONT_FOLLOW else 0)
+        target = os.open(path, flags | (os.O_DIRECTORY if mask & IN_ONLYDIR else 0), dir_fd=base) if path else base
+        try:
+            magic = f"/proc/thread-self/fd/{target}"
+            kind = os.fstat(target).st_mode
+            if _on_procfs(target) or not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
+                raise Refused(errno.EACCES)
+            probe = os.open(magic, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # Landlock's read check
+            os.close(probe)
+            wd = _libc.inotify_add_watch(instance, os.fsencode(magic), mask & ~IN_DONT_FOLLOW)
+            if wd < 0:
+                return -ctypes.get_errno()
+            return int(wd)
         finally:
             if target != base:
                 os.close(target)
@@ -619,6 +661,14 @@ def forget_environment() -> None:
     start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51)
     if 0 < start < end:
         ctypes.memset(start, 0, end - start)
+
+
+def _syscall_fd(number: int, *args: int) -> int:
+    fd = _libc.syscall(number, *(ctypes.c_long(a) for a in args))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(fd)
 
 
 def _set_times(path: str, name: str, times: bytes | None) -> None:

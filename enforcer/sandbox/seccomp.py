@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pyseccomp as sc
 
-from .creation_guard import GUARDED, METADATA
+from .creation_guard import GUARDED, METADATA, WATCH
 
 # Syscalls denied outright, grouped by why.
 DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
@@ -31,6 +31,7 @@ DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
     "tracing and cross-process memory": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
     "kernel extension and introspection": ("bpf", "perf_event_open", "init_module", "finit_module", "delete_module"),
     "keyrings": ("keyctl", "add_key", "request_key"),
+    "filesystem-wide watches (report names Landlock would hide)": ("fanotify_init", "fanotify_mark"),
     "mounts": (
         "mount",
         "umount2",
@@ -109,8 +110,10 @@ def describe(plan: SeccompPlan) -> list[str]:
             f"mode, owner and time changes ({metadata}) are performed by the guard only for files beneath a "
             "writable grant (EPERM elsewhere)"
         )
+        lines.append("inotify_add_watch: added by the guard only on what the agent could open for reading")
     else:
         lines.append(f"mode, owner and time changes ({metadata}): EPERM (no writable grant)")
+        lines.append("inotify_add_watch: EACCES (no writable grant, so no guard to check it)")
     lines.append("foreign architecture (32-bit syscall ABI): process killed")
     if plan.guard_creation:
         lines.append(
@@ -168,7 +171,7 @@ def load(bpf: bytes, *, listener: bool) -> int:
 @functools.cache
 def guarded_syscall_numbers() -> dict[int, str]:
     """Syscall number -> name for the calls the creation guard answers (names and metadata)."""
-    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in (*GUARDED, *METADATA)}
+    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in (*GUARDED, *METADATA, WATCH)}
 
 
 def _build(plan: SeccompPlan) -> sc.SyscallFilter:
@@ -194,6 +197,7 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), name)
     for number in XATTR_WRITES_AT.values():
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), number)
+    f.add_rule(sc.NOTIFY if plan.guard_creation else sc.ERRNO(errno.EACCES), WATCH)
     for name in METADATA:
         if not plan.guard_creation:
             f.add_rule(eperm, name)

@@ -364,3 +364,31 @@ works("a UDP socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).b
 """,
     )
     outcome(result, blocked=3, works=1)
+
+
+def test_inotify_watches_only_what_the_agent_can_read(sandbox: Sandbox) -> None:
+    """inotify events carry the names created in a watched directory; Landlock does not check watches."""
+    ws, outside = str(sandbox.ws), str(sandbox.outside)
+    result = run(
+        sandbox,
+        f"""
+import struct
+instance = libc.inotify_init1(0)
+def watch(path, mask=0x100):  # IN_CREATE
+    wd = libc.inotify_add_watch(instance, path.encode(), mask)
+    if wd < 0: raise OSError(ctypes.get_errno(), "inotify_add_watch")
+    return wd
+check("watch a directory outside every grant", lambda: watch({outside!r}))
+check("watch /etc (only some files granted)", lambda: watch("/etc"))
+check("watch through /proc/self/root", lambda: watch("/proc/self/root" + {outside!r}))
+check("fanotify", lambda: (_ for _ in ()).throw(OSError(ctypes.get_errno(), "fanotify"))
+      if libc.syscall(300, 0xC00, 0) < 0 else None)  # FAN_REPORT_DFID_NAME (unprivileged)
+def watch_workspace():
+    watch({ws!r})
+    open({ws!r} + "/seen.txt", "w").close()
+    data = os.read(instance, 4096)
+    if b"seen.txt" not in data: raise OSError(errno.EIO, "no event")
+works("watch the workspace and see a new name", watch_workspace)
+""",
+    )
+    outcome(result, blocked=4, works=1)
