@@ -52,10 +52,6 @@ class ExecMounts:
         if self.noexec:
             shown = ", ".join(self.noexec[:3]) + (", ..." if len(self.noexec) > 3 else "")
             lines.append(f"  (noexec again beneath them: {len(self.noexec)} subdirectories or grants: {shown})")
-        lines.append(
-            "  an allowed interpreter still runs whatever code it is given (python -c, ctypes); anonymous "
-            "executable memory is not a mount and stays possible (JITs need it)"
-        )
         return lines
 
 

@@ -116,6 +116,7 @@ class LaunchPlan:
     creation_denied: creation_guard.DeniedNames | None = None  # path -> denied pattern it matches
     egress: EgressSettings | None = None  # None: an empty network namespace, nothing leaves
     exec_mounts: ExecMounts | None = None  # what stays executable; every other mount is noexec
+    residual: list[str] = field(default_factory=list)  # what this kernel cannot close: explained and in the evidence
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,9 @@ def build_plan(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
     )
     layers.append(Layer("privileges", "no capabilities, no_new_privs, new session, private mounts", "active"))
+    residual = _residual(policy, baseline)
+    layers.append(Layer("not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable"))
+    layers[-1].details.extend(residual)
 
     # -- resources
     lim = policy.limits
@@ -346,7 +350,33 @@ def build_plan(
         creation_denied=creation_denied,
         egress=egress_settings,
         exec_mounts=exec_mounts,
+        residual=residual,
     )
+
+
+def _residual(policy: Policy, baseline: Baseline) -> list[str]:
+    """Known gaps, stated precisely rather than left implicit."""
+    gaps = [
+        "name probing: path lookup, stat, access and readlink are not Landlock rights; the agent can learn "
+        "whether a path outside its grants exists and read its metadata (never its content)",
+    ]
+    fs = policy.filesystem
+    if fs is not None and fs.denied.patterns:
+        gaps.append(
+            "late host files: a file matching denied_paths that another process creates inside a readable "
+            "grant after launch is readable (masks are made at launch, Landlock rules cannot match names; "
+            "the agent's own creations are refused by the creation guard)"
+        )
+    if baseline.proc_self:
+        gaps.append(
+            "/proc/self/mountinfo (and mounts) list the agent's mount points: masked denied paths, noexec "
+            "binds and the host's mount layout are visible by name"
+        )
+    gaps.append(
+        "an allowed interpreter runs any code it is given (python -c, ctypes); anonymous executable memory "
+        "(JIT compilers) is not a mount and stays possible"
+    )
+    return gaps
 
 
 def _egress_from_environment() -> EgressSettings:

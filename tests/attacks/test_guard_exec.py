@@ -303,6 +303,9 @@ works("/etc/group (baseline, not denied)", lambda: read("/etc/group"))
     outcome(result, blocked=2, works=1)
     layers = {layer["name"]: layer for layer in result.record("launch")["payload"]["layers"]}
     assert any("/etc/passwd DENIED" in d for d in layers["filesystem"]["details"])
+    # What stays open is stated, in --explain's layers and in the signed evidence.
+    gaps = result.record("session.evidence")["payload"]["evidence"]["limits"]["not_enforced"]
+    assert any(g.startswith("late host files") for g in gaps) and gaps == layers["not covered"]["details"]
 
 
 # -- metadata calls Landlock cannot see, and MPTCP ----------------------------------------------------
