@@ -75,7 +75,7 @@ def run(
         if group is not None:
             group.remove()
         raise LaunchError(f"cgroup setup failed: {exc}") from exc
-    guarded = plan.seccomp.guard_creation and plan.creation_denied is not None
+    guarded = plan.seccomp.guarded and plan.creation_denied is not None
     report_read, report_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) if guarded else (-1, -1)
     try:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

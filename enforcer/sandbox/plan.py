@@ -306,7 +306,10 @@ def build_plan(
         layers.append(net_layer)
 
     # -- syscalls and privileges
-    seccomp_plan = SeccompPlan(guard_creation=creation_denied is not None)
+    seccomp_plan = SeccompPlan(
+        guard_creation=creation_denied is not None and bool(creation_denied.patterns),
+        guard_metadata=creation_denied is not None,
+    )
     layers.append(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
     )

@@ -94,6 +94,11 @@ S_ISUID, S_ISGID = 0o4000, 0o2000
 class SeccompPlan:
     deny_unix_sockets: bool = True
     guard_creation: bool = False  # send name-creating calls to the creation guard (denied_paths)
+    guard_metadata: bool = False  # send mode/owner/time changes and inotify watches to it (writable grants)
+
+    @property
+    def guarded(self) -> bool:
+        return self.guard_creation or self.guard_metadata
 
 
 def describe(plan: SeccompPlan) -> list[str]:
@@ -105,7 +110,7 @@ def describe(plan: SeccompPlan) -> list[str]:
     lines.append(f"extended attributes and ACLs: {', '.join(XATTR_WRITES + tuple(XATTR_WRITES_AT))} (EOPNOTSUPP)")
     lines.append("chmod family with a setuid or setgid bit (EPERM)")
     metadata = ", ".join(METADATA)
-    if plan.guard_creation:
+    if plan.guard_metadata:
         lines.append(
             f"mode, owner and time changes ({metadata}) are performed by the guard only for files beneath a "
             "writable grant (EPERM elsewhere)"
@@ -127,7 +132,9 @@ def describe(plan: SeccompPlan) -> list[str]:
 def variants() -> list[SeccompPlan]:
     """Every plan a launch can ask for."""
     return [
-        SeccompPlan(deny_unix_sockets=unix, guard_creation=guard) for unix in (True, False) for guard in (False, True)
+        SeccompPlan(deny_unix_sockets=unix, guard_creation=names, guard_metadata=metadata)
+        for unix in (True, False)
+        for names, metadata in ((False, False), (False, True), (True, True))
     ]
 
 
@@ -197,9 +204,9 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), name)
     for number in XATTR_WRITES_AT.values():
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), number)
-    f.add_rule(sc.NOTIFY if plan.guard_creation else sc.ERRNO(errno.EACCES), WATCH)
+    f.add_rule(sc.NOTIFY if plan.guard_metadata else sc.ERRNO(errno.EACCES), WATCH)
     for name in METADATA:
-        if not plan.guard_creation:
+        if not plan.guard_metadata:
             f.add_rule(eperm, name)
         elif name in CHMOD_MODE_ARG:
             # Within one filter an unconditional rule would win over conditional ones: the three

@@ -311,9 +311,12 @@ works("/etc/group (baseline, not denied)", lambda: read("/etc/group"))
 # -- metadata calls Landlock cannot see, and MPTCP ----------------------------------------------------
 
 
-def test_metadata_changes_stay_inside_writable_grants(sandbox: Sandbox) -> None:
+@pytest.mark.parametrize("denied", [True, False], ids=["with-denied-patterns", "without"])
+def test_metadata_changes_stay_inside_writable_grants(sandbox: Sandbox, denied: bool) -> None:
     """Landlock has no right for chmod, chown, utimes or xattrs: seccomp and the guard keep them to
     files beneath a writable grant, and refuse setuid/setgid bits and ACLs everywhere."""
+    if not denied:
+        sandbox.permissions["filesystem"]["denied_paths"] = []
     ws, ref, outside = str(sandbox.ws), str(sandbox.ref / "doc.txt"), str(sandbox.outside / "private.txt")
     before = {p: os.stat(p) for p in (ref, outside)}
     result = run(
