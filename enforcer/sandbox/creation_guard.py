@@ -16,12 +16,13 @@ domain is nested inside it, so the agent can neither signal nor trace the superv
 supervisor can read the agent. It is not dumpable and its environment is emptied. If it dies, every
 guarded call fails (ENOSYS): creation stops, it is never let through unchecked.
 
-The supervisor never resolves a path the agent names with its own rights: its main thread only
-reads the caller's memory and takes the caller's own descriptors (cwd, dirfd, /proc/self/fd/N) as
-O_PATH handles, and every lookup, open, creation and rename runs in a second thread restricted to
-exactly the agent's Landlock rules. Reopening /proc/self/fd/N therefore grants what the agent could
-open itself, nothing more (a confused deputy would read host /proc files for it). Names created
-under /proc are refused outright.
+The supervisor never resolves a path the agent names with more rights than the agent: once started,
+its main thread restricts itself to exactly the agent's Landlock rules and performs every lookup,
+open, creation, rename and metadata change there. A helper thread keeps the wider domain and only
+opens fixed /proc entries of the calling thread (its memory and status, once per thread; its cwd and
+the descriptors it names as O_PATH handles). Reopening /proc/self/fd/N therefore grants what the
+agent could open itself, nothing more (a confused deputy would read host /proc files for it). Names
+created under /proc are refused outright.
 
 A rename or exchange creates every name inside a moved directory: each one is checked against the
 denied patterns (a tree too large or unreadable to check is refused with EXDEV, so `mv` falls back
@@ -194,30 +195,17 @@ def _trie_continues(index: object, path: str) -> bool:
     return False
 
 
-class AgentRights:
-    """A thread restricted to exactly the agent's Landlock rules: everything the supervisor does with
-    a path the agent named runs here, so it can never reach more than the agent could. Landlock
-    domains belong to threads, so the supervisor's main thread keeps its wider domain for reading
-    callers' memory."""
+class WideRights:
+    """A thread that keeps the supervisor's wider Landlock domain (read access to /proc) after the
+    main thread has restricted itself to the agent's rules: Landlock domains belong to threads. It
+    runs only the fixed /proc opens the main thread hands it."""
 
-    def __init__(self, rules: LandlockPlan | None) -> None:
+    def __init__(self) -> None:
         self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, args=(rules,), name="agent-rights", daemon=True).start()
-        ok, error = self._answers.get()
-        if not ok:
-            raise error
+        threading.Thread(target=self._serve, name="wide-rights", daemon=True).start()
 
-    def _serve(self, rules: LandlockPlan | None) -> None:
-        try:
-            if rules is not None and rules.abi:
-                from .landlock import restrict
-
-                restrict(rules)
-        except BaseException as exc:
-            self._answers.put((False, exc))
-            return
-        self._answers.put((True, None))
+    def _serve(self) -> None:
         while True:
             fn, args = self._requests.get()
             try:
@@ -231,6 +219,9 @@ class AgentRights:
         if not ok:
             raise value
         return value
+
+    def open(self, path: str, flags: int) -> int:
+        return int(self.call(os.open, path, flags | os.O_CLOEXEC))
 
 
 class Supervisor:
@@ -251,7 +242,12 @@ class Supervisor:
         self.refusals = 0
         self.handled = 0
         self._mem: dict[int, int] = {}  # tid -> its /proc/<tid>/mem
-        self.agent = AgentRights(agent_rules)
+        self._status: dict[int, int] = {}  # tid -> its /proc/<tid>/status
+        self.wide = WideRights()
+        if agent_rules is not None and agent_rules.abi:
+            from .landlock import restrict
+
+            restrict(agent_rules)  # this thread only: the helper keeps the wider domain
 
     # -- loop -------------------------------------------------------------------------------------
 
@@ -279,7 +275,7 @@ class Supervisor:
         self.handled += 1
         opened: list[int] = []
         try:
-            caller = _caller(tid)
+            caller = self._caller(tid)
             result = self._dispatch(notif_id, name, caller, args, opened)
         except Refused as refusal:
             if refusal.pattern:
@@ -350,7 +346,7 @@ class Supervisor:
         # The caller must still be waiting in this call: its pid (and so its /proc entries) are its own.
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
         os.umask(caller.umask)
-        return self.agent.call(self._perform, name, caller, args, pairs, paths, bases, link_source, symlink_target)
+        return self._perform(name, caller, args, pairs, paths, bases, link_source, symlink_target)
 
     def _dispatch_metadata(self, notif_id: int, name: str, caller: Caller, args: list[int], opened: list[int]) -> Any:
         dirfd_arg, path_arg, flags_arg = METADATA[name]
@@ -373,12 +369,12 @@ class Supervisor:
             times = self._read_bytes(caller.tid, args[_TIMES[name][0]], _TIMES[name][1])
         nofollow = name == "lchown" or bool(flags & AT_SYMLINK_NOFOLLOW)
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
-        return self.agent.call(self._set_metadata, name, base, path, nofollow, args, times)
+        return self._set_metadata(name, base, path, nofollow, args, times)
 
     def _set_metadata(
         self, name: str, base: int, path: str, nofollow: bool, args: list[int], times: bytes | None
     ) -> int:
-        """Runs in the agent-rights thread: resolve the file as the agent would, then change it only
+        """With the agent's rights: resolve the file as the agent would, then change it only
         when it lies beneath a writable grant."""
         target = base
         if path:
@@ -409,15 +405,15 @@ class Supervisor:
         else:
             path = rest
         # The caller's inotify instance itself (not a copy): the watch must land in it.
-        pidfd = _syscall_fd(_SYS_PIDFD_OPEN, caller.tgid, 0)
+        pidfd = self.wide.call(_syscall_fd, _SYS_PIDFD_OPEN, caller.tgid, 0)
         opened.append(pidfd)
-        instance = _syscall_fd(_SYS_PIDFD_GETFD, pidfd, _int32(args[0]), 0)
+        instance = self.wide.call(_syscall_fd, _SYS_PIDFD_GETFD, pidfd, _int32(args[0]), 0)
         opened.append(instance)
         fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
-        return self.agent.call(self._watch, instance, base, path, args[2] & 0xFFFFFFFF)
+        return self._watch(instance, base, path, args[2] & 0xFFFFFFFF)
 
     def _watch(self, instance: int, base: int, path: str, mask: int) -> int:
-        """Runs in the agent-rights thread: watch only what the agent could open for reading."""
+        """With the agent's rights: watch only what the agent could open for reading."""
         flags = os.O_PATH | os.O_CLOEXEC | (os.O_NOFOLLOW if mask & IN_DONT_FOLLOW else 0)
         target = os.open(path, flags | (os.O_DIRECTORY if mask & IN_ONLYDIR else 0), dir_fd=base) if path else base
         try:
@@ -436,16 +432,38 @@ class Supervisor:
                 os.close(target)
 
     def _read_bytes(self, tid: int, address: int, size: int) -> bytes:
-        fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        fd = self._mem.get(tid)
+        if fd is None:
+            self._read_string(tid, address)  # opens and keeps the thread's memory (or refuses)
+            fd = self._mem[tid]
         try:
             data = os.pread(fd, size, address)
         except OSError:
             raise Refused(errno.EFAULT) from None
-        finally:
-            os.close(fd)
         if len(data) != size:
             raise Refused(errno.EFAULT)
         return data
+
+    def _caller(self, tid: int) -> Caller:
+        """The calling thread's status, read through a descriptor kept per thread (a kept
+        descriptor of a thread that is gone reads nothing and is opened afresh)."""
+        for _ in range(2):
+            fd = self._status.pop(tid, None)
+            if fd is None:
+                if len(self._status) >= MAX_KEPT_MEM:
+                    for kept in self._status.values():
+                        os.close(kept)
+                    self._status.clear()
+                fd = self.wide.open(f"/proc/{tid}/status", os.O_RDONLY)
+            try:
+                status = os.pread(fd, 8192, 0)
+            except OSError:
+                status = b""
+            if status:
+                self._status[tid] = fd
+                return _parse_status(tid, status)
+            os.close(fd)
+        raise Refused(errno.ESRCH)
 
     def _own_descriptor(self, caller: Caller, path: str, opened: list[int]) -> tuple[int | None, str]:
         """/proc/self/fd/N[/rest] (and /dev/stdout and friends) name one of the caller's descriptors:
@@ -453,7 +471,7 @@ class Supervisor:
         match = re.fullmatch(rf"/proc/{caller.tgid}(?:/task/{caller.tid})?/fd/(\d+)(/.*)?", _proc_view(path, caller))
         if not match:
             return None, path
-        fd = os.open(f"/proc/{caller.tid}/fd/{match.group(1)}", os.O_PATH | os.O_CLOEXEC)
+        fd = self.wide.open(f"/proc/{caller.tid}/fd/{match.group(1)}", os.O_PATH)
         opened.append(fd)
         return fd, (match.group(2) or "").lstrip("/")
 
@@ -468,7 +486,7 @@ class Supervisor:
         link_source: int | None,
         symlink_target: str,
     ) -> Any:
-        """Runs in the agent-rights thread."""
+        """With the agent's rights (the main thread is restricted to them)."""
         opened: list[int] = []
         try:
             return self._perform_call(name, caller, args, pairs, paths, bases, link_source, symlink_target, opened)
@@ -586,7 +604,7 @@ class Supervisor:
         if len(self._mem) >= MAX_KEPT_MEM:
             self._drop_mem()
         try:
-            fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            fd = self.wide.open(f"/proc/{tid}/mem", os.O_RDONLY)
         except OSError:
             raise Refused(errno.EFAULT) from None
         try:
@@ -605,7 +623,7 @@ class Supervisor:
     def _base(self, caller: Caller, dirfd: int | None, opened: list[int]) -> int:
         """A descriptor for the directory a relative path starts from, as the caller sees it."""
         where = f"/proc/{caller.tid}/cwd" if dirfd is None or dirfd == AT_FDCWD else f"/proc/{caller.tid}/fd/{dirfd}"
-        fd = os.open(where, os.O_PATH | os.O_CLOEXEC)
+        fd = self.wide.open(where, os.O_PATH)
         opened.append(fd)
         return fd
 
@@ -709,9 +727,7 @@ def _safe_mode(mode: int) -> int:
     return mode & 0o1777
 
 
-def _caller(tid: int) -> Caller:
-    with open(f"/proc/{tid}/status", "rb") as f:
-        status = f.read()
+def _parse_status(tid: int, status: bytes) -> Caller:
     tgid = int(re.search(rb"^Tgid:\s*(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
     umask = re.search(rb"^Umask:\s*([0-7]+)", status, re.M)
     return Caller(tid, tgid, int(umask.group(1), 8) if umask else 0o022)
