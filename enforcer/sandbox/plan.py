@@ -501,9 +501,9 @@ def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], lay
         except where a listed path lies beneath (then one level further down)."""
         with os.scandir(directory) as entries:
             for entry in entries:
-                path = os.path.join(directory, entry.name)
-                if not entry.is_dir(follow_symlinks=False) or path in exec_paths:
+                if not entry.is_dir(follow_symlinks=False) or entry.path in exec_paths:
                     continue
+                path = entry.path
                 if any(_beneath(p, path) for p in exec_paths):
                     subdirectories(path)
                 else:
