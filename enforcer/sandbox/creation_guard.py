@@ -51,8 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..policy.patterns import PatternList
+
 if TYPE_CHECKING:
-    from ..policy.patterns import PatternList
     from .landlock import LandlockPlan
 
 # Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
@@ -167,10 +168,20 @@ class DeniedNames:
         moved directory's content need to be listed."""
         return _trie_continues(self.patterns._index, path)
 
+    def alias_pattern(self, path: str) -> str | None:
+        """The denied pattern a symbolic link at `path` would open a second way into: one whose own
+        segment (not a '**') names the link and that continues below it. `.aws -> elsewhere` makes
+        `.aws/credentials` resolve while each name is created under `elsewhere`, unchecked."""
+        for pattern in self.patterns.patterns:
+            if _trie_continues(PatternList.compile([pattern], "path")._index, path, named=True):
+                return pattern
+        return None
 
-def _trie_continues(index: object, path: str) -> bool:
+
+def _trie_continues(index: object, path: str, *, named: bool = False) -> bool:
     """Walk the path's segments through the pattern trie; true when some pattern can still consume
-    further segments (a '**' just entered absorbs any number of them)."""
+    further segments (a '**' just entered absorbs any number of them). `named`: only when the last
+    segment was matched by a pattern segment of its own, not absorbed by a '**'."""
     root = getattr(index, "root", None)
     if root is None:
         return True  # not a path trie: assume the worst
@@ -183,6 +194,8 @@ def _trie_continues(index: object, path: str) -> bool:
             continue
         seen.add((id(node), i, after_globstar))
         if i == len(segments):
+            if named and after_globstar:
+                continue
             if node.literal or node.wild or node.globstar is not None or (after_globstar and node.terminal):
                 return True
             continue
@@ -521,6 +534,7 @@ class Supervisor:
             return 0
         if name in ("symlink", "symlinkat"):
             parent, leaf = self._creation_target(caller, bases[0], paths[0], opened, name)
+            self._check_alias(_real(parent) + "/" + leaf, name)
             os.symlink(symlink_target, leaf, dir_fd=parent)
             return 0
         parent, leaf = self._creation_target(caller, bases[1], paths[1], opened, name)
@@ -530,12 +544,18 @@ class Supervisor:
                 os.link(f"/proc/thread-self/fd/{link_source}", leaf, dst_dir_fd=parent, follow_symlinks=True)
                 return 0
             old_base, old_path = bases[0], _proc_view(paths[0], caller)
+            follow = bool(flags & AT_SYMLINK_FOLLOW)
+            with contextlib.suppress(OSError):  # a hard link to a symbolic link is one more link
+                if not follow and stat.S_ISLNK(
+                    os.stat(old_path, dir_fd=None if old_base < 0 else old_base, follow_symlinks=False).st_mode
+                ):
+                    self._check_alias(_real(parent) + "/" + leaf, name)
             os.link(
                 old_path,
                 leaf,
                 src_dir_fd=None if old_base < 0 else old_base,
                 dst_dir_fd=parent,
-                follow_symlinks=bool(flags & AT_SYMLINK_FOLLOW),
+                follow_symlinks=follow,
             )
             return 0
         flags = _int32(args[4]) if name == "renameat2" else 0
@@ -551,6 +571,12 @@ class Supervisor:
             return -ctypes.get_errno()
         return 0
 
+    def _check_alias(self, full: str, syscall: str) -> None:
+        alias = getattr(self.denied, "alias_pattern", None)
+        pattern = alias(full) if alias is not None else None
+        if pattern is not None:
+            raise Refused(errno.EACCES, f"{syscall} would make a symbolic link into a denied path", full, pattern)
+
     def _check_moved_tree(self, parent: int, leaf: str, destination: str, syscall: str) -> None:
         """Refuse when a directory arriving at `destination` holds a name a denied pattern matches
         there. The supervisor answers one call at a time, so no name can be added in between."""
@@ -558,6 +584,9 @@ class Supervisor:
             info = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
         except OSError:
             return  # the rename itself reports it
+        if stat.S_ISLNK(info.st_mode):
+            self._check_alias(destination, syscall)
+            return
         if not stat.S_ISDIR(info.st_mode):
             return
         may = getattr(self.denied, "may_match_beneath", None)

@@ -172,6 +172,28 @@ works("rename a harmless tree", lambda: os.rename(ws + "/build-tmp", ws + "/buil
     assert f"{ws}/.aws/credentials" in denials, denials
 
 
+def test_a_symbolic_link_cannot_alias_a_denied_directory_name(dotdirs: Sandbox) -> None:
+    """`.aws -> aws-tmp` would make `.aws/credentials` resolve while the file itself is created, and
+    checked, as `aws-tmp/credentials`."""
+    ws = str(dotdirs.ws)
+    result = run(
+        dotdirs,
+        f"""
+ws = {ws!r}
+os.mkdir(ws + "/aws-tmp")
+open(ws + "/aws-tmp/credentials", "w").write("agent")
+check("symlink .aws to a directory of the agent", lambda: os.symlink("aws-tmp", ws + "/.aws"))
+os.symlink("aws-tmp", ws + "/link-a"); os.symlink("aws-tmp", ws + "/link-b")
+check("hard link a symlink as .aws", lambda: os.link(ws + "/link-b", ws + "/.aws", follow_symlinks=False))
+check("rename a symlink to .aws", lambda: os.rename(ws + "/link-a", ws + "/.aws"))
+works("symlink with a harmless name", lambda: os.symlink("aws-tmp", ws + "/bin"))
+""",
+    )
+    outcome(result, blocked=3, works=1)
+    assert all(line.endswith(" 13") for line in result.out.splitlines() if line.startswith("BLOCKED"))  # EACCES
+    assert not os.path.lexists(dotdirs.ws / ".aws")
+
+
 def test_exchange_cannot_swap_a_masked_file(dotdirs: Sandbox) -> None:
     ws = str(dotdirs.ws)
     result = run(
