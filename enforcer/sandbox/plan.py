@@ -609,8 +609,9 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
     if guarded:
         layer.details.append(
             "created after launch: every name-creating call (open with O_CREAT, mkdir, mknod, link, "
-            "symlink, rename) is checked by the creation guard against these patterns and refused "
-            "(EACCES, audited) when the new name matches"
+            "symlink, rename) is checked by the creation guard, with the agent's rights, against these "
+            "patterns and refused (EACCES, audited) when the new name matches, when a renamed or exchanged "
+            "directory brings a matching name along, or when a symbolic link is named by a pattern's own segment"
         )
     else:
         layer.details.append("created after launch: nothing can be created (no writable grant)")
