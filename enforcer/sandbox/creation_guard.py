@@ -445,17 +445,13 @@ class Supervisor:
                 os.close(target)
 
     def _read_bytes(self, tid: int, address: int, size: int) -> bytes:
-        fd = self._mem.get(tid)
-        if fd is None:
-            self._read_string(tid, address)  # opens and keeps the thread's memory (or refuses)
-            fd = self._mem[tid]
-        try:
+        def exact(fd: int) -> bytes:
             data = os.pread(fd, size, address)
-        except OSError:
-            raise Refused(errno.EFAULT) from None
-        if len(data) != size:
-            raise Refused(errno.EFAULT)
-        return data
+            if len(data) != size:
+                raise OSError(errno.EFAULT, "memory not readable")
+            return data
+
+        return bytes(self._from_memory(tid, exact))
 
     def _caller(self, tid: int) -> Caller:
         """The calling thread's status, read through a descriptor kept per thread (a kept
@@ -622,12 +618,15 @@ class Supervisor:
         so it never yields another program's memory."""
         if address == 0:
             raise Refused(errno.EFAULT)
+        return self._from_memory(tid, lambda fd: _read_c_string(fd, address))
+
+    def _from_memory(self, tid: int, read: Callable[[int], Any]) -> Any:
         kept = self._mem.pop(tid, None)
         if kept is not None:
             try:
-                text = _read_c_string(kept, address)
+                value = read(kept)
                 self._mem[tid] = kept
-                return text
+                return value
             except OSError:
                 os.close(kept)  # stale; try a fresh one
         if len(self._mem) >= MAX_KEPT_MEM:
@@ -637,12 +636,12 @@ class Supervisor:
         except OSError:
             raise Refused(errno.EFAULT) from None
         try:
-            text = _read_c_string(fd, address)
+            value = read(fd)
         except OSError as exc:
             os.close(fd)
             raise Refused(exc.errno if exc.errno == errno.ENAMETOOLONG else errno.EFAULT) from None
         self._mem[tid] = fd
-        return text
+        return value
 
     def _drop_mem(self) -> None:
         for fd in self._mem.values():
