@@ -312,6 +312,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         if order.exec_mounts is not None:
             step = "noexec mounts"
             execmounts.apply(order.exec_mounts)
+        os.chdir(order.cwd)  # taken before the masks existed: look it up again, through them
         step = "loopback"
         namespaces.loopback_up()
         step = "drop privileges"

@@ -420,3 +420,39 @@ works("watch the workspace and see a new name", watch_workspace)
 """,
     )
     outcome(result, blocked=4, works=1)
+
+
+def test_a_launch_directory_inside_a_mask_does_not_bypass_it(sandbox: Sandbox) -> None:
+    """The stage enters the caller's directory before the masks exist; a relative path from a
+    launch directory inside a masked one must not reach the files beneath the mask."""
+    import subprocess
+    import sys
+
+    vault = sandbox.ws / "vault"
+    vault.mkdir()
+    (vault / "key").write_text("VAULT-CONTENT\n")
+    fs = sandbox.permissions["filesystem"]
+    policy = sandbox.policy(permissions={"filesystem": {**fs, "denied_paths": [*fs["denied_paths"], f"{vault}/**"]}})
+    environ = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "cat", "./key"],
+        cwd=vault,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "VAULT-CONTENT" not in done.stdout and done.returncode != 0, done.stdout + done.stderr
+    control = subprocess.run(
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "cat", "./notes.txt"],
+        cwd=sandbox.ws,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert control.returncode == 0 and control.stdout == "workspace notes\n", control.stderr
