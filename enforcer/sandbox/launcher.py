@@ -75,7 +75,7 @@ def run(
         if group is not None:
             group.remove()
         raise LaunchError(f"cgroup setup failed: {exc}") from exc
-    guarded = plan.seccomp.guard_creation and plan.creation_denied is not None
+    guarded = plan.seccomp.guarded and plan.creation_denied is not None
     report_read, report_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) if guarded else (-1, -1)
     try:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -94,6 +94,7 @@ def run(
             gid=gid,
             join_netns=netns_fd is not None,
             guard=GuardOrder(seccomp.guarded_syscall_numbers(), plan.creation_denied) if guarded else None,  # type: ignore[arg-type]
+            exec_mounts=plan.exec_mounts,
         )
         started = time.monotonic()
         try:

@@ -8,6 +8,7 @@ cannot disagree about what a pattern means.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import stat
@@ -19,8 +20,10 @@ from ruamel.yaml import YAML
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
+from ..policy.patterns import PatternList
 from . import DOMAINS, creation_guard, landlock, seccomp
 from .cgroups import Limits
+from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
 if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with a network layer load it
@@ -46,6 +49,8 @@ class Baseline:
     execute: tuple[str, ...]
     proc_self: bool
     search_path: str
+    library: tuple[str, ...] = ()  # directories code may be mapped from (top level), globs expanded
+    library_trees: tuple[str, ...] = ()  # the same, subdirectories included
 
 
 def load_baseline(path: Path) -> Baseline:
@@ -67,7 +72,20 @@ def load_baseline(path: Path) -> Baseline:
         execute=paths("execute"),
         proc_self=bool(data.get("proc_self", False)),
         search_path=str(data.get("path") or "/usr/bin:/bin"),
+        library=_expand(paths("library")),
+        library_trees=_expand(paths("library_trees")),
     )
+
+
+def _expand(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """Glob patterns to the real paths of the directories they name on this host."""
+    found: list[str] = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)) if GLOB_CHARS & set(pattern) else [pattern]:
+            real = os.path.realpath(path)
+            if os.path.isdir(real) and real not in found:
+                found.append(real)
+    return tuple(found)
 
 
 @dataclass
@@ -97,6 +115,8 @@ class LaunchPlan:
     refusals: list[str]  # explain_only: why a real launch would be refused
     creation_denied: creation_guard.DeniedNames | None = None  # path -> denied pattern it matches
     egress: EgressSettings | None = None  # None: an empty network namespace, nothing leaves
+    exec_mounts: ExecMounts | None = None  # what stays executable; every other mount is noexec
+    residual: list[str] = field(default_factory=list)  # what this kernel cannot close: explained and in the evidence
 
 
 @dataclass(frozen=True)
@@ -169,9 +189,14 @@ def build_plan(
         fs_layer.status = unenforceable("filesystem", "Landlock is not available on this kernel")
         exec_layer.status = unenforceable("execution", "Landlock is not available on this kernel")
 
-    # -- runtime baseline
+    # -- runtime baseline (a denied pattern wins over it: what it matches is masked, not granted)
+    fs = policy.filesystem
+    denied = fs.denied if fs is not None and fs.denied.patterns else None
+    file_masks: list[str] = []
+    dir_masks: list[str] = []
     search_path = baseline.search_path
     base_details = [f"baseline {baseline.path} ({baseline.digest[:19]}…)"]
+    baseline_dirs: list[str] = []
     for paths, rights, label in (
         (baseline.read, landlock.READ, "read"),
         (baseline.read_write, landlock.READ | landlock.WRITE_FILE | landlock.TRUNCATE, "read/write"),
@@ -179,17 +204,27 @@ def build_plan(
         (baseline.execute, landlock.READ_FILE | landlock.EXECUTE, "execute"),
     ):
         for p in paths:
-            if os.path.exists(p):
-                ll.add(os.path.realpath(p), rights)
-                base_details.append(f"  baseline {label}: {p}")
+            if not os.path.exists(p):
+                continue
+            real = os.path.realpath(p)
+            hits = [] if denied is None else denied.match(p) or denied.match(real)
+            if hits:
+                (dir_masks if os.path.isdir(real) else file_masks).append(real)
+                pattern = denied.patterns[hits[0]]  # type: ignore[union-attr]
+                base_details.append(f"  baseline {label}: {p} DENIED by {pattern}: masked, not granted")
+                continue
+            ll.add(real, rights)
+            base_details.append(f"  baseline {label}: {p}")
+            if os.path.isdir(real):
+                baseline_dirs.append(real)
     if baseline.proc_self:
         base_details.append("  baseline read: /proc/self (the agent's own /proc entry, resolved in the child)")
+    if denied is not None:
+        base_details.extend(_baseline_masks(denied, baseline_dirs, cwd, home, file_masks, dir_masks))
 
     # -- filesystem
-    file_masks: list[str] = []
-    dir_masks: list[str] = []
-    fs = policy.filesystem
-    creation_denied = _creation_matcher(fs)
+    writable: list[str] = []
+    creation_denied = None
     if fs is None:
         fs_layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
     else:
@@ -202,9 +237,14 @@ def build_plan(
                 fs_layer.details.append(f"{access:<10} {pattern}: {prefix} does not exist, nothing granted")
                 continue
             ll.add(prefix, rights)
+            if access != "read":
+                writable.append(os.path.realpath(prefix))
             narrower = "" if pattern.rstrip("/") in (prefix, prefix + "/**") else f" (Landlock grants all of {prefix})"
             fs_layer.details.append(f"{access:<10} {pattern}{narrower}")
-        masks_layer = _denied_masks(fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None)
+        creation_denied = _creation_matcher(fs, writable)
+        masks_layer = _denied_masks(
+            fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None and bool(fs.denied.patterns)
+        )
         layers.append(masks_layer)
     fs_layer.details.extend(base_details)
     layers.insert(0, fs_layer)
@@ -220,11 +260,14 @@ def build_plan(
         raise PlanError(f"the command itself is not allowed: {reason}")
     for binary in sorted(granted):
         ll.add(binary, landlock.READ_FILE | landlock.EXECUTE)
+    exec_mounts = _exec_mounts(baseline, granted, writable, exec_layer)
     if policy.execution is None:
         exec_layer.details.append(f"no execution permission declared: only {executable} may run")
     else:
         shells = "allowed" if policy.execution.allow_shell else "never executable"
         exec_layer.details.append(f"executable: {', '.join(sorted(granted))}; shells {shells}")
+    exec_layer.mechanism += " + noexec mounts"
+    exec_layer.details.extend(exec_mounts.describe())
     layers.insert(1, exec_layer)
 
     # -- environment
@@ -263,11 +306,17 @@ def build_plan(
         layers.append(net_layer)
 
     # -- syscalls and privileges
-    seccomp_plan = SeccompPlan(guard_creation=creation_denied is not None)
+    seccomp_plan = SeccompPlan(
+        guard_creation=creation_denied is not None and bool(creation_denied.patterns),
+        guard_metadata=creation_denied is not None,
+    )
     layers.append(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
     )
     layers.append(Layer("privileges", "no capabilities, no_new_privs, new session, private mounts", "active"))
+    residual = _residual(policy, baseline)
+    layers.append(Layer("not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable"))
+    layers[-1].details.extend(residual)
 
     # -- resources
     lim = policy.limits
@@ -303,7 +352,34 @@ def build_plan(
         refusals=refusals,
         creation_denied=creation_denied,
         egress=egress_settings,
+        exec_mounts=exec_mounts,
+        residual=residual,
     )
+
+
+def _residual(policy: Policy, baseline: Baseline) -> list[str]:
+    """Known gaps, stated precisely rather than left implicit."""
+    gaps = [
+        "name probing: path lookup, stat, access and readlink are not Landlock rights; the agent can learn "
+        "whether a path outside its grants exists and read its metadata (never its content)",
+    ]
+    fs = policy.filesystem
+    if fs is not None and fs.denied.patterns:
+        gaps.append(
+            "late host files: a file matching denied_paths that another process creates inside a readable "
+            "grant after launch is readable (masks are made at launch, Landlock rules cannot match names; "
+            "the agent's own creations are refused by the creation guard)"
+        )
+    if baseline.proc_self:
+        gaps.append(
+            "/proc/self/mountinfo (and mounts) list the agent's mount points: masked denied paths, noexec "
+            "binds and the host's mount layout are visible by name"
+        )
+    gaps.append(
+        "an allowed interpreter runs any code it is given (python -c, ctypes); anonymous executable memory "
+        "(JIT compilers) is not a mount and stays possible"
+    )
+    return gaps
 
 
 def _egress_from_environment() -> EgressSettings:
@@ -338,11 +414,104 @@ def _network_details(policy: Policy) -> list[str]:
     return details
 
 
-def _creation_matcher(fs: Any) -> creation_guard.DeniedNames | None:
-    """Denied patterns the creation guard applies to new names (None: nothing to guard)."""
-    if fs is None or not fs.denied.patterns or not any(a != "read" for a in fs.access):
-        return None  # without a writable grant, Landlock already forbids creating files
-    return creation_guard.DeniedNames(fs.denied)
+def _creation_matcher(fs: Any, writable: list[str]) -> creation_guard.DeniedNames | None:
+    """What the guard applies: denied patterns to new names, writable grants to metadata changes.
+    None without a writable grant: Landlock forbids creating files and seccomp every metadata change."""
+    if fs is None or not writable:
+        return None
+    return creation_guard.DeniedNames(fs.denied, tuple(writable))
+
+
+def _beneath(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _baseline_masks(
+    denied: Any, roots: list[str], cwd: str, home: str, file_masks: list[str], dir_masks: list[str]
+) -> list[str]:
+    """Mask what a denied pattern matches inside the baseline's directories. Each walk starts at the
+    deepest literal directory the pattern and the baseline directory share; a pattern that would need
+    more than MAX_MASK_WALK entries checked refuses the launch rather than leave matches readable."""
+    details: list[str] = []
+    masked = set(file_masks) | set(dir_masks)
+    for pattern in denied.patterns:
+        single = creation_guard.DeniedNames(PatternList.compile([pattern], "path"))
+        prefix = literal_prefix(pattern, cwd, home)
+        for root in roots:
+            if _beneath(prefix, root):
+                start = prefix
+            elif _beneath(root, prefix) and single.may_match_beneath(root):
+                start = root
+            else:
+                continue
+            if not os.path.isdir(start):
+                continue
+            visited = 0
+            for directory, subdirs, files in os.walk(start, followlinks=False):
+                for name in list(subdirs) + files:
+                    visited += 1
+                    full = os.path.join(directory, name)
+                    if single(full) is None:
+                        if name in subdirs and not single.may_match_beneath(full):
+                            subdirs.remove(name)  # nothing below can match: not walked
+                        continue
+                    if full in masked:
+                        continue
+                    masked.add(full)
+                    if name in subdirs:
+                        dir_masks.append(full)
+                        subdirs.remove(name)
+                    elif os.path.isfile(full) and not os.path.islink(full):
+                        file_masks.append(full)
+                    details.append(f"  baseline {root}: {full} DENIED by {pattern}: masked")
+                if visited > MAX_MASK_WALK:
+                    raise PlanError(
+                        f"denied pattern {pattern!r} may match files inside the runtime baseline's {root}: more "
+                        f"than {MAX_MASK_WALK} entries to check; narrow the pattern (deny wins over the baseline)"
+                    )
+    return details
+
+
+def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], layer: Layer) -> ExecMounts:
+    """Every mount noexec except the allowed executables, the ELF interpreter and the baseline's
+    library directories; writable grants stay noexec even inside them."""
+    for binary in sorted(granted):
+        for root in writable:
+            if _beneath(binary, root):
+                raise PlanError(
+                    f"allowed command {binary} lies in the writable grant {root}: the agent could replace it with "
+                    "code of its own (writable grants are never executable)"
+                )
+    files = sorted(granted | {os.path.realpath(p) for p in baseline.execute if os.path.exists(p)})
+    directories, trees = [], []
+    for wanted, kept in ((baseline.library, directories), (baseline.library_trees, trees)):
+        for path in wanted:
+            if any(_beneath(path, root) for root in writable):
+                layer.details.append(f"library {path} lies in a writable grant: noexec")
+                continue
+            kept.append(path)
+    exec_paths = set(files) | set(directories) | set(trees)
+    noexec: list[str] = []
+
+    def subdirectories(directory: str) -> None:
+        """Only the top level of a library directory is code: its subdirectories are noexec again,
+        except where a listed path lies beneath (then one level further down)."""
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False) or entry.path in exec_paths:
+                    continue
+                path = entry.path
+                if any(_beneath(p, path) for p in exec_paths):
+                    subdirectories(path)
+                else:
+                    noexec.append(path)
+
+    for directory in directories:
+        subdirectories(directory)
+    noexec += [root for root in writable if any(_beneath(root, p) for p in directories + trees)]
+    return ExecMounts(
+        files=files, directories=sorted(directories, key=len), trees=sorted(trees, key=len), noexec=sorted(noexec)
+    )
 
 
 def _resolve(command: str, search_path: str, cwd: str) -> str | None:
@@ -437,8 +606,9 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
     if guarded:
         layer.details.append(
             "created after launch: every name-creating call (open with O_CREAT, mkdir, mknod, link, "
-            "symlink, rename) is checked by the creation guard against these patterns and refused "
-            "(EACCES, audited) when the new name matches"
+            "symlink, rename) is checked by the creation guard, with the agent's rights, against these "
+            "patterns and refused (EACCES, audited) when the new name matches, when a renamed or exchanged "
+            "directory brings a matching name along, or when a symbolic link is named by a pattern's own segment"
         )
     else:
         layer.details.append("created after launch: nothing can be created (no writable grant)")

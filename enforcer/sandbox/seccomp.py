@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pyseccomp as sc
 
-from .creation_guard import GUARDED
+from .creation_guard import GUARDED, METADATA, WATCH
 
 # Syscalls denied outright, grouped by why.
 DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
@@ -31,6 +31,7 @@ DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
     "tracing and cross-process memory": ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd"),
     "kernel extension and introspection": ("bpf", "perf_event_open", "init_module", "finit_module", "delete_module"),
     "keyrings": ("keyctl", "add_key", "request_key"),
+    "filesystem-wide watches (report names Landlock would hide)": ("fanotify_init", "fanotify_mark"),
     "mounts": (
         "mount",
         "umount2",
@@ -80,12 +81,24 @@ DENIED_SOCKET_FAMILIES = {
 }
 MASK32 = 0xFFFFFFFF
 TIOCSTI = 0x5412
+IPPROTO_MPTCP = 262  # Landlock's TCP bind/connect rules do not cover it
+# Extended attributes (POSIX ACLs, security labels): no Landlock right covers setting them.
+XATTR_WRITES = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
+XATTR_WRITES_AT = {"setxattrat": 463, "removexattrat": 466}  # same number everywhere; libseccomp may not know them
+# chmod calls and the argument holding the mode: a setuid or setgid bit is always refused.
+CHMOD_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
+S_ISUID, S_ISGID = 0o4000, 0o2000
 
 
 @dataclass(frozen=True)
 class SeccompPlan:
     deny_unix_sockets: bool = True
     guard_creation: bool = False  # send name-creating calls to the creation guard (denied_paths)
+    guard_metadata: bool = False  # send mode/owner/time changes and inotify watches to it (writable grants)
+
+    @property
+    def guarded(self) -> bool:
+        return self.guard_creation or self.guard_metadata
 
 
 def describe(plan: SeccompPlan) -> list[str]:
@@ -93,6 +106,19 @@ def describe(plan: SeccompPlan) -> list[str]:
     families = [f for f in DENIED_SOCKET_FAMILIES if plan.deny_unix_sockets or f != "AF_UNIX"]
     lines.append(f"sockets: {', '.join(families)}, SOCK_RAW of any family; socketpair(AF_UNIX) stays allowed")
     lines.append("clone with namespace flags; clone3 (flags not inspectable); ioctl TIOCSTI")
+    lines.append("MPTCP sockets (IPPROTO_MPTCP: EPROTONOSUPPORT, programs fall back to TCP)")
+    lines.append(f"extended attributes and ACLs: {', '.join(XATTR_WRITES + tuple(XATTR_WRITES_AT))} (EOPNOTSUPP)")
+    lines.append("chmod family with a setuid or setgid bit (EPERM)")
+    metadata = ", ".join(METADATA)
+    if plan.guard_metadata:
+        lines.append(
+            f"mode, owner and time changes ({metadata}) are performed by the guard only for files beneath a "
+            "writable grant (EPERM elsewhere)"
+        )
+        lines.append("inotify_add_watch: added by the guard only on what the agent could open for reading")
+    else:
+        lines.append(f"mode, owner and time changes ({metadata}): EPERM (no writable grant)")
+        lines.append("inotify_add_watch: EACCES (no writable grant, so no guard to check it)")
     lines.append("foreign architecture (32-bit syscall ABI): process killed")
     if plan.guard_creation:
         lines.append(
@@ -106,7 +132,9 @@ def describe(plan: SeccompPlan) -> list[str]:
 def variants() -> list[SeccompPlan]:
     """Every plan a launch can ask for."""
     return [
-        SeccompPlan(deny_unix_sockets=unix, guard_creation=guard) for unix in (True, False) for guard in (False, True)
+        SeccompPlan(deny_unix_sockets=unix, guard_creation=names, guard_metadata=metadata)
+        for unix in (True, False)
+        for names, metadata in ((False, False), (False, True), (True, True))
     ]
 
 
@@ -149,8 +177,8 @@ def load(bpf: bytes, *, listener: bool) -> int:
 
 @functools.cache
 def guarded_syscall_numbers() -> dict[int, str]:
-    """Syscall number -> name for the calls the creation guard answers."""
-    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in GUARDED}
+    """Syscall number -> name for the calls the creation guard answers (names and metadata)."""
+    return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in (*GUARDED, *METADATA, WATCH)}
 
 
 def _build(plan: SeccompPlan) -> sc.SyscallFilter:
@@ -171,6 +199,24 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
     for sock_type in (socket.SOCK_RAW, 10):  # 10: SOCK_PACKET
         f.add_rule(eperm, "socket", sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
     f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, TIOCSTI))
+    f.add_rule(sc.ERRNO(errno.EPROTONOSUPPORT), "socket", sc.Arg(2, sc.MASKED_EQ, MASK32, IPPROTO_MPTCP))
+    for name in XATTR_WRITES:
+        f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), name)
+    for number in XATTR_WRITES_AT.values():
+        f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), number)
+    f.add_rule(sc.NOTIFY if plan.guard_metadata else sc.ERRNO(errno.EACCES), WATCH)
+    for name in METADATA:
+        if not plan.guard_metadata:
+            f.add_rule(eperm, name)
+        elif name in CHMOD_MODE_ARG:
+            # Within one filter an unconditional rule would win over conditional ones: the three
+            # cases are disjoint, so a setuid or setgid bit is refused here and never reaches the guard.
+            arg = CHMOD_MODE_ARG[name]
+            f.add_rule(sc.NOTIFY, name, sc.Arg(arg, sc.MASKED_EQ, S_ISUID | S_ISGID, 0))
+            for bit in (S_ISUID, S_ISGID):
+                f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, bit, bit))
+        else:
+            f.add_rule(sc.NOTIFY, name)
     if plan.guard_creation:
         for name in GUARDED:
             if name in ("open", "openat"):

@@ -166,6 +166,7 @@ def run_session(
             "cpu_percent": plan.limits.cpu_percent,
             "pids_max": plan.limits.pids_max,
             "max_duration_sec": plan.timeout_s,
+            "not_enforced": plan.residual,
         },
         events=events,
         outcome=_EVIDENCE.get(outcome.reason, ("", "", "completed"))[2],

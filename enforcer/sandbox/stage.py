@@ -16,7 +16,8 @@ Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
   2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
-  3. private mounts, denied-path masks  (needs the new mount namespace)
+  3. private mounts, denied-path masks, (needs the new mount namespace)
+     every mount noexec but the allowed executables and library directories
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
   5. drop uid/gid and every capability
   6. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
@@ -50,6 +51,7 @@ from . import cgroups
 
 if TYPE_CHECKING:
     from .creation_guard import DeniedNames
+    from .execmounts import ExecMounts
     from .landlock import LandlockPlan
     from .seccomp import SeccompPlan
 
@@ -87,6 +89,7 @@ class StageOrder:
     gid: int | None
     join_netns: bool  # the egress filter's namespace travels as a descriptor
     guard: GuardOrder | None
+    exec_mounts: ExecMounts | None = None  # every other mount becomes noexec
 
 
 class Stage:
@@ -212,7 +215,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
-    from . import creation_guard, landlock, namespaces, seccomp  # noqa: F401
+    from . import creation_guard, execmounts, landlock, namespaces, seccomp  # noqa: F401
 
     join_error = None
     try:
@@ -285,7 +288,7 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
 
 
 def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
-    from . import landlock, namespaces, seccomp
+    from . import execmounts, landlock, namespaces, seccomp
 
     libc = ctypes.CDLL(None, use_errno=True)
     step = "seccomp"
@@ -306,6 +309,10 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
             namespaces.mask_file(path)
         for path in order.dir_masks:
             namespaces.mask_dir(path)
+        if order.exec_mounts is not None:
+            step = "noexec mounts"
+            execmounts.apply(order.exec_mounts)
+        os.chdir(order.cwd)  # taken before the masks existed: look it up again, through them
         step = "loopback"
         namespaces.loopback_up()
         step = "drop privileges"
@@ -320,7 +327,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
                 outer = replace(rules, rules=list(rules.rules))
                 outer.add("/proc", landlock.READ)
                 landlock.restrict(outer)
-            guard_socket = _fork_guard(order.guard, report_fd)
+            guard_socket = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
             os.close(report_fd)
         if order.landlock.abi:
             step = "landlock"
@@ -340,7 +347,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         raise _StepFailed(step) from exc
 
 
-def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
+def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> socket.socket:
     """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
     the socket on which it waits for the seccomp listener."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -350,7 +357,7 @@ def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
         try:
             ours.close()
             if os.fork() == 0:
-                _run_guard(theirs, guard, report_fd)
+                _run_guard(theirs, guard, report_fd, agent_rules)
             code = 0
         finally:
             os._exit(code)
@@ -359,12 +366,13 @@ def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
     return ours
 
 
-def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
+def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:
     from . import creation_guard
 
     code = 1
     try:
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
+        creation_guard.forget_environment()
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)  # never hold the agent's stdout open
@@ -372,9 +380,10 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int) -> None:
         _, fds, _, _ = socket.recv_fds(sock, 16, 1)
         if not fds:
             return
+        supervisor = creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd, agent_rules)
         sock.send(b"ok")
         sock.close()
-        creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd).serve()
+        supervisor.serve()
         code = 0
     finally:
         os._exit(code)
