@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import pickle
@@ -294,6 +295,10 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
     step = "seccomp"
     try:
         bpf = seccomp.compile_filter(order.seccomp)  # a cache hit unless the order came at once
+        # The directory entered by descriptor (order.cwd), by the path it has now: after the masks
+        # it is entered again by that path, so a launch directory beneath a mask cannot reach what
+        # the mask hides through relative paths.
+        cwd_path, cwd_stat = os.getcwd(), os.stat(".")
         step = "unshare"
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if netns_fd is None:
@@ -312,7 +317,11 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         if order.exec_mounts is not None:
             step = "noexec mounts"
             execmounts.apply(order.exec_mounts)
-        os.chdir(order.cwd)  # taken before the masks existed: look it up again, through them
+        step = "working directory"
+        os.chdir(cwd_path)
+        now = os.stat(".")
+        if (now.st_dev, now.st_ino) != (cwd_stat.st_dev, cwd_stat.st_ino):
+            raise OSError(errno.EACCES, f"the working directory {cwd_path} is hidden by denied_paths or was replaced")
         step = "loopback"
         namespaces.loopback_up()
         step = "drop privileges"
