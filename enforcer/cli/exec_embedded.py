@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
 from ..documents import PolicyFileError, load_policy, load_regions
 from ..policy import CompileOptions, DocumentRejected, Policy
+from ..sandbox import identity
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -20,14 +20,15 @@ from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
 
 
-def _user(spec: str | None) -> tuple[int | None, int | None]:
-    if spec is None:
-        return None, None
+def _identity(spec: str | None) -> tuple[int | None, int | None]:
+    """The uid/gid the stage switches to; None, None when the agent runs as this (unprivileged) process."""
     try:
-        entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
-    except (KeyError, ValueError):
-        raise PlanError(f"--user {spec}: no such user") from None
-    return entry.pw_uid, entry.pw_gid
+        chosen = identity.resolve(spec, os.geteuid(), os.getegid(), os.environ)
+    except identity.IdentityError as exc:
+        raise PlanError(str(exc)) from None
+    if chosen.uid == os.geteuid() and chosen.gid == os.getegid():
+        return None, None
+    return chosen.uid, chosen.gid
 
 
 def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None) -> int:
@@ -43,7 +44,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         )
         policy = load_policy(args.adl, args.aaif, options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
-        uid, gid = _user(args.user)
+        uid, gid = _identity(args.user) if not args.explain else (None, None)
         plan = build_plan(
             policy,
             command,

@@ -9,19 +9,21 @@ they run on the other core):
   when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: 12-16 ms measured here, now off the launch path), then
-  waits for its `StageOrder`, applies the rest of the sandbox to itself in a fixed order and execs
-  the agent: it *becomes* the agent, so no fork is left on the launch path.
+  waits for its `StageOrder`, applies the rest of the sandbox to itself in a fixed order, forks the
+  init of the session's PID namespace (which forks the agent) and waits; the agent execs the
+  command. The launcher forks nothing large on the launch path.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
-  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
-     network namespace it prepared instead of a new empty one
+  2. unshare mount + network + PID namespaces (needs CAP_SYS_ADMIN); with an egress filter, join
+     the network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks  (needs the new mount namespace)
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
-  5. drop uid/gid and every capability
-  6. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
+  5. fork the PID namespace's init, which forks the agent (pidns.py); the agent mounts its /proc
+  6. drop uid/gid (never host root) and every capability
+  7. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
      access to /proc, then the guard is forked, then the agent's own domain nested inside
-  7. seccomp                            (last: it forbids mount and unshare); its notification
+  8. seccomp                            (last: it forbids mount and unshare); its notification
                                         listener is handed to the guard
 then exec. Any failure is written back on the order socket and the stage exits: nothing runs
 unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
@@ -212,7 +214,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
-    from . import creation_guard, landlock, namespaces, seccomp  # noqa: F401
+    from . import creation_guard, landlock, namespaces, pidns, seccomp  # noqa: F401
 
     join_error = None
     try:
@@ -248,7 +250,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
-        _apply(order, netns_fd, report_fd)
+        _apply(order, netns_fd, report_fd, sock.fileno())
         step = "exec"
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores these; an ignored signal survives exec
@@ -284,8 +286,8 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
     os._exit(125)
 
 
-def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
-    from . import landlock, namespaces, seccomp
+def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, order_fd: int) -> None:
+    from . import landlock, namespaces, pidns, seccomp
 
     libc = ctypes.CDLL(None, use_errno=True)
     step = "seccomp"
@@ -294,9 +296,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         step = "unshare"
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if netns_fd is None:
-            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET | namespaces.CLONE_NEWPID)
         else:
-            namespaces.unshare(namespaces.CLONE_NEWNS)
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID)
             step = "join the egress namespace"
             namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
             os.close(netns_fd)
@@ -308,6 +310,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
             namespaces.mask_dir(path)
         step = "loopback"
         namespaces.loopback_up()
+        step = "pid namespace"
+        pidns.fork_init([order_fd, *([report_fd] if report_fd is not None else [])])  # returns in the agent
+        namespaces.mount_proc(os.getpid())
         step = "drop privileges"
         namespaces.drop_privileges(order.uid, order.gid)
         rules = replace(order.landlock, rules=list(order.landlock.rules))
