@@ -3,10 +3,14 @@ runner for adl-exec that returns the exit code, output and the session's audit r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,35 @@ from enforcer.audit.query import iter_records
 from enforcer.sandbox import cgroups
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox tests need root (CI runs as root)")
+
+# The agents' identity in tests: nobody/nogroup owns nothing on the host. adl-exec refuses to run an
+# agent as root, so every test launch names it and every workspace is chowned to it.
+AGENT_UID = AGENT_GID = 65534
+AGENT_USER = f"{AGENT_UID}:{AGENT_GID}"
+
+
+@contextlib.contextmanager
+def agent_tmp_dir() -> Iterator[Path]:
+    """A temporary directory the agent's uid can traverse (not list). pytest's own are below a 0700
+    directory whose mode every pytest run resets."""
+    root = Path(tempfile.mkdtemp(prefix="adl-test-"))
+    try:
+        root.chmod(0o711)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_tmp_path() -> Iterator[Path]:
+    with agent_tmp_dir() as root:
+        yield root
+
+
+def give_to_agent(path: Path) -> None:
+    """chown -R to the agent's identity: what an operator does with a workspace."""
+    for d in (path, *path.rglob("*")):
+        os.chown(d, AGENT_UID, AGENT_GID, follow_symlinks=False)
 
 
 @dataclass
@@ -41,6 +74,7 @@ class Sandbox:
         self.outside = root / "outside"
         self.audit = root / "audit"
         self.wrap: list[str] = []  # a prefix for adl-exec (the network lab's nsenter)
+        self.user: str | None = AGENT_USER  # adl-exec --user (None: pass none)
         self.env: dict[str, str] = {}  # extra environment for adl-exec
         for d in (self.ws, self.ref, self.outside):
             d.mkdir(parents=True)
@@ -49,6 +83,7 @@ class Sandbox:
         (self.ws / "key.pem").write_text("PEM-CONTENT\n")
         (self.ref / "doc.txt").write_text("reference doc\n")
         (self.outside / "private.txt").write_text("OUTSIDE-CONTENT\n")
+        give_to_agent(self.ws)
         self.permissions: dict[str, Any] = {
             "filesystem": {
                 "allowed_paths": [
@@ -85,7 +120,10 @@ class Sandbox:
         env: dict[str, str] | None = None,
         timeout: float = 60,
         policy: Path | None = None,
+        stdout: Path | None = None,
     ) -> Result:
+        """Run adl-exec; `stdout`: a file (owned by the agent) instead of a pipe for the command's
+        output: an agent of another uid cannot reopen the caller's pipes through /dev/stdout."""
         environ = {
             **os.environ,
             "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
@@ -94,26 +132,31 @@ class Sandbox:
             **(env or {}),
         }
         before = {r["seq"] for r in self._records()}
-        proc = subprocess.run(
-            [
-                *self.wrap,
-                sys.executable,
-                "-m",
-                "enforcer.cli.exec",
-                "--adl",
-                str(policy or self.policy()),
-                "--report",
-                *args,
-                "--",
-                *command,
-            ],
-            capture_output=True,
-            text=True,
-            env=environ,
-            timeout=timeout,
-        )
+        with contextlib.ExitStack() as files:
+            sink = files.enter_context(stdout.open("a")) if stdout is not None else subprocess.PIPE
+            proc = subprocess.run(
+                [
+                    *self.wrap,
+                    sys.executable,
+                    "-m",
+                    "enforcer.cli.exec",
+                    "--adl",
+                    str(policy or self.policy()),
+                    "--report",
+                    *(("--user", self.user) if self.user is not None else ()),
+                    *args,
+                    "--",
+                    *command,
+                ],
+                stdout=sink,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environ,
+                timeout=timeout,
+            )
+        out = stdout.read_text() if stdout is not None else proc.stdout
         records = [r for r in self._records() if r["seq"] not in before]
-        return Result(proc.returncode, proc.stdout, proc.stderr, records)
+        return Result(proc.returncode, out, proc.stderr, records)
 
     def python(self, code: str, **kw: Any) -> Result:
         return self.run("python3", "-c", code, **kw)
@@ -128,7 +171,7 @@ def session_cgroups() -> list[str]:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path):  # type: ignore[no-untyped-def]
-    box = Sandbox(tmp_path)
+def sandbox(agent_tmp_path: Path):  # type: ignore[no-untyped-def]
+    box = Sandbox(agent_tmp_path)
     yield box
     assert session_cgroups() == [], "a session cgroup was left behind"

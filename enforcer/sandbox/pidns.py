@@ -116,8 +116,9 @@ def _end_like_agent(init: int, status_read: int) -> None:
             ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
             for forwarded in FORWARDED:
                 signal.signal(forwarded, signal.SIG_DFL)
-            signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these cannot be caught nor blocked
+                signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
             os.kill(os.getpid(), sig)
             code = 128 + sig
         else:
