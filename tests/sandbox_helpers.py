@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,7 @@ class Sandbox:
         self.wrap: list[str] = []  # a prefix for adl-exec (the network lab's nsenter)
         self.user: str | None = AGENT_USER  # adl-exec --user (None: pass none)
         self.env: dict[str, str] = {}  # extra environment for adl-exec
+        self.group = "adl-test-" + secrets.token_hex(4)  # its own cgroup directory: other runs' sessions are not ours
         for d in (self.ws, self.ref, self.outside):
             d.mkdir(parents=True)
         (self.ws / "notes.txt").write_text("workspace notes\n")
@@ -128,6 +130,7 @@ class Sandbox:
             **os.environ,
             "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
+            "ADL_ENFORCER_CGROUP_GROUP": self.group,
             **self.env,
             **(env or {}),
         }
@@ -165,13 +168,26 @@ class Sandbox:
         return list(iter_records(self.audit)) if self.audit.exists() else []
 
 
-def session_cgroups() -> list[str]:
-    """Sessions left under the enforcer's cgroup in any hierarchy."""
-    return sorted(cgroups.existing())
+def session_cgroups(group: str = cgroups.GROUP) -> list[str]:
+    """Sessions left in cgroup directory `group` in any hierarchy."""
+    return sorted(cgroups.existing(group=group))
+
+
+def remove_group(group: str) -> None:
+    """Remove a test's cgroup directories, and any session left in them."""
+    with contextlib.suppress(OSError):
+        for left in cgroups.existing(group=group).values():
+            left.remove(timeout=5)
+        for base in cgroups.group_directories(group=group):
+            with contextlib.suppress(FileNotFoundError):
+                base.rmdir()
 
 
 @pytest.fixture
 def sandbox(agent_tmp_path: Path):  # type: ignore[no-untyped-def]
     box = Sandbox(agent_tmp_path)
-    yield box
-    assert session_cgroups() == [], "a session cgroup was left behind"
+    try:
+        yield box
+        assert session_cgroups(box.group) == [], "a session cgroup was left behind"
+    finally:
+        remove_group(box.group)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..sandbox import DOMAINS
+from ..sandbox import DOMAINS, cgroups
 
 EXIT_REFUSED = 125
 DEFAULT_BASELINE = Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"
@@ -103,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
 
+    group = os.environ.get("ADL_ENFORCER_CGROUP_GROUP") or cgroups.GROUP
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", group):
+        parser.error(f"ADL_ENFORCER_CGROUP_GROUP={group!r}: expected a directory name ([A-Za-z0-9_.-])")
     session = new_session_id()
     # Now, while this process is small: the imports below take ~250 ms, on the other core.
-    prepared = None if args.explain else prepare(session)
+    prepared = None if args.explain else prepare(session, cgroup_group=group)
     try:
         from .exec_embedded import run_embedded
 

@@ -97,10 +97,17 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+def drop_agent_privileges(uid: int | None, gid: int | None) -> None:
+    """drop_privileges(), and the agent never keeps host uid or gid 0: root without capabilities
+    still owns root's files, and chmod, chown-to-self, xattrs and ACLs are not Landlock rights."""
+    drop_privileges(uid, gid)
+    if 0 in os.getresuid() or 0 in os.getresgid():
+        raise PermissionError("the agent never runs as host uid or gid 0 (no identity to switch to)")
+
+
 def drop_privileges(uid: int | None, gid: int | None) -> None:
     """Switch to uid/gid when asked and drop every capability from every set, locked so exec cannot
-    grant them back. The agent never keeps host uid or gid 0: root without capabilities still owns
-    root's files, and chmod, chown-to-self, xattrs and ACLs are not Landlock rights."""
+    grant them back."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
         last_cap = int(f.read())
     if os.geteuid() == 0:
@@ -114,8 +121,6 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
         os.setresgid(gid, gid, gid)
     if uid is not None:
         os.setresuid(uid, uid, uid)
-    if 0 in os.getresuid() or 0 in os.getresgid():
-        raise PermissionError("the agent never runs as host uid or gid 0 (no identity to switch to)")
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()

@@ -314,7 +314,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, order
         pidns.fork_init([order_fd, *([report_fd] if report_fd is not None else [])])  # returns in the agent
         namespaces.mount_proc(os.getpid())
         step = "drop privileges"
-        namespaces.drop_privileges(order.uid, order.gid)
+        namespaces.drop_agent_privileges(order.uid, order.gid)
         rules = replace(order.landlock, rules=list(order.landlock.rules))
         if order.landlock.abi and order.proc_self:
             rules.add(f"/proc/{os.getpid()}", landlock.READ)

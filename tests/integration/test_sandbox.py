@@ -195,6 +195,7 @@ def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
         **os.environ,
         "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
         "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
     }
     proc = subprocess.Popen([*_adl_exec(sandbox), "--", "python3", "-c", code], env=environ)
     try:
@@ -202,13 +203,13 @@ def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
         while not lock.exists() or not lock.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, "the agent did not start"
             time.sleep(0.05)
-        assert session_cgroups() and _locked(lock)
+        assert session_cgroups(sandbox.group) and _locked(lock)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (session_cgroups() or _locked(lock)) and time.monotonic() < deadline:
+        while (session_cgroups(sandbox.group) or _locked(lock)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _locked(lock) and session_cgroups() == []
+        assert not _locked(lock) and session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
 
@@ -249,20 +250,21 @@ def test_sigkill_of_adl_exec_before_the_launch_leaves_nothing(sandbox: Sandbox) 
         **os.environ,
         "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
         "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
     }
     proc = subprocess.Popen([*_adl_exec(sandbox), "--", "ls"], env=environ)
     try:
         deadline = time.monotonic() + 20
-        while not session_cgroups() or len(_children(proc.pid)) < 2:  # the guardian and the stage
+        while not session_cgroups(sandbox.group) or len(_children(proc.pid)) < 2:  # the guardian and the stage
             assert proc.poll() is None and time.monotonic() < deadline, "no session cgroup and stage appeared"
             time.sleep(0.005)
         stages = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (session_cgroups() or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
+        while (session_cgroups(sandbox.group) or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in stages) and session_cgroups() == []
+        assert not any(_alive(p) for p in stages) and session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
 
