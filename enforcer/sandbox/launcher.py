@@ -1,9 +1,10 @@
 """Run a LaunchPlan: cgroup, stage and guardian (see stage.py), wait, typed outcome.
 
-The launcher never forks on the launch path: the stage forked ahead forks the agent inside the
-session's PID namespace and ends as the agent did (pidns.py), so the launcher waits for the stage.
-Nothing of the launcher is visible from that namespace. The launcher is a child subreaper; the
-guardian removes the cgroup (killing everything in it) if the launcher dies, even by SIGKILL.
+The launcher never forks on the launch path: the stage forked ahead has forked, inside the
+session's PID namespace, the process that becomes the agent, and ends as the agent did (pidns.py);
+the launcher waits for the stage. Nothing of the launcher is visible from that namespace. The
+launcher is a child subreaper; the guardian removes the cgroup (killing everything in it) if the
+launcher dies, even by SIGKILL.
 """
 
 from __future__ import annotations

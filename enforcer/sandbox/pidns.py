@@ -1,16 +1,18 @@
 """The session's own PID namespace: the agent sees only its session's processes, and no pid of the
 launcher, the guardian or any host process can even be named (kill, prlimit, /proc).
 
-The stage has unshared CLONE_NEWPID, which applies to its children only, so it forks:
+CLONE_NEWPID applies to the caller's children only, so the stage, right after joining the session's
+cgroup and before its order arrives (off the launch path), unshares it and forks:
 
   stage (host namespace, the launcher's child)  waits and ends as the agent did
     init (pid 1 of the new namespace)           forwards signals, reaps orphans, reports the status
-      agent (pid 2)                             finishes the sandbox set-up and execs the command
+      pid 2                                     waits for the order, applies the sandbox, execs
 
 The agent is not pid 1 because pid 1 ignores every signal it has no handler for, and orphans
 (double-forked processes) would stay its zombies. When init exits the kernel kills everything left
 in the namespace, so nothing outlives the session's main process. Init and the stage stay root,
-which an agent of another uid cannot signal, trace or prlimit.
+which an agent of another uid cannot signal, trace or prlimit; the agent mounts its own /proc
+(namespaces.mount_proc), where neither they nor any host process appear.
 """
 
 from __future__ import annotations
@@ -30,13 +32,18 @@ _STATUS = struct.Struct("i")
 
 
 def fork_init(close_in_helpers: list[int]) -> None:
-    """Fork init and the agent; return in the agent only. `close_in_helpers`: descriptors the stage
-    and init must not hold (the order socket: its end of stream tells the launcher the agent exec'd)."""
+    """Unshare a PID namespace, fork its init and pid 2; return in pid 2 only. `close_in_helpers`:
+    descriptors the stage and init must not hold (the order socket: its end of stream tells the
+    launcher the agent exec'd, or the stage that the launch was discarded)."""
+    from .namespaces import CLONE_NEWPID, unshare
+
+    unshare(CLONE_NEWPID)
     status_read, status_write = os.pipe()
     target = _Target()
     _forward_to(target)  # before the fork: a signal in between is forwarded, not lost
     init = os.fork()
     if init:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: all go
         target.start(init)
         os.close(status_write)
         _close(close_in_helpers)

@@ -9,17 +9,18 @@ they run on the other core):
   when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: 12-16 ms measured here, now off the launch path), then
-  waits for its `StageOrder`, applies the rest of the sandbox to itself in a fixed order, forks the
-  init of the session's PID namespace (which forks the agent) and waits; the agent execs the
-  command. The launcher forks nothing large on the launch path.
+  forks the init of the session's PID namespace, which forks pid 2 (pidns.py). Pid 2 waits for its
+  `StageOrder`, applies the rest of the sandbox to itself in a fixed order and execs the agent: it
+  *becomes* the agent, so no fork is left on the launch path. The stage ends as the agent did.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
-  2. unshare mount + network + PID namespaces (needs CAP_SYS_ADMIN); with an egress filter, join
-     the network namespace it prepared instead of a new empty one
+     and fork into a new PID namespace  (at birth too; pid 2 carries on below)
+  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
+     network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks  (needs the new mount namespace)
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
-  5. fork the PID namespace's init, which forks the agent (pidns.py); the agent mounts its /proc
+  5. mount the PID namespace's own /proc, its mount tables masked
   6. drop uid/gid (never host root) and every capability
   7. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
      access to /proc, then the guard is forked, then the agent's own domain nested inside
@@ -223,6 +224,10 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
                 f.write("0")
     except OSError as exc:
         join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
+    try:
+        pidns.fork_init([sock.fileno()])  # ahead of the order; returns in the process that becomes the agent
+    except OSError as exc:
+        join_error = join_error or exc
     if compile_ahead:
         _compile_while_idle(sock)
     try:
@@ -250,7 +255,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
-        _apply(order, netns_fd, report_fd, sock.fileno())
+        _apply(order, netns_fd, report_fd)
         step = "exec"
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores these; an ignored signal survives exec
@@ -286,8 +291,8 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
     os._exit(125)
 
 
-def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, order_fd: int) -> None:
-    from . import landlock, namespaces, pidns, seccomp
+def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+    from . import landlock, namespaces, seccomp
 
     libc = ctypes.CDLL(None, use_errno=True)
     step = "seccomp"
@@ -296,9 +301,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, order
         step = "unshare"
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if netns_fd is None:
-            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET | namespaces.CLONE_NEWPID)
+            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
         else:
-            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWPID)
+            namespaces.unshare(namespaces.CLONE_NEWNS)
             step = "join the egress namespace"
             namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
             os.close(netns_fd)
@@ -310,8 +315,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, order
             namespaces.mask_dir(path)
         step = "loopback"
         namespaces.loopback_up()
-        step = "pid namespace"
-        pidns.fork_init([order_fd, *([report_fd] if report_fd is not None else [])])  # returns in the agent
+        step = "proc"
         namespaces.mount_proc(os.getpid())
         step = "drop privileges"
         namespaces.drop_agent_privileges(order.uid, order.gid)
