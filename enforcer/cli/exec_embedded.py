@@ -61,7 +61,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             _audit_refusal(args, policy, session_id, reason, command)
         return refuse(reason)
     if args.explain:
-        _print_explain(policy, plan, args.json)
+        _print_explain(policy, plan, args.json, _explain_identity(args.user))
         return 0
     for domain in plan.accepted_unenforced:
         print(f"adl-exec: warning: '{domain}' is NOT enforced (accepted with --accept-unenforced)", file=sys.stderr)
@@ -93,6 +93,14 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     return outcome.exit_code
 
 
+def _explain_identity(spec: str | None) -> dict[str, object]:
+    try:
+        chosen = identity.resolve(spec, os.geteuid(), os.getegid(), os.environ)
+    except identity.IdentityError as exc:
+        return {"refused": str(exc)}
+    return {"uid": chosen.uid, "gid": chosen.gid, "from": chosen.source}
+
+
 def _open_writer(args: argparse.Namespace) -> AuditWriter:
     return AuditWriter(args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec")
 
@@ -114,7 +122,7 @@ def _safe_refusal(writer: AuditWriter, policy: Policy | None, session: str, reas
         print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
 
 
-def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> None:
+def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool, agent: dict[str, object]) -> None:
     from ..explain import policy_summary, render_policy
 
     if as_json:
@@ -127,6 +135,7 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
                     "layers": sessions.layers_json(plan),
                     "accepted_unenforced": plan.accepted_unenforced,
                     "refusals": plan.refusals,
+                    "identity": agent,
                 },
                 indent=2,
             )
@@ -135,10 +144,12 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
     print(render_policy(policy))
     print()
     print(f"command: {plan.executable} (argv {plan.argv})")
+    if "uid" in agent:
+        print(f"runs as: uid {agent['uid']}, gid {agent['gid']} (from {agent['from']})")
     print("layers:")
     for layer in plan.layers:
         print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
         for line in layer.details:
             print(f"      {line}")
-    for refusal in plan.refusals:
+    for refusal in [*plan.refusals, *([agent["refused"]] if "refused" in agent else [])]:
         print(f"a launch would be refused: {refusal}")
