@@ -45,6 +45,7 @@ class Outcome:
     pid: int
     guard_refusals: list[dict[str, object]] = dataclasses.field(default_factory=list)
     guard_refused_total: int = 0
+    cleanup_error: str | None = None  # the session's cgroup could not be removed here (the guardian retries)
 
 
 def run(
@@ -112,14 +113,17 @@ def run(
     finally:
         if guarded:
             os.close(report_read)
+        cleanup_error = None
         try:
             group.remove()
+        except OSError as exc:  # the outcome is still reported; the guardian, released now, tries again
+            cleanup_error = f"cgroup removal: {exc}"
         finally:
             prepared.guardian.release()
             if owned:
                 prepared.discard()
             _reap_orphans()
-    return outcome
+    return dataclasses.replace(outcome, cleanup_error=cleanup_error) if cleanup_error else outcome
 
 
 def _wait(pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: float) -> Outcome:

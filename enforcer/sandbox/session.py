@@ -150,6 +150,7 @@ def run_session(
             "creations_refused": outcome.guard_refused_total,
             "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
             **({"network": network} if network is not None else {}),
+            **({"cleanup_error": outcome.cleanup_error} if outcome.cleanup_error else {}),
         },
         corr=session,
         priority="normal" if outcome.reason == "exit" else "high",
