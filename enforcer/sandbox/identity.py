@@ -1,11 +1,12 @@
 """Who the agent runs as. Never host root: a root agent without capabilities still owns root's
 files, and chmod, setuid bits, xattrs and ACLs are not Landlock rights.
 
-Chosen as users expect, in this order: `--user NAME|UID[:GID]`; the user who ran adl-exec through
-sudo (SUDO_UID/SUDO_GID); the daemon's caller (its peer uid, see enforcer/daemon/launch.py); a
-launcher that is not root runs the agent as itself. Root with none of these is refused, and the
-refusal says what to pass. The identity should own nothing outside the agent's grants: a dedicated
-user, or nobody; the operator makes the workspace writable by it (chown).
+Chosen as users expect: in embedded adl-exec, `--user NAME|UID[:GID]`, else the user who ran it
+through sudo (SUDO_UID/SUDO_GID), else adl-exec's own uid when it is not root; root with none of
+these is refused, and the refusal says what to pass. In daemon mode the agent runs as the caller's
+peer uid (enforcer/daemon/launch.py), and session.run_session refuses uid or gid 0 for both modes.
+The identity should own nothing outside the agent's grants: a dedicated user, or nobody; the
+operator makes the workspace writable by it (chown).
 """
 
 from __future__ import annotations
@@ -69,16 +70,6 @@ def resolve(spec: str | None, euid: int, egid: int, environ: Mapping[str, str]) 
     if sudo_uid.isdigit() and sudo_gid.isdigit() and int(sudo_uid) != 0:
         return _unprivileged(Identity(int(sudo_uid), int(sudo_gid), "sudo"))
     raise IdentityError(ROOT_REFUSAL)
-
-
-def for_caller(uid: int, gid: int) -> Identity:
-    """The daemon's caller, by its peer credentials."""
-    if uid == 0:
-        raise IdentityError(
-            "the agent never runs as host root: launch from the account the agent should run as "
-            "(adl-exec --daemon as root is refused)"
-        )
-    return _unprivileged(Identity(uid, gid, "caller"))
 
 
 def _unprivileged(identity: Identity) -> Identity:
