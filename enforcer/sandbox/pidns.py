@@ -24,7 +24,8 @@ import resource
 import signal
 import struct
 
-AGENT_PID = 2  # the first child of the namespace's init
+from .namespaces import CLONE_NEWPID, unshare
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what the launcher passes on
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -35,8 +36,6 @@ def fork_init(close_in_helpers: list[int]) -> None:
     """Unshare a PID namespace, fork its init and pid 2; return in pid 2 only. `close_in_helpers`:
     descriptors the stage and init must not hold (the order socket: its end of stream tells the
     launcher the agent exec'd, or the stage that the launch was discarded)."""
-    from .namespaces import CLONE_NEWPID, unshare
-
     unshare(CLONE_NEWPID)
     status_read, status_write = os.pipe()
     target = _Target()
