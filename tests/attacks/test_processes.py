@@ -103,8 +103,8 @@ def test_control_the_agent_manages_its_own_processes(sandbox: Sandbox) -> None:
 
 
 def test_launcher_and_guardian_limits_are_out_of_reach(sandbox: Sandbox) -> None:
-    """RLIMIT_NOFILE 0 on the launcher (the agent's parent) and the guardian (forked just before
-    the stage), then a double fork: the deadline must still end the session, adl-exec must report
+    """RLIMIT_NOFILE and RLIMIT_NPROC 0 on the launcher (the agent's parent) and the guardian (forked
+    just before the stage), then a double fork: the deadline must still end the session, adl-exec must report
     it (no traceback), the log must hold the exit, and nothing may be left."""
     lock = sandbox.ws / "gc.lock"
     policy = sandbox.policy(permissions={**sandbox.permissions, "resource_limits": {"max_duration_sec": 2}})
@@ -115,6 +115,7 @@ def test_launcher_and_guardian_limits_are_out_of_reach(sandbox: Sandbox) -> None
         import fcntl, time
         for label, pid in (("parent", os.getppid()), ("guardian", os.getpid() - 1)):
             check(label, lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (0, 0)))
+            check(label, lambda: resource.prlimit(pid, resource.RLIMIT_NPROC, (0, 0)))
         lock = open({str(lock)!r}, "w")
         resource.setrlimit(resource.RLIMIT_NOFILE, (0, 0))
         if os.fork() == 0:
@@ -128,7 +129,7 @@ def test_launcher_and_guardian_limits_are_out_of_reach(sandbox: Sandbox) -> None
         policy=policy,
         timeout=60,
     )
-    assert "ESCAPED" not in result.out and result.out.count("BLOCKED") == 2, result.out + result.err
+    assert "ESCAPED" not in result.out and result.out.count("BLOCKED") == 4, result.out + result.err
     assert "Traceback" not in result.err, result.err
     assert result.code == 128 + signal.SIGKILL and result.record("exit")["payload"]["reason"] == "timeout"
     assert time.monotonic() - started < 20

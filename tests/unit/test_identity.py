@@ -53,4 +53,3 @@ def test_resolution_order() -> None:
         with pytest.raises(IdentityError) as refused:
             resolve(None, 0, 0, environ)
         assert str(refused.value) == ROOT_REFUSAL and "--user" in ROOT_REFUSAL and "sudo" in ROOT_REFUSAL
-
