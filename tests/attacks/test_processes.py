@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import textwrap
 import time
@@ -183,3 +184,25 @@ def test_control_reading_the_agents_own_proc_entries(sandbox: Sandbox) -> None:
     )
     assert result.code == 0, result.err
     assert result.out.splitlines() == ["Name:\tpython3", "['0', '1', '2', '3']", "python3", "1"], result.out
+
+
+def test_no_host_process_reachable_through_the_creation_guard(sandbox: Sandbox, host_sleepers: dict[str, int]) -> None:
+    """An O_PATH descriptor needs no Landlock right, and reopening it through /proc/self/fd with
+    O_CREAT hands the open to the creation guard. Whatever the guard's rights, the /proc it sees is
+    the session's: a host process's command line and its network namespace's sockets do not exist."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # a host socket to look for
+        port = listener.getsockname()[1]
+        host_pid = host_sleepers["root"]
+        result = attempt(
+            sandbox,
+            f"""
+            for label, path in (("cmdline", "/proc/{host_pid}/cmdline"), ("tcp", "/proc/{host_pid}/net/tcp")):
+                def reopen():
+                    fd = os.open(path, os.O_PATH)
+                    data = os.read(os.open(f"/proc/self/fd/{{fd}}", os.O_RDONLY | os.O_CREAT), 65536)
+                    print("READ", label, data.hex())
+                check(label, reopen)
+            """,
+        )
+    assert result.out.count("BLOCKED") == 2 and "ESCAPED" not in result.out, result.out + result.err
+    assert f":{port:04X}".lower() not in result.out.lower() and b"sleep".hex() not in result.out
