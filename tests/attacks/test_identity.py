@@ -137,7 +137,7 @@ def test_the_daemon_refuses_a_root_caller(daemon: RunningDaemon) -> None:
     r = subprocess.run(as_root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 125 and "never runs as host root" in r.stderr, r.stderr
     assert "workspace notes" not in r.stdout
-    ok = daemon.adl_exec("python3", "-c", "import os; print(os.getuid())")
-    assert ok.returncode == 0 and ok.stdout.strip() == str(AGENT_UID), ok.stderr
+    ok = daemon.adl_exec("python3", "-c", "import os; print(os.getuid(), os.getpid())")
+    assert ok.returncode == 0 and ok.stdout.split() == [str(AGENT_UID), "2"], ok.stderr  # its own PID namespace
     kinds = [r["intent"].rsplit(".", 1)[-1] for r in daemon.records()]
     assert kinds.count("refused") == 1 and kinds.count("launch") == 1
