@@ -2,17 +2,19 @@
 launcher, the guardian or any host process can even be named (kill, prlimit, /proc).
 
 CLONE_NEWPID applies to the caller's children only, so the stage, right after joining the session's
-cgroup and before its order arrives (off the launch path), unshares it and forks:
+cgroup and before its order arrives (off the launch path), unshares it and forks init, announces
+init's pid on the status pipe and exits. The launcher is a child subreaper, so init becomes its
+child; only then does init fork pid 2, which waits for the order, applies the sandbox and execs:
 
-  stage (host namespace, the launcher's child)  waits and ends as the agent did
-    init (pid 1 of the new namespace)           forwards signals, reaps orphans, reports the status
-      pid 2                                     waits for the order, applies the sandbox, execs
+  launcher
+    init (pid 1 of the new namespace)   forwards signals, reaps orphans, reports the agent's status
+      pid 2                             becomes the agent
 
 The agent is not pid 1 because pid 1 ignores every signal it has no handler for, and orphans
 (double-forked processes) would stay its zombies. When init exits the kernel kills everything left
-in the namespace, so nothing outlives the session's main process. Init and the stage stay root,
-which an agent of another uid cannot signal, trace or prlimit; the agent mounts its own /proc
-(namespaces.mount_proc), where neither they nor any host process appear.
+in the namespace, so nothing outlives the session's main process. Init stays root, which an agent
+of another uid cannot signal, trace or prlimit; the agent mounts its own /proc
+(namespaces.mount_proc), where neither init nor any host process appears.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import resource
+import select
 import signal
 import struct
 
@@ -28,38 +30,55 @@ from .namespaces import CLONE_NEWPID, unshare
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what the launcher passes on
 PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 _STATUS = struct.Struct("i")
 
 
-def fork_init(close_in_helpers: list[int]) -> None:
-    """Unshare a PID namespace, fork its init and pid 2; return in pid 2 only. `close_in_helpers`:
-    descriptors the stage and init must not hold (the order socket: its end of stream tells the
-    launcher the agent exec'd, or the stage that the launch was discarded)."""
+def fork_init(status_fd: int) -> None:
+    """Unshare a PID namespace and fork its init; the calling stage announces init on `status_fd`
+    and exits, and this returns in init's first child (pid 2), which keeps every descriptor."""
     unshare(CLONE_NEWPID)
-    status_read, status_write = os.pipe()
-    target = _Target()
-    _forward_to(target)  # before the fork: a signal in between is forwarded, not lost
+    stage = os.pidfd_open(os.getpid())
     init = os.fork()
     if init:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: all go
-        target.start(init)
-        os.close(status_write)
-        _close(close_in_helpers)
-        _end_like_agent(init, status_read)  # never returns
-    target.pending.clear()  # the stage's, not init's
-    os.close(status_read)
+        announce(status_fd, init)
+        os._exit(0)  # init is adopted by the launcher
+    # The stage's pidfd turns readable once it is a zombie, which is after its children were handed
+    # to the launcher: only then may the parent-death signal be set (the hand-over delivers it).
+    poller = select.poll()
+    poller.register(stage, select.POLLIN)
+    poller.poll()
+    os.close(stage)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the session goes
+    target = _Target()
+    _forward_to(target)  # before the fork: a signal in between is forwarded, not lost
     agent = os.fork()
     if agent:
         target.start(agent)
-        _close(close_in_helpers)
-        _init_loop(agent, status_write)  # never returns
-    os.close(status_write)
+        _close_all_but({0, 1, 2, status_fd})  # the order socket, the launcher's guardian socket
+        _init_loop(agent, status_fd)  # never returns
+    os.close(status_fd)
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # init gone: the session goes
+
+
+def announce(status_fd: int, pid: int) -> None:
+    """Tell the launcher which process to wait for."""
+    os.write(status_fd, _STATUS.pack(pid))
+
+
+def read_pid(status_read: int) -> int | None:
+    data = os.read(status_read, _STATUS.size)
+    return _STATUS.unpack(data)[0] if len(data) == _STATUS.size else None
+
+
+def read_status(status_read: int) -> int | None:
+    """The agent's wait status, once init (and with it every other holder of the pipe) is gone."""
+    if status_read < 0:
+        return None
+    data = os.read(status_read, _STATUS.size)
+    return _STATUS.unpack(data)[0] if len(data) == _STATUS.size else None
 
 
 class _Target:
@@ -89,10 +108,15 @@ def _forward_to(target: _Target) -> None:
         signal.signal(sig, forward)
 
 
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+def _close_all_but(keep: set[int]) -> None:
+    """What init must not hold: it outlives its launcher's descriptors otherwise (a guardian waits
+    for the end of its socket)."""
+    low = 0
+    for fd in sorted(keep):
+        if low < fd:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
 
 
 def _init_loop(agent: int, status_write: int) -> None:
@@ -106,28 +130,3 @@ def _init_loop(agent: int, status_write: int) -> None:
                 break
     finally:
         os._exit(code)  # the kernel then kills whatever is left in the namespace
-
-
-def _end_like_agent(init: int, status_read: int) -> None:
-    """The stage: wait for init, then exit with the agent's status (killed by the same signal when
-    it was killed), so the launcher reads the agent's outcome from its own child."""
-    code = 1
-    try:
-        _, init_status = os.waitpid(init, 0)
-        data = os.read(status_read, _STATUS.size)
-        status = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else init_status
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the agent's crash, not the stage's
-            ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-            for forwarded in FORWARDED:
-                signal.signal(forwarded, signal.SIG_DFL)
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):  # these cannot be caught nor blocked
-                signal.signal(sig, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-            os.kill(os.getpid(), sig)
-            code = 128 + sig
-        else:
-            code = os.waitstatus_to_exitcode(status)
-    finally:
-        os._exit(code)
