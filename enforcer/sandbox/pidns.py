@@ -35,13 +35,21 @@ _STATUS = struct.Struct("i")
 
 def fork_init(status_fd: int) -> None:
     """Unshare a PID namespace and fork its init; the calling stage announces init on `status_fd`
-    and exits, and this returns in init's first child (pid 2), which keeps every descriptor."""
+    and exits, and this returns in init's first child (pid 2), which keeps every descriptor.
+    OSError only from before the fork: the caller is then still the stage, and nothing was forked."""
     unshare(CLONE_NEWPID)
     stage = os.pidfd_open(os.getpid())
     init = os.fork()
     if init:
         announce(status_fd, init)
         os._exit(0)  # init is adopted by the launcher
+    try:
+        _start_init(stage, status_fd)  # returns in pid 2 only
+    except BaseException:  # never back into the stage's code as anything but pid 2
+        os._exit(125)
+
+
+def _start_init(stage: int, status_fd: int) -> None:
     # The stage's pidfd turns readable once it is a zombie, which is after its children were handed
     # to the launcher: only then may the parent-death signal be set (the hand-over delivers it).
     poller = select.poll()

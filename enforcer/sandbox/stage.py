@@ -29,7 +29,8 @@ Stage order (each step needs the privileges the next one removes):
 then exec. Any failure is written back on the order socket and the stage exits: nothing runs
 unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
 
-This module imports only the standard library at load: the sandbox modules load inside the stage.
+This module imports only the standard library and the small cgroups and pidns modules at load: the
+other sandbox modules load inside the stage.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
-    from . import creation_guard, landlock, namespaces, pidns, seccomp  # noqa: F401
+    from . import creation_guard, landlock, namespaces, seccomp  # noqa: F401
 
     join_error = None
     try:
@@ -386,7 +387,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
 
 
 def _fork_guard(guard: GuardOrder, report_fd: int) -> socket.socket:
-    """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
+    """Double-fork the creation guard (it becomes init's child, not the agent's) and return
     the socket on which it waits for the seccomp listener."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
