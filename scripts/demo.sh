@@ -21,7 +21,7 @@ chown -R "$AGENT_USER:$(id -gn "$AGENT_USER")" $WS
 run() { echo; echo "\$ $*"; "$@" || echo "(exit $?)"; }
 EXEC=".venv/bin/adl-exec --adl $POLICY --user $AGENT_USER --report --"
 echo "== the layers adl-exec enforces for this agent"
-.venv/bin/adl-exec --adl $POLICY --explain -- python3 $WS/main.py | sed -n '/^layers:/,$p'
+.venv/bin/adl-exec --adl $POLICY --user $AGENT_USER --explain -- python3 $WS/main.py | sed -n '/^layers:/,$p'
 echo; echo "== inside the sandbox"
 run $EXEC python3 $WS/main.py                                  # allowed: run the workspace code
 run $EXEC cat /tmp/adl-demo/reference/notes.txt                # allowed read
