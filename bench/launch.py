@@ -40,6 +40,8 @@ from enforcer.sandbox.session import host_features
 from enforcer.sandbox.stage import Prepared, new_session_id, prepare
 
 REPO = Path(__file__).resolve().parent.parent
+AGENT = 65534  # nobody/nogroup: the agent never runs as root
+USER = f"{AGENT}:{AGENT}"
 BASELINE = REPO / "policies" / "runtime-baseline.yaml"
 POLICY = {
     "adl_spec": "0.3.0",
@@ -87,6 +89,8 @@ def creation_cost(env: dict[str, str], guarded: bool, n: int = 2000) -> tuple[fl
     noise does not hide the guard's cost."""
     base = Path(tempfile.mkdtemp(dir="/dev/shm")) / ("guarded" if guarded else "plain")
     base.mkdir()
+    base.parent.chmod(0o711)  # the agent runs as AGENT (never root): it must reach and own its files
+    os.chown(base, AGENT, AGENT)
     doc = json.loads(json.dumps(POLICY))
     doc["permissions"]["execution"]["allowed_commands"] = ["python3"]
     doc["permissions"]["filesystem"] = {
@@ -97,7 +101,7 @@ def creation_cost(env: dict[str, str], guarded: bool, n: int = 2000) -> tuple[fl
     policy.write_text(json.dumps(doc))
     code = CREATE_LOOP.format(base=str(base), n=n)
     out = subprocess.run(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "python3", "-c", code],
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--user", USER, "--", "python3", "-c", code],
         check=True,
         env=env,
         capture_output=True,
@@ -123,7 +127,8 @@ def main() -> None:
         policy_path = Path(tmp) / "bench.adl.json"
         policy_path.write_text(json.dumps(POLICY))
         env = {**os.environ, "ADL_ENFORCER_AUDIT_DIR": f"{tmp}/audit", "ADL_ENFORCER_AUDIT_KEY": f"{tmp}/key.pem"}
-        adl_exec = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy_path), "--", "/bin/true"]
+        adl_exec = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy_path), "--user", USER]
+        adl_exec += ["--", "/bin/true"]
         policy = load_policy(policy_path)
         baseline = load_baseline(BASELINE)
         features = host_features()
@@ -139,7 +144,8 @@ def main() -> None:
 
         def setup(prepared: Prepared | None, chosen=policy) -> None:  # type: ignore[no-untyped-def]
             plan = build_plan(chosen, ["/bin/true"], baseline=baseline, environ={}, features=features)
-            outcome = launcher.run(plan, prepared.session if prepared else new_session_id(), prepared=prepared)
+            session = prepared.session if prepared else new_session_id()
+            outcome = launcher.run(plan, session, prepared=prepared, uid=AGENT, gid=AGENT)
             assert outcome.exit_code == 0
 
         def forked_ahead() -> Prepared:

@@ -27,7 +27,7 @@ def main() -> None:
     features = host_features()
     start = time.perf_counter()
     plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=features)
-    outcome = launcher.run(plan, prepared.session, prepared=prepared)
+    outcome = launcher.run(plan, prepared.session, prepared=prepared, uid=65534, gid=65534)  # never root
     elapsed = time.perf_counter() - start
     prepared.discard()
     assert outcome.exit_code == 0, outcome

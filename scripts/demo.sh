@@ -14,11 +14,14 @@ mkdir -p $WS /tmp/adl-demo/reference
 echo "print('tests pass')" > $WS/main.py
 echo "DATABASE_PASSWORD=not-for-agents" > $WS/.env
 echo "reference notes" > /tmp/adl-demo/reference/notes.txt
+# The agent never runs as root: it runs as AGENT_USER, which owns its workspace and nothing else.
+AGENT_USER=${ADL_DEMO_USER:-nobody}
+chown -R "$AGENT_USER:$(id -gn "$AGENT_USER")" $WS
 
 run() { echo; echo "\$ $*"; "$@" || echo "(exit $?)"; }
-EXEC=".venv/bin/adl-exec --adl $POLICY --report --"
+EXEC=".venv/bin/adl-exec --adl $POLICY --user $AGENT_USER --report --"
 echo "== the layers adl-exec enforces for this agent"
-.venv/bin/adl-exec --adl $POLICY --explain -- python3 $WS/main.py | sed -n '/^layers:/,$p'
+.venv/bin/adl-exec --adl $POLICY --user $AGENT_USER --explain -- python3 $WS/main.py | sed -n '/^layers:/,$p'
 echo; echo "== inside the sandbox"
 run $EXEC python3 $WS/main.py                                  # allowed: run the workspace code
 run $EXEC cat /tmp/adl-demo/reference/notes.txt                # allowed read

@@ -51,8 +51,11 @@ def main() -> int:
             lab.start()
             (Path("/tmp/research") / "lab-ca.pem").write_bytes(lab.cert.read_bytes())
             env = {**os.environ, **lab.env()}
-            argv = [*lab.wrap(), str(REPO / ".venv/bin/adl-exec"), "--adl", str(POLICY), "--report", "--"]
-            print(f"$ adl-exec --adl {POLICY.relative_to(REPO)} --report -- python3 agent.py   (in the lab)")
+            user = os.environ.get("ADL_DEMO_USER", "nobody")  # the agent never runs as root
+            argv = [*lab.wrap(), str(REPO / ".venv/bin/adl-exec"), "--adl", str(POLICY), "--user", user]
+            argv += ["--report", "--"]
+            shown = f"adl-exec --adl {POLICY.relative_to(REPO)} --user {user} --report -- python3 agent.py"
+            print(f"$ {shown}   (in the lab)")
             subprocess.run([*argv, "python3", "-c", AGENT], env=env, timeout=120, check=False)
         finally:
             lab.stop()

@@ -13,7 +13,7 @@ from enforcer.policy import CompileOptions, SchemaSet, compile_policy, spec_root
 
 from .daemon_helpers import daemon  # noqa: F401  (fixture for tests/integration)
 from .netlab import net_sandbox, netlab  # noqa: F401  (fixtures for the egress tests)
-from .sandbox_helpers import sandbox  # noqa: F401  (fixture for tests/integration and tests/attacks)
+from .sandbox_helpers import agent_tmp_path, sandbox  # noqa: F401  (fixtures for tests/integration and tests/attacks)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "policies" / "examples"

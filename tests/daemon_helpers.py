@@ -7,6 +7,7 @@ Each instance has its own policy directory, audit log and cgroup directory name,
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import secrets
@@ -27,7 +28,7 @@ from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
 
-from .sandbox_helpers import Sandbox
+from .sandbox_helpers import AGENT_GID, AGENT_UID, Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,6 +137,8 @@ class RunningDaemon:
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
             "ADL_ENFORCER_CGROUP_GROUP": self.group,
             "ADL_ENFORCER_AUDIT_RETRY_S": "0.2",
+            # The clients run as the agents' identity (the daemon runs a session as its caller's uid).
+            "ADL_ENFORCER_SOCKET_GROUP": grp.getgrgid(AGENT_GID).gr_name,
             **self.extra_env,
         }
 
@@ -214,9 +217,11 @@ class RunningDaemon:
         return list(iter_records(self.audit)) if self.audit.exists() else []
 
     def exec_argv(self, *command: str, agent: str = "Sandboxed", options: tuple[str, ...] = ()) -> list[str]:
-        """adl-exec --daemon for this daemon's launch socket."""
+        """adl-exec --daemon for this daemon's launch socket, run as the agents' test identity (the
+        daemon refuses to run an agent for a root caller)."""
         launch = ["--daemon", f"unix:{self.launch}", "--agent", agent]
-        return [sys.executable, "-m", "enforcer.cli.exec", *launch, *options, "--", *command]
+        as_agent = ["setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_GID}", "--clear-groups"]
+        return [*as_agent, sys.executable, "-m", "enforcer.cli.exec", *launch, *options, "--", *command]
 
     def adl_exec(self, *command: str, agent: str = "Sandboxed", timeout: float = 60) -> Any:
         argv = self.exec_argv(*command, agent=agent, options=("--report",))
@@ -228,9 +233,9 @@ def tool_request(agent: str, name: str, arguments: Any, **kw: Any) -> pb.CheckRe
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
-    box = Sandbox(tmp_path / "box")
-    running = RunningDaemon(tmp_path, box)
+def daemon(agent_tmp_path: Path) -> Iterator[RunningDaemon]:
+    box = Sandbox(agent_tmp_path / "box")
+    running = RunningDaemon(agent_tmp_path, box)
     running.write_agents()
     try:
         running.start()

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from .sandbox_helpers import agent_tmp_dir
+
 REPO = Path(__file__).resolve().parents[1]
 DNS_SERVER = "198.51.100.53"
 WEB = [
@@ -181,15 +183,16 @@ class NetLab:
 
 
 @pytest.fixture(scope="session")
-def netlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetLab]:
+def netlab() -> Iterator[NetLab]:
     if os.geteuid() != 0:
         pytest.skip("the network lab needs root")
-    lab = NetLab(tmp_path_factory.mktemp("netlab"))
-    try:
-        lab.start()
-        yield lab
-    finally:
-        lab.stop()
+    with agent_tmp_dir() as directory:  # the sandboxed agent (not root) reads the lab's CA
+        lab = NetLab(directory)
+        try:
+            lab.start()
+            yield lab
+        finally:
+            lab.stop()
 
 
 @pytest.fixture

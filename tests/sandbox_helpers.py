@@ -3,10 +3,15 @@ runner for adl-exec that returns the exit code, output and the session's audit r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,35 @@ from enforcer.audit.query import iter_records
 from enforcer.sandbox import cgroups
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox tests need root (CI runs as root)")
+
+# The agents' identity in tests: nobody/nogroup owns nothing on the host. adl-exec refuses to run an
+# agent as root, so every test launch names it and every workspace is chowned to it.
+AGENT_UID = AGENT_GID = 65534
+AGENT_USER = f"{AGENT_UID}:{AGENT_GID}"
+
+
+@contextlib.contextmanager
+def agent_tmp_dir() -> Iterator[Path]:
+    """A temporary directory the agent's uid can traverse (not list). pytest's own are below a 0700
+    directory whose mode every pytest run resets."""
+    root = Path(tempfile.mkdtemp(prefix="adl-test-"))
+    try:
+        root.chmod(0o711)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_tmp_path() -> Iterator[Path]:
+    with agent_tmp_dir() as root:
+        yield root
+
+
+def give_to_agent(path: Path) -> None:
+    """chown -R to the agent's identity: what an operator does with a workspace."""
+    for d in (path, *path.rglob("*")):
+        os.chown(d, AGENT_UID, AGENT_GID, follow_symlinks=False)
 
 
 @dataclass
@@ -41,7 +75,9 @@ class Sandbox:
         self.outside = root / "outside"
         self.audit = root / "audit"
         self.wrap: list[str] = []  # a prefix for adl-exec (the network lab's nsenter)
+        self.user: str | None = AGENT_USER  # adl-exec --user (None: pass none)
         self.env: dict[str, str] = {}  # extra environment for adl-exec
+        self.group = "adl-test-" + secrets.token_hex(4)  # its own cgroup directory: other runs' sessions are not ours
         for d in (self.ws, self.ref, self.outside):
             d.mkdir(parents=True)
         (self.ws / "notes.txt").write_text("workspace notes\n")
@@ -49,6 +85,7 @@ class Sandbox:
         (self.ws / "key.pem").write_text("PEM-CONTENT\n")
         (self.ref / "doc.txt").write_text("reference doc\n")
         (self.outside / "private.txt").write_text("OUTSIDE-CONTENT\n")
+        give_to_agent(self.ws)
         self.permissions: dict[str, Any] = {
             "filesystem": {
                 "allowed_paths": [
@@ -85,35 +122,44 @@ class Sandbox:
         env: dict[str, str] | None = None,
         timeout: float = 60,
         policy: Path | None = None,
+        stdout: Path | None = None,
     ) -> Result:
+        """Run adl-exec; `stdout`: a file (owned by the agent) instead of a pipe for the command's
+        output: an agent of another uid cannot reopen the caller's pipes through /dev/stdout."""
         environ = {
             **os.environ,
             "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
+            "ADL_ENFORCER_CGROUP_GROUP": self.group,
             **self.env,
             **(env or {}),
         }
         before = {r["seq"] for r in self._records()}
-        proc = subprocess.run(
-            [
-                *self.wrap,
-                sys.executable,
-                "-m",
-                "enforcer.cli.exec",
-                "--adl",
-                str(policy or self.policy()),
-                "--report",
-                *args,
-                "--",
-                *command,
-            ],
-            capture_output=True,
-            text=True,
-            env=environ,
-            timeout=timeout,
-        )
+        with contextlib.ExitStack() as files:
+            sink = files.enter_context(stdout.open("a")) if stdout is not None else subprocess.PIPE
+            proc = subprocess.run(
+                [
+                    *self.wrap,
+                    sys.executable,
+                    "-m",
+                    "enforcer.cli.exec",
+                    "--adl",
+                    str(policy or self.policy()),
+                    "--report",
+                    *(("--user", self.user) if self.user is not None else ()),
+                    *args,
+                    "--",
+                    *command,
+                ],
+                stdout=sink,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environ,
+                timeout=timeout,
+            )
+        out = stdout.read_text() if stdout is not None else proc.stdout
         records = [r for r in self._records() if r["seq"] not in before]
-        return Result(proc.returncode, proc.stdout, proc.stderr, records)
+        return Result(proc.returncode, out, proc.stderr, records)
 
     def python(self, code: str, **kw: Any) -> Result:
         return self.run("python3", "-c", code, **kw)
@@ -122,13 +168,26 @@ class Sandbox:
         return list(iter_records(self.audit)) if self.audit.exists() else []
 
 
-def session_cgroups() -> list[str]:
-    """Sessions left under the enforcer's cgroup in any hierarchy."""
-    return sorted(cgroups.existing())
+def session_cgroups(group: str = cgroups.GROUP) -> list[str]:
+    """Sessions left in cgroup directory `group` in any hierarchy."""
+    return sorted(cgroups.existing(group=group))
+
+
+def remove_group(group: str) -> None:
+    """Remove a test's cgroup directories, and any session left in them."""
+    with contextlib.suppress(OSError):
+        for left in cgroups.existing(group=group).values():
+            left.remove(timeout=5)
+        for base in cgroups.group_directories(group=group):
+            with contextlib.suppress(FileNotFoundError):
+                base.rmdir()
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path):  # type: ignore[no-untyped-def]
-    box = Sandbox(tmp_path)
-    yield box
-    assert session_cgroups() == [], "a session cgroup was left behind"
+def sandbox(agent_tmp_path: Path):  # type: ignore[no-untyped-def]
+    box = Sandbox(agent_tmp_path)
+    try:
+        yield box
+        assert session_cgroups(box.group) == [], "a session cgroup was left behind"
+    finally:
+        remove_group(box.group)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import data
-from ..sandbox import DOMAINS
+from ..sandbox import DOMAINS, cgroups
 from ..version import version_text
 
 EXIT_REFUSED = 125
@@ -22,13 +23,15 @@ DEFAULT_BASELINE = data.RUNTIME_BASELINE
 
 EPILOG = f"""\
 Every layer is enforced by the kernel: Landlock (files, executables), a private mount namespace
-(denied files masked), an empty network namespace, seccomp, cgroups (memory, CPU, pids, wall
-clock), no capabilities. A layer that cannot be enforced makes adl-exec refuse, unless you accept
-it with --accept-unenforced DOMAIN ({", ".join(DOMAINS)}); the acceptance is printed and audited.
+(denied files masked), an empty network namespace, its own PID namespace and /proc, seccomp,
+cgroups (memory, CPU, pids, wall clock), no capabilities, never host root (--user, else the sudo
+caller; the workspace must be usable by that user). A layer that cannot be enforced makes adl-exec
+refuse, unless you accept it with --accept-unenforced DOMAIN ({", ".join(DOMAINS)}); the
+acceptance is printed and audited.
 
 examples:
   adl-exec --adl policies/examples/coding-agent.adl.json --explain -- python3 agent.py
-  adl-exec --adl policies/examples/coding-agent.adl.json --report -- cat /tmp/adl-demo/workspace/notes.txt
+  adl-exec --adl policies/examples/coding-agent.adl.json --user nobody --report -- cat /tmp/adl-demo/workspace/notes.txt
   adl-exec --adl agent.adl.json --aaif agent.aaif.json --user nobody -- node agent.js
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
@@ -80,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=DOMAINS,
         help="run even though DOMAIN cannot be enforced on this host (audited)",
     )
-    parser.add_argument("--user", help="run as this user (name or uid) instead of the caller's uid")
+    parser.add_argument(
+        "--user",
+        metavar="NAME|UID[:GID]",
+        help="run the agent as this user (never root; a uid without a passwd entry needs :GID). Default: the "
+        "sudo caller (SUDO_UID/SUDO_GID), else adl-exec's own uid; root with neither is refused",
+    )
     parser.add_argument(
         "--audit-dir",
         type=Path,
@@ -106,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
 
+    group = os.environ.get("ADL_ENFORCER_CGROUP_GROUP") or cgroups.GROUP
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", group):
+        parser.error(f"ADL_ENFORCER_CGROUP_GROUP={group!r}: expected a directory name ([A-Za-z0-9_.-])")
     session = new_session_id()
     # Now, while this process is small: the imports below take ~250 ms, on the other core.
-    prepared = None if args.explain else prepare(session)
+    prepared = None if args.explain else prepare(session, cgroup_group=group)
     try:
         from .exec_embedded import run_embedded
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
 from ..documents import PolicyFileError, load_policy, load_regions
 from ..policy import CompileOptions, DocumentRejected, Policy
+from ..sandbox import identity
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -20,14 +20,15 @@ from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
 
 
-def _user(spec: str | None) -> tuple[int | None, int | None]:
-    if spec is None:
-        return None, None
+def _identity(spec: str | None) -> tuple[int | None, int | None]:
+    """The uid/gid the stage switches to; None, None when the agent runs as this (unprivileged) process."""
     try:
-        entry = pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
-    except (KeyError, ValueError):
-        raise PlanError(f"--user {spec}: no such user") from None
-    return entry.pw_uid, entry.pw_gid
+        chosen = identity.resolve(spec, os.geteuid(), os.getegid(), os.environ)
+    except identity.IdentityError as exc:
+        raise PlanError(str(exc)) from None
+    if chosen.uid == os.geteuid() and chosen.gid == os.getegid():
+        return None, None
+    return chosen.uid, chosen.gid
 
 
 def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None) -> int:
@@ -43,7 +44,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         )
         policy = load_policy(args.adl, args.aaif, options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
-        uid, gid = _user(args.user)
+        uid, gid = _identity(args.user) if not args.explain else (None, None)
         plan = build_plan(
             policy,
             command,
@@ -60,7 +61,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             _audit_refusal(args, policy, session_id, reason, command)
         return refuse(reason)
     if args.explain:
-        _print_explain(policy, plan, args.json)
+        _print_explain(policy, plan, args.json, _explain_identity(args.user))
         return 0
     for domain in plan.accepted_unenforced:
         print(f"adl-exec: warning: '{domain}' is NOT enforced (accepted with --accept-unenforced)", file=sys.stderr)
@@ -92,6 +93,14 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     return outcome.exit_code
 
 
+def _explain_identity(spec: str | None) -> dict[str, object]:
+    try:
+        chosen = identity.resolve(spec, os.geteuid(), os.getegid(), os.environ)
+    except identity.IdentityError as exc:
+        return {"refused": str(exc)}
+    return {"uid": chosen.uid, "gid": chosen.gid, "from": chosen.source}
+
+
 def _open_writer(args: argparse.Namespace) -> AuditWriter:
     return AuditWriter(args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec")
 
@@ -113,7 +122,7 @@ def _safe_refusal(writer: AuditWriter, policy: Policy | None, session: str, reas
         print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
 
 
-def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> None:
+def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool, agent: dict[str, object]) -> None:
     from ..explain import policy_summary, render_policy
 
     if as_json:
@@ -126,6 +135,7 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
                     "layers": sessions.layers_json(plan),
                     "accepted_unenforced": plan.accepted_unenforced,
                     "refusals": plan.refusals,
+                    "identity": agent,
                 },
                 indent=2,
             )
@@ -134,10 +144,12 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool) -> 
     print(render_policy(policy))
     print()
     print(f"command: {plan.executable} (argv {plan.argv})")
+    if "uid" in agent:
+        print(f"runs as: uid {agent['uid']}, gid {agent['gid']} (from {agent['from']})")
     print("layers:")
     for layer in plan.layers:
         print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
         for line in layer.details:
             print(f"      {line}")
-    for refusal in plan.refusals:
+    for refusal in [*plan.refusals, *([agent["refused"]] if "refused" in agent else [])]:
         print(f"a launch would be refused: {refusal}")

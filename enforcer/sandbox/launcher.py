@@ -1,8 +1,10 @@
 """Run a LaunchPlan: cgroup, stage and guardian (see stage.py), wait, typed outcome.
 
-The launcher never forks on the launch path: the stage forked ahead becomes the agent. The launcher
-is a child subreaper, so double-forked processes stay its children; the guardian removes the
-cgroup (killing everything in it) if the launcher dies, even by SIGKILL.
+The launcher never forks on the launch path: the stage forked ahead has forked the session's PID
+namespace's init and exited, and init has forked the process that becomes the agent (pidns.py).
+The launcher is a child subreaper: it adopts init, waits for it and reads the agent's status from
+it. Nothing of the launcher is visible from that namespace. The guardian removes the cgroup
+(killing everything in it) if the launcher dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -43,6 +46,7 @@ class Outcome:
     pid: int
     guard_refusals: list[dict[str, object]] = dataclasses.field(default_factory=list)
     guard_refused_total: int = 0
+    cleanup_error: str | None = None  # the session's cgroup could not be removed here (the guardian retries)
 
 
 def run(
@@ -106,23 +110,30 @@ def run(
         finally:
             if guarded:
                 os.close(report_write)
-        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started)
+        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status)
         if guarded:
             outcome = _with_guard_report(outcome, report_read)
     finally:
         if guarded:
             os.close(report_read)
+        cleanup_error = None
         try:
             group.remove()
+        except OSError as exc:  # the outcome is still reported; the guardian, released now, tries again
+            cleanup_error = f"cgroup removal: {exc}"
         finally:
             prepared.guardian.release()
             if owned:
                 prepared.discard()
             _reap_orphans()
-    return outcome
+    return dataclasses.replace(outcome, cleanup_error=cleanup_error) if cleanup_error else outcome
 
 
-def _wait(pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: float) -> Outcome:
+def _wait(
+    pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: float, agent_status: Callable[[], int | None]
+) -> Outcome:
+    """Wait for the session's init (`pid`); the outcome is the agent's status as init reported it,
+    or init's own when it was killed first (a timeout, an OOM kill)."""
     forward = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for sig in forward:
         signal.signal(sig, lambda signum, _frame: _signal_child(pid, signum))
@@ -131,7 +142,9 @@ def _wait(pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: flo
         if not _exited_within(pid, timeout_s):
             timed_out = True
             group.kill_all()
-        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        waited = os.waitpid(pid, 0)[1]
+        reported = agent_status()
+        status = os.waitstatus_to_exitcode(reported if reported is not None else waited)
     finally:
         for sig, handler in forward.items():
             signal.signal(sig, handler)

@@ -12,6 +12,7 @@ import struct
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -69,6 +70,18 @@ def mask_dir(path: str) -> None:
     mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=000")
 
 
+def mount_proc(pid: int) -> None:
+    """A /proc of the calling process's PID namespace over the host's (the caller must be in that
+    namespace). hidepid=2: processes of other uids (the namespace's init, run as root) are invisible.
+    The mount table of the namespace is masked in `pid`'s entry (the only one its Landlock domain
+    reads): it names host paths outside the grants and every masked denied path. Each thread has a
+    copy under task/, so task/ is masked whole: programs lose per-thread /proc introspection."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    for name in ("mountinfo", "mounts", "mountstats"):
+        mask_file(f"/proc/{pid}/{name}")
+    mask_dir(f"/proc/{pid}/task")
+
+
 def loopback_up() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         req = struct.pack("16sH14x", b"lo", 0)
@@ -84,20 +97,30 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
+def drop_agent_privileges(uid: int | None, gid: int | None) -> None:
+    """drop_privileges(), and the agent never keeps host uid or gid 0: root without capabilities
+    still owns root's files, and chmod, chown-to-self, xattrs and ACLs are not Landlock rights."""
+    drop_privileges(uid, gid)
+    if 0 in os.getresuid() or 0 in os.getresgid():
+        raise PermissionError("the agent never runs as host uid or gid 0 (no identity to switch to)")
+
+
 def drop_privileges(uid: int | None, gid: int | None) -> None:
-    """Switch to uid/gid when asked, then drop every capability from every set so a root agent is
-    only an ordinary owner of root's files, and lock it so exec cannot grant them back."""
+    """Switch to uid/gid when asked and drop every capability from every set, locked so exec cannot
+    grant them back."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    if os.geteuid() == 0:
+        # While CAP_SETPCAP is still held; NO_SETUID_FIXUP keeps the effective set across the uid
+        # switch below, and capset() then clears it explicitly.
+        for cap in range(last_cap + 1):
+            _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        _check(_libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_LOCKED_ALL, 0, 0, 0), "securebits")
     if gid is not None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
     if uid is not None:
         os.setresuid(uid, uid, uid)
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last_cap = int(f.read())
-    if os.geteuid() == 0 or uid is None:
-        for cap in range(last_cap + 1):
-            _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # fails harmlessly without CAP_SETPCAP
-        _libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT_LOCKED_ALL, 0, 0, 0)
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()

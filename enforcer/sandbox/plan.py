@@ -313,7 +313,17 @@ def build_plan(
     layers.append(
         Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
     )
-    layers.append(Layer("privileges", "no capabilities, no_new_privs, new session, private mounts", "active"))
+    layers.append(
+        Layer(
+            "privileges",
+            "never host root, no capabilities, no_new_privs, new session, private mounts",
+            "active",
+            [
+                "identity: --user, else the sudo caller, else the daemon's caller (uid or gid 0 refused)",
+                "own PID namespace under an init; own /proc (hidepid=2), its mount tables masked",
+            ],
+        )
+    )
     residual = _residual(policy, baseline)
     layers.append(Layer("not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable"))
     layers[-1].details.extend(residual)

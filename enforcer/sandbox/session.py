@@ -3,6 +3,7 @@ Shared by adl-exec (embedded mode) and the daemon's spawner."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import asdict
@@ -14,7 +15,7 @@ from ..audit.evidence import EvidenceEvent, build_evidence
 from ..audit.records import format_ts
 from ..egress import netns
 from ..policy import Policy
-from . import cgroups, landlock, launcher
+from . import cgroups, identity, landlock, launcher
 from .plan import HostFeatures, LaunchPlan
 from .stage import Prepared
 
@@ -68,7 +69,12 @@ def run_session(
     prepared: Prepared | None = None,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
-    the stage forked ahead (stage.prepare()); without it the launcher forks one."""
+    the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
+    identity to switch to (see identity.py); None keeps this process's, which must not be root."""
+    if (uid if uid is not None else os.geteuid()) == 0 or (gid if gid is not None else os.getegid()) == 0:
+        raise launcher.LaunchError(
+            f"{identity.ROOT_REFUSAL}; with adl-exec --daemon, launch from the account the agent should run as"
+        )
     masker = Masker(plan.secrets)
     agent = agent_of(policy)
     start_ns = time.time_ns()
@@ -85,7 +91,8 @@ def run_session(
             "baseline": {"path": str(plan.baseline.path), "digest": plan.baseline.digest},
             "env_passed": sorted(plan.env),
             "env_dropped": plan.env_dropped,
-            "uid": uid,
+            "uid": uid if uid is not None else os.geteuid(),
+            "gid": gid if gid is not None else os.getegid(),
         },
         corr=session,
         sync=True,
@@ -143,6 +150,7 @@ def run_session(
             "creations_refused": outcome.guard_refused_total,
             "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
             **({"network": network} if network is not None else {}),
+            **({"cleanup_error": outcome.cleanup_error} if outcome.cleanup_error else {}),
         },
         corr=session,
         priority="normal" if outcome.reason == "exit" else "high",

@@ -9,25 +9,29 @@ they run on the other core):
   when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: 12-16 ms measured here, now off the launch path), then
-  waits for its `StageOrder`, applies the rest of the sandbox to itself in a fixed order and execs
-  the agent: it *becomes* the agent, so no fork is left on the launch path.
+  forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
+  pid 2 (pidns.py). Pid 2 waits for its `StageOrder`, applies the rest of the sandbox to itself in
+  a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
+     and fork into a new PID namespace  (at birth too; pid 2 carries on below)
   2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks, (needs the new mount namespace)
      every mount noexec but the allowed executables and library directories
   4. loopback up                        (needs CAP_NET_ADMIN in the new network namespace)
-  5. drop uid/gid and every capability
-  6. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
+  5. mount the PID namespace's own /proc, its mount tables masked
+  6. drop uid/gid (never host root) and every capability
+  7. Landlock (sets no_new_privs); with a creation guard, first an outer domain that adds read
      access to /proc, then the guard is forked, then the agent's own domain nested inside
-  7. seccomp                            (last: it forbids mount and unshare); its notification
+  8. seccomp                            (last: it forbids mount and unshare); its notification
                                         listener is handed to the guard
 then exec. Any failure is written back on the order socket and the stage exits: nothing runs
 unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
 
-This module imports only the standard library at load: the sandbox modules load inside the stage.
+This module imports only the standard library and the small cgroups and pidns modules at load: the
+other sandbox modules load inside the stage.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..daemon.framing import FrameError, recv_frame, send_frame
-from . import cgroups
+from . import cgroups, pidns
 
 if TYPE_CHECKING:
     from .creation_guard import DeniedNames
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     from .seccomp import SeccompPlan
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_DUMPABLE = 4
 _MAX_FD = 1 << 20
@@ -94,15 +99,36 @@ class StageOrder:
 
 
 class Stage:
-    def __init__(self, pid: int, sock: socket.socket) -> None:
+    """The stage forks the session's init and exits (pidns.py); init, adopted by the launcher (a
+    child subreaper), is what the launcher then waits for. `pid` is init's once the stage has
+    announced it, and the agent's wait status comes from init over the status pipe."""
+
+    def __init__(self, pid: int, sock: socket.socket, status_read: int) -> None:
         self.pid = pid
+        self._stage_pid = pid
         self._sock = sock
+        self._status = status_read
+        self._announced = False
+
+    def _adopt_init(self) -> None:
+        """Read init's pid (the stage's own if it could not fork one) and collect the stage."""
+        if self._announced:
+            return
+        self._announced = True
+        pid = pidns.read_pid(self._status)
+        if pid is None:
+            raise StageError("the launch stage is gone before it forked the session's init")
+        if pid != self._stage_pid:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self._stage_pid, 0)
+            self.pid = pid
 
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
         The launcher's stdio goes along: it is the agent's, whatever the stage inherited at its fork."""
         fds = [0, 1, 2, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
         try:
+            self._adopt_init()
             send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
             self._sock.shutdown(socket.SHUT_WR)
             answer = b""
@@ -115,14 +141,23 @@ class Stage:
         if answer:
             raise StageError(answer.decode(errors="replace").strip())
 
+    def agent_status(self) -> int | None:
+        """The agent's wait status as init reported it (None if init died first). Call once init
+        has been waited for: every holder of the pipe's other end is gone by then."""
+        return pidns.read_status(self._status)
+
     def discard(self) -> None:
         """Unused: the stage sees end of stream and exits without running anything. Once started,
-        the stage is the agent and the launcher waits for it: nothing to do."""
-        if self._sock.fileno() < 0:
-            return
-        self._sock.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        the launcher has waited for the session: only the status pipe is left to close."""
+        if self._sock.fileno() >= 0:
+            self._sock.close()
+            with contextlib.suppress(StageError):
+                self._adopt_init()
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+        if self._status >= 0:
+            os.close(self._status)
+            self._status = -1
 
 
 class Guardian:
@@ -177,8 +212,12 @@ def prepare(
     except (OSError, FrameError) as exc:
         error = str(exc)
     join_files = group.join_files() if group is not None else []
-    stage = Stage(*_fork(functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead)))
-    return Prepared(session, stage, guardian, group, error)
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
+    status_read, status_write = os.pipe2(os.O_CLOEXEC)
+    main = functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write)
+    pid, sock = _fork(main)
+    os.close(status_write)
+    return Prepared(session, Stage(pid, sock, status_read), guardian, group, error)
 
 
 def _fork(main: Any) -> tuple[int, socket.socket]:
@@ -211,7 +250,7 @@ def _guardian_main(sock: socket.socket) -> None:
         group.remove(timeout=10)
 
 
-def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool) -> None:
+def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
@@ -225,6 +264,11 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool)
                 f.write("0")
     except OSError as exc:
         join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
+    try:
+        pidns.fork_init(status_fd)  # ahead of the order; returns in the future agent
+    except OSError as exc:
+        pidns.announce(status_fd, os.getpid())  # no namespace: the launcher waits for this process
+        join_error = join_error or exc
     if compile_ahead:
         _compile_while_idle(sock)
     try:
@@ -324,8 +368,10 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
             raise OSError(errno.EACCES, f"the working directory {cwd_path} is hidden by denied_paths or was replaced")
         step = "loopback"
         namespaces.loopback_up()
+        step = "proc"
+        namespaces.mount_proc(os.getpid())
         step = "drop privileges"
-        namespaces.drop_privileges(order.uid, order.gid)
+        namespaces.drop_agent_privileges(order.uid, order.gid)
         rules = replace(order.landlock, rules=list(order.landlock.rules))
         if order.landlock.abi and order.proc_self:
             rules.add(f"/proc/{os.getpid()}", landlock.READ)
@@ -357,7 +403,7 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
 
 
 def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> socket.socket:
-    """Double-fork the creation guard (it becomes the launcher's child, not the agent's) and return
+    """Double-fork the creation guard (it becomes init's child, not the agent's) and return
     the socket on which it waits for the seccomp listener."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -356,17 +357,18 @@ print(os.times().user + os.times().system)
 
 
 def test_double_forked_grandchild_is_killed_at_the_deadline(sandbox: Sandbox) -> None:
-    pidfile = sandbox.ws / "gc.pid"
+    # The grandchild holds a lock on a workspace file: free again only once the grandchild is gone.
+    lock = sandbox.ws / "gc.lock"
     policy = sandbox.policy(permissions={**sandbox.permissions, "resource_limits": {"max_duration_sec": 2}})
     started = time.monotonic()
     r = attempt(
         sandbox,
         f"""
-import os, time
+import fcntl, os, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        open({str(pidfile)!r}, "w").write(str(os.getpid())); time.sleep(60)
+        f = open({str(lock)!r}, "w"); fcntl.flock(f, fcntl.LOCK_EX); f.write("held"); f.flush(); time.sleep(60)
     os._exit(0)
 time.sleep(60)
 """,
@@ -374,5 +376,6 @@ time.sleep(60)
     )
     assert r.code == 128 + signal.SIGKILL and r.record("exit")["payload"]["reason"] == "timeout"
     assert time.monotonic() - started < 20
-    grandchild = int(pidfile.read_text())
-    assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+    assert lock.read_text() == "held"  # the grandchild ran
+    with lock.open() as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while it lives

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from ..netlab import NetLab, needs_nft, payloads
-from ..sandbox_helpers import Sandbox, needs_root
+from ..sandbox_helpers import AGENT_USER, Sandbox, needs_root
 
 pytestmark = [needs_root, needs_nft]
 
@@ -209,7 +209,8 @@ def test_node_fetch_ignores_proxies_and_is_still_captured(net_sandbox: Sandbox) 
 
 def test_the_filter_process_holds_no_capabilities(net_sandbox: Sandbox) -> None:
     """What parses the agent's bytes (DNS, ClientHello, HTTP heads) can do nothing root-only."""
-    argv = [*net_sandbox.wrap, sys.executable, "-m", "enforcer.cli.exec", "--adl", str(net_sandbox.policy()), "--"]
+    argv = [*net_sandbox.wrap, sys.executable, "-m", "enforcer.cli.exec", "--adl", str(net_sandbox.policy())]
+    argv += ["--user", AGENT_USER, "--"]
     env = {**os.environ, "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit), **net_sandbox.env}
     env["ADL_ENFORCER_AUDIT_KEY"] = str(net_sandbox.root / "audit-key.pem")
     marker = net_sandbox.ws / "agent-started"

@@ -341,8 +341,8 @@ def _allowed_cpus(status: str) -> set[int]:
     return cpus
 
 
-def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon, tmp_path: Path) -> None:
-    session_file = tmp_path / "session.json"
+def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon) -> None:
+    session_file = daemon.box.ws / "session.json"  # written by the client, which runs as the agent's uid
     first = subprocess.Popen(
         daemon.exec_argv("python3", "-c", "import time; time.sleep(30)", options=("--session-file", str(session_file))),
         stdout=subprocess.PIPE,

@@ -144,7 +144,8 @@ def test_residency_names_the_region(net_sandbox: Sandbox, netlab: NetLab) -> Non
     }
 
 
-def test_daemon_launches_get_the_same_filter(tmp_path: Path, netlab: NetLab) -> None:
+def test_daemon_launches_get_the_same_filter(agent_tmp_path: Path, netlab: NetLab) -> None:
+    tmp_path = agent_tmp_path
     box = Sandbox(tmp_path / "box")
     box.permissions["execution"]["allowed_commands"].append("curl")
     box.permissions["network"] = {"allowed_hosts": ["api.example.test"], "allowed_ports": [80]}

@@ -3,6 +3,7 @@ domain; typed outcomes; refusals; the audit trail; nothing left behind."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..sandbox_helpers import Sandbox, needs_root, session_cgroups
+from ..sandbox_helpers import AGENT_USER, Sandbox, give_to_agent, needs_root, session_cgroups
 
 pytestmark = needs_root
 
@@ -50,6 +51,9 @@ def test_allowed_creation_works_through_the_creation_guard(sandbox: Sandbox) -> 
     """With denied patterns and a writable grant every creating call goes through the guard; the
     ones the policy allows must behave exactly as without it."""
     ws = str(sandbox.ws)
+    out = sandbox.ws / "stdout.txt"  # /dev/stdout reopens it: the agent's own file, not a pipe of root's
+    out.touch()
+    give_to_agent(out)
     r = sandbox.python(
         f"""
 import fcntl, os, stat
@@ -78,7 +82,8 @@ try:
 except OSError as exc:
     print("long", exc.errno)
 print("done", open(ws + "/soft.txt").read(), open(ws + "/a/b/rel.txt").read())
-"""
+""",
+        stdout=out,
     )
     assert r.code == 0, r.err
     assert "mode 0o640" in r.out and "cloexec True" in r.out and "via-dev-stdout" in r.out, r.out
@@ -174,12 +179,15 @@ def test_explain_shows_the_network_layer_active_with_its_rules(sandbox: Sandbox)
 
 
 def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
-    pidfile = sandbox.ws / "grandchild.pid"
+    # The grandchild holds a lock on a workspace file: it is free again only once the grandchild is
+    # gone (its pid inside the session's PID namespace means nothing out here).
+    lock = sandbox.ws / "grandchild.lock"
     code = (
-        "import os, time\n"
+        "import fcntl, os, time\n"
         "if os.fork() == 0:\n"
         "    if os.fork() == 0:\n"
-        f"        open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)\n"
+        f"        f = open({str(lock)!r}, 'w'); fcntl.flock(f, fcntl.LOCK_EX); f.write('held'); f.flush()\n"
+        "        time.sleep(60)\n"
         "    os._exit(0)\n"
         "time.sleep(60)\n"
     )
@@ -187,26 +195,37 @@ def test_sigkill_of_adl_exec_leaves_nothing(sandbox: Sandbox) -> None:
         **os.environ,
         "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
         "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--", "python3", "-c", code],
-        env=environ,
-    )
+    proc = subprocess.Popen([*_adl_exec(sandbox), "--", "python3", "-c", code], env=environ)
     try:
         deadline = time.monotonic() + 20
-        while not pidfile.exists() or not pidfile.read_text():
-            assert time.monotonic() < deadline, "the agent did not start"
+        while not lock.exists() or not lock.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, "the agent did not start"
             time.sleep(0.05)
-        grandchild = int(pidfile.read_text())
-        assert session_cgroups()
+        assert session_cgroups(sandbox.group) and _locked(lock)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (session_cgroups() or _alive(grandchild)) and time.monotonic() < deadline:
+        while (session_cgroups(sandbox.group) or _locked(lock)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(grandchild) and session_cgroups() == []
+        assert not _locked(lock) and session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
+
+
+def _locked(path: Path) -> bool:
+    with path.open() as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def _adl_exec(sandbox: Sandbox) -> list[str]:
+    return [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--user", AGENT_USER]
 
 
 def _alive(pid: int) -> bool:
@@ -231,22 +250,21 @@ def test_sigkill_of_adl_exec_before_the_launch_leaves_nothing(sandbox: Sandbox) 
         **os.environ,
         "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
         "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "k.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--", "ls"], env=environ
-    )
+    proc = subprocess.Popen([*_adl_exec(sandbox), "--", "ls"], env=environ)
     try:
         deadline = time.monotonic() + 20
-        while not session_cgroups() or len(_children(proc.pid)) < 2:  # the guardian and the stage
+        while not session_cgroups(sandbox.group) or len(_children(proc.pid)) < 2:  # the guardian and the stage
             assert proc.poll() is None and time.monotonic() < deadline, "no session cgroup and stage appeared"
             time.sleep(0.005)
         stages = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (session_cgroups() or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
+        while (session_cgroups(sandbox.group) or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in stages) and session_cgroups() == []
+        assert not any(_alive(p) for p in stages) and session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
 
