@@ -139,6 +139,8 @@ class RunningDaemon:
             "ADL_ENFORCER_AUDIT_RETRY_S": "0.2",
             # The clients run as the agents' identity (the daemon runs a session as its caller's uid).
             "ADL_ENFORCER_SOCKET_GROUP": grp.getgrgid(AGENT_GID).gr_name,
+            # ... and the operator lets that identity launch and Check as every test agent.
+            "ADL_ENFORCER_AGENT_CALLERS": json.dumps({"*": [f"uid:{AGENT_UID}"]}),
             **self.extra_env,
         }
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ..sandbox_helpers import Result, Sandbox, needs_root
+from ..sandbox_helpers import AGENT_USER, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 
@@ -75,12 +75,15 @@ def parent_environ():
     raise OSError(errno.EACCES, "no environment readable")
 check("another process's environ via the guard", parent_environ)
 works("workspace file via the guard", lambda: via_guard({ws + "/notes.txt"!r}))
-works("/dev/stdout through the guard", lambda: open("/dev/stdout", "w").write("to-stdout\\n"))
+def own_descriptor():
+    fd = os.open({ws + "/own.txt"!r}, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(os.open(f"/proc/self/fd/{{fd}}", os.O_WRONLY | os.O_CREAT | os.O_APPEND), b"through-own-fd\\n")
+works("the agent's own descriptor reopened through the guard", own_descriptor)
 """,
         env={"DROPPED_SECRET": "leak"},
     )
     outcome(result, blocked=5, works=2)
-    assert "to-stdout" in result.out
+    assert (sandbox.ws / "own.txt").read_text() == "through-own-fd\n"
 
 
 def test_the_guard_holds_no_environment(sandbox: Sandbox) -> None:
@@ -98,7 +101,19 @@ def test_the_guard_holds_no_environment(sandbox: Sandbox) -> None:
     }
     code = f"import time; open({str(ready)!r}, 'w').close(); time.sleep(3)"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "python3", "-c", code],
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--adl",
+            str(policy),
+            "--user",
+            AGENT_USER,
+            "--",
+            "python3",
+            "-c",
+            code,
+        ],
         env=environ,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -439,7 +454,7 @@ def test_a_launch_directory_inside_a_mask_does_not_bypass_it(sandbox: Sandbox) -
         "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "cat", "./key"],
+        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--user", AGENT_USER, "--", "cat", "./key"],
         cwd=vault,
         env=environ,
         capture_output=True,
@@ -448,7 +463,18 @@ def test_a_launch_directory_inside_a_mask_does_not_bypass_it(sandbox: Sandbox) -
     )
     assert "VAULT-CONTENT" not in done.stdout and done.returncode != 0, done.stdout + done.stderr
     control = subprocess.run(
-        [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", "cat", "./notes.txt"],
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--adl",
+            str(policy),
+            "--user",
+            AGENT_USER,
+            "--",
+            "cat",
+            "./notes.txt",
+        ],
         cwd=sandbox.ws,
         env=environ,
         capture_output=True,
