@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import sys
-from pathlib import Path
 
 from ..daemon.framing import FrameError, recv_frame, send_frame
 from ..documents import PolicyFileError, read_document
@@ -34,8 +33,7 @@ def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return agent
 
 
-def _write_session_file(path: Path, reply: pb.LaunchReply) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def _write_session_file(fd: int, reply: pb.LaunchReply) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"session": reply.session, "session_token": reply.session_token}, f)
 
@@ -72,6 +70,12 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
         accept_unenforced=args.accept_unenforced,
         pids_max=args.pids_max,
     )
+    session_fd = None
+    if args.session_file:  # opened before the launch: a path that cannot be written refuses it
+        try:
+            session_fd = os.open(args.session_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            return refuse(f"--session-file {args.session_file}: {exc.strerror}")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         try:
             conn.connect(address[len("unix:") :])
@@ -84,8 +88,8 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
         reply = pb.LaunchReply.FromString(frame[0])
         if not reply.accepted:
             return refuse(reply.refusal)
-        if args.session_file:
-            _write_session_file(args.session_file, reply)
+        if session_fd is not None:
+            _write_session_file(session_fd, reply)
         try:
             frame = recv_frame(conn)
         except (OSError, FrameError):

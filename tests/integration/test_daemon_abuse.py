@@ -26,7 +26,7 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..daemon_helpers import FAST_AAIF, REPO, RunningDaemon, tool_request
-from ..sandbox_helpers import Sandbox
+from ..sandbox_helpers import Sandbox, agent_tmp_dir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")
 
@@ -42,6 +42,13 @@ SLOW_AAIF = {
         },
     },
 }
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """Every directory here must be traversable by the agents' identity (pytest's own are 0700)."""
+    with agent_tmp_dir() as root:
+        yield root
 
 
 def by_approval(daemon: RunningDaemon, decision_id: str) -> str:
@@ -374,7 +381,7 @@ def test_one_callers_flood_of_asks_leaves_another_agent_an_approval(daemon_root:
 
 def test_a_terminated_sessions_approvals_end_with_a_record(daemon_root: Path) -> None:
     with running(daemon_root) as daemon:
-        session_file = daemon_root / "session.json"
+        session_file = daemon.box.ws / "session.json"  # the client runs as the agent identity
         argv = daemon.exec_argv(
             "python3",
             "-c",
@@ -410,7 +417,7 @@ def test_a_terminated_sessions_approvals_end_with_a_record(daemon_root: Path) ->
                 client.wait()
 
 
-def test_the_daemons_key_and_log_are_masked_from_a_root_session_that_may_read_them(daemon_root: Path) -> None:
+def test_the_daemons_key_and_log_are_masked_from_a_session_that_may_read_them(daemon_root: Path) -> None:
     with running(daemon_root) as daemon:
         # Grants cover the whole test tree, where the daemon keeps its log and key.
         daemon.write_adl(
@@ -420,8 +427,14 @@ def test_the_daemons_key_and_log_are_masked_from_a_root_session_that_may_read_th
         )
         daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
         key = daemon_root / "audit-key.pem"
-        log_files = sorted(p for p in daemon.audit.rglob("*") if p.is_file())
+        log_files = sorted(p for p in daemon.audit.rglob("*") if p.is_file() and p.stat().st_size)
         assert key.stat().st_size > 0 and log_files
+        # An operator's mistake: both readable by everyone, so that only the masks keep them from
+        # the session (which runs as the agent identity, not root).
+        for path in (key, *log_files):
+            path.chmod(0o644)
+        for directory in (daemon.audit, *(p for p in daemon.audit.rglob("*") if p.is_dir())):
+            directory.chmod(0o755)
         probe = (
             "import sys\n"
             "for p in sys.argv[1:]:\n"
@@ -590,7 +603,7 @@ def test_terminate_session_at_every_step_of_its_setup_ends_it_cleanly(daemon_roo
     with running(daemon_root) as daemon:
         admin = daemon.admin_stub()
         for delay_s in (0.0, 0.0, 0.01, 0.03, 0.06, 0.1, 0.2, 0.4):
-            session_file = daemon_root / f"session-{secrets.token_hex(4)}.json"
+            session_file = daemon.box.ws / f"session-{secrets.token_hex(4)}.json"
             argv = daemon.exec_argv(
                 "python3",
                 "-c",
@@ -749,7 +762,7 @@ def test_a_sessions_root_helpers_are_accounted_to_a_bounded_cgroup(daemon_root: 
     from enforcer.sandbox import cgroups
 
     with running(daemon_root) as daemon:
-        session_file = daemon_root / "helpers-session.json"
+        session_file = daemon.box.ws / "helpers-session.json"
         argv = daemon.exec_argv(
             "python3",
             "-c",
