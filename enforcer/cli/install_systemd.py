@@ -37,6 +37,10 @@ policy_dir = "/etc/adl-enforcer/policies"
 socket_group = "adl-enforcer"
 # Refuse documents whose lifecycle status is draft.
 production = false
+# Who may launch each agent (by key, id, name or "*") and Check as it without a session: "uid:N",
+# "user:NAME", "group:NAME". Unset, only root may, and root cannot launch (agents never run as
+# host root). For example, every member of the socket group, for every agent:
+#   agent_callers = {{ "*" = ["group:adl-enforcer"] }}
 
 # The runtime baseline and region map default to the files shipped in the package:
 #   baseline = "{baseline}"

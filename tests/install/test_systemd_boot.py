@@ -45,6 +45,7 @@ root=$1
 systemd-sysusers --root="$root" >/dev/null
 systemd-tmpfiles --root="$root" --create "$root/etc/tmpfiles.d/adl-enforcer.conf"
 cp {EXAMPLES / "coding-agent.adl.json"} "$root/etc/adl-enforcer/policies/"
+echo 'agent_callers = {{ "*" = ["group:adl-enforcer"] }}' >> "$root/etc/adl-enforcer/enforcer.toml"
 mkdir -p "$root/etc/systemd/system/adl-enforcerd.service.d"
 printf '%s' '{DROP_IN}' > "$root/etc/systemd/system/adl-enforcerd.service.d/test-watchdog.conf"
 {sys.executable} {Path(systemd_root.__file__)} adl-enforcerd.service "$root"
@@ -127,7 +128,9 @@ def test_reload_records_the_new_generation(booted: systemd_root.Booted) -> None:
 def test_session_runs_in_the_delegated_cgroup_and_stop_records_its_exit(booted: systemd_root.Booted) -> None:
     wait_for(lambda: show(booted, "ActiveState")["ActiveState"] == "active", 30, "the unit to be active")
     command = ["adl-exec", "--daemon", "unix:/run/adl-enforcer/launch.sock", "--agent", "Coding Agent", "--"]
-    enter = ["nsenter", "-t", str(booted.pid1), "-m", "-p", "-C", "--"]
+    # As an unprivileged member of the socket group (agents never run as root; agent_callers above).
+    enter = ["nsenter", "-t", str(booted.pid1), "-m", "-p", "-C", "--", "setpriv", "--reuid=65534", "--regid=65534"]
+    enter += ["--groups=adl-enforcer", "--"]
     agent = subprocess.Popen(
         [
             *enter,
@@ -145,6 +148,8 @@ def test_session_runs_in_the_delegated_cgroup_and_stop_records_its_exit(booted: 
         base = "/sys/fs/cgroup/pids/system.slice/adl-enforcerd.service/adl-enforcerd"
 
         def agent_in_a_session() -> bool:
+            if agent.poll() is not None:
+                raise AssertionError(f"adl-exec ended {agent.returncode}: {agent.communicate()[1]}")
             listing = booted.run("sh", "-c", f"cat {base}/*/cgroup.procs 2>/dev/null")
             cmdlines = [booted.run("cat", f"/proc/{pid}/cmdline").stdout for pid in listing.stdout.split()]
             return any("time.sleep(60)" in c for c in cmdlines)

@@ -135,11 +135,11 @@ def test_adl_exec_runs_an_allowed_and_stops_a_denied_action(venv: Path) -> None:
     explained = run(venv, "adl-exec", "--adl", policy, "--explain", "--", "python3", "-c", "pass")
     assert explained.returncode == 0 and "runtime-baseline.yaml" in explained.stdout, explained
     assert str(venv) in explained.stdout, "the baseline is the installed package's"
-    allowed = run(venv, "adl-exec", "--adl", policy, "--", "python3", "-c", "print('inside')")
+    allowed = run(venv, "adl-exec", "--adl", policy, "--user", "nobody", "--", "python3", "-c", "print('inside')")
     assert allowed.returncode == 0 and allowed.stdout == "inside\n", allowed
-    refused = run(venv, "adl-exec", "--adl", policy, "--", "curl", "http://example.com")
+    refused = run(venv, "adl-exec", "--adl", policy, "--user", "nobody", "--", "curl", "http://example.com")
     assert refused.returncode == 125 and "not allowed" in refused.stderr, refused
-    blocked = run(venv, "adl-exec", "--adl", policy, "--", "cat", "/etc/shadow")
+    blocked = run(venv, "adl-exec", "--adl", policy, "--user", "nobody", "--", "cat", "/etc/shadow")
     assert blocked.returncode != 0 and "Permission denied" in blocked.stderr, blocked
 
 
