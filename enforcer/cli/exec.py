@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--report",
         action="store_true",
-        help="print the outcome (exit | signal | oom | timeout | pids_limit | refused) on stderr when the command ends",
+        help="print the outcome (exit | signal | oom | timeout | pids_limit | refused), a summary of the kernel's "
+        "denials (Landlock, seccomp) and where the audit log is, on stderr when the command ends",
     )
     parser.add_argument("--json", action="store_true", help="--explain and --report as JSON")
     parser.add_argument(
@@ -136,6 +137,14 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"{report['duration_ms']} ms)",
         file=sys.stderr,
     )
+    if report.get("kernel_denials"):
+        from ..sandbox.denials import report_lines
+
+        for line in report_lines(report["kernel_denials"]):
+            print(f"adl-exec: {line}", file=sys.stderr)
+    if report.get("audit_dir"):
+        where = f"{report['audit_dir']} (adl-audit search --session {report['session']})"
+        print(f"adl-exec: audit log: {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -68,8 +68,11 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         writer = _open_writer(args)
     except AuditUnavailable as exc:
         return refuse(f"audit log unavailable, nothing runs unrecorded: {exc}")
+    denials: dict = {}
     try:
-        outcome = sessions.run_session(policy, plan, writer, session_id, uid=uid, gid=gid, prepared=prepared)
+        outcome = sessions.run_session(
+            policy, plan, writer, session_id, uid=uid, gid=gid, prepared=prepared, on_denials=denials.update
+        )
     except LaunchError as exc:
         _safe_refusal(writer, policy, session_id, str(exc), command)
         return refuse(str(exc))
@@ -86,6 +89,8 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
                 "signal": outcome.signal,
                 "duration_ms": int(outcome.duration_s * 1000),
                 "creations_refused": outcome.guard_refused_total,
+                "kernel_denials": denials,
+                "audit_dir": str(writer.directory),
             },
             args.json,
         )

@@ -124,6 +124,7 @@ def compile_filter(plan: SeccompPlan) -> bytes:
 # <linux/seccomp.h>
 _SECCOMP_SET_MODE_FILTER = 1
 _FLAG_NEW_LISTENER = 1 << 3
+_FLAG_LOG = 1 << 1  # denials (ERRNO answers) go to the kernel audit log: see kernel_audit.py
 _FLAG_WAIT_KILLABLE_RECV = 1 << 5  # once the guard has the call, only a fatal signal interrupts it
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(platform.machine(), -1)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -140,6 +141,7 @@ def load(bpf: bytes, *, listener: bool) -> int:
         raise OSError(errno.ENOSYS, f"seccomp syscall number unknown on {platform.machine()}")
     prog = _SockFprog(len(bpf) // 8, bpf)
     flags = _FLAG_NEW_LISTENER | _FLAG_WAIT_KILLABLE_RECV if listener else 0
+    flags |= _FLAG_LOG
     result = _libc.syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, ctypes.c_uint(flags), ctypes.byref(prog))
     if result < 0:
         err = ctypes.get_errno()
