@@ -16,7 +16,7 @@ def kernel_denials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         r["payload"]
         for r in records
-        if r["intent"] == "adl.enforcer.decision" and str(r["payload"].get("enforced_by", "")).endswith("kernel)")
+        if (r["intent"] == "adl.enforcer.decision" and str(r["payload"].get("enforced_by", "")).endswith("kernel)"))
         or r["payload"].get("rules") == ["kernel.denials_summary"]
     ]
 
