@@ -7,12 +7,14 @@ import json
 import os
 import pwd
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import paths
 from ..audit import AuditUnavailable, AuditWriter
-from ..documents import PolicyFileError, load_policy, load_regions
-from ..policy import CompileOptions, DocumentRejected, Policy
+from ..documents import PolicyFileError, load_regions, read_document, schema_set
+from ..policy import CompileOptions, DocumentRejected, Policy, compile_policy
+from ..sandbox import runtime_presets
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -41,8 +43,11 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             regions=load_regions(args.regions),
             home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
         )
-        policy = load_policy(args.adl, args.aaif, options)
+        adl_document = read_document(args.adl, "adl")  # read once: the presets come from the same text
+        aaif_document = read_document(args.aaif, "aaif") if args.aaif else None
+        policy = compile_policy(adl_document, aaif_document, schema_set(), datetime.now(UTC), options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
+        baseline, presets_applied = runtime_presets.extend(baseline, adl_document)
         uid, gid = _user(args.user)
         plan = build_plan(
             policy,
@@ -53,6 +58,9 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,
+        )
+        remove_session_tmp = runtime_presets.finish_plan(
+            plan, presets_applied, uid=uid, gid=gid, explain_only=args.explain
         )
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
@@ -67,6 +75,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     try:
         writer = _open_writer(args)
     except AuditUnavailable as exc:
+        remove_session_tmp()
         return refuse(f"audit log unavailable, nothing runs unrecorded: {exc}")
     denials: dict = {}
     try:
@@ -80,6 +89,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         return refuse(f"audit log failed: {exc}")
     finally:
         writer.close()
+        remove_session_tmp()
     if args.report:
         print_report(
             {
