@@ -30,6 +30,7 @@ examples:
   adl-exec --adl policies/examples/coding-agent.adl.json --explain -- python3 agent.py
   adl-exec --adl policies/examples/coding-agent.adl.json --report -- cat /tmp/adl-demo/workspace/notes.txt
   adl-exec --adl agent.adl.json --aaif agent.aaif.json --user nobody -- node agent.js
+  adl-exec --learn learned.adl.json --adl start.adl.json -- python3 agent.py
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
@@ -72,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the outcome (exit | signal | oom | timeout | pids_limit | refused), a summary of the kernel's "
         "denials (Landlock, seccomp) and where the audit log is, on stderr when the command ends",
     )
+    parser.add_argument(
+        "--learn",
+        type=Path,
+        metavar="OUT.adl.json",
+        help="LEARN MODE: run once with files observed instead of restricted (loud, audited; refused with "
+        "--production or --daemon), then write the smallest policy that would have allowed the run to OUT "
+        "and print its diff against --adl",
+    )
     parser.add_argument("--json", action="store_true", help="--explain and --report as JSON")
     parser.add_argument(
         "--accept-unenforced",
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.learn and args.daemon:
+        parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
     if args.daemon and not args.explain:
         from .exec_daemon import launch_via_daemon
 

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import paths
-from ..audit import AuditUnavailable, AuditWriter
+from ..audit import AuditUnavailable, AuditWriter, records
+from ..audit.events import agent_of
 from ..documents import PolicyFileError, load_regions, read_document, schema_set
 from ..policy import CompileOptions, DocumentRejected, Policy, compile_policy
 from ..sandbox import runtime_presets
@@ -20,6 +21,7 @@ from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan, load_baseline
 from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
+from .exec_learn import Learner
 
 
 def _user(spec: str | None) -> tuple[int | None, int | None]:
@@ -62,6 +64,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         remove_session_tmp = runtime_presets.finish_plan(
             plan, presets_applied, uid=uid, gid=gid, explain_only=args.explain
         )
+        learner = Learner.begin(args, adl_document, plan, session_id, args.explain)
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
         if not args.explain:
@@ -82,6 +85,9 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         outcome = sessions.run_session(
             policy, plan, writer, session_id, uid=uid, gid=gid, prepared=prepared, on_denials=denials.update
         )
+        if learner is not None:
+            learned = {"agent": agent_of(policy), **learner.finish(writer.directory)}
+            writer.append(records.DECISION, learned, corr=session_id, priority="high", sync=True)
     except LaunchError as exc:
         _safe_refusal(writer, policy, session_id, str(exc), command)
         return refuse(str(exc))

@@ -1,0 +1,142 @@
+"""Learn mode's policy writer (pure): from what a run was seen doing, the smallest ADL document that
+would have allowed it, as the start document plus grants, and a diff between the two.
+
+Paths the runtime baseline or the presets already grant, the session's own temp directory, and
+/proc, /dev and /sys are left out. Paths collapse to a directory glob once `collapse_at` files of one
+directory are seen, and everything under the working directory to `<cwd>/**`. Executables become
+allowed commands by absolute path; a shell is listed with allow_shell set, and said so. Hosts are
+those the egress filter denied during the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import posixpath
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .decider import SHELLS
+
+_NEVER = ("/proc", "/dev", "/sys", "/run/adl-enforcer")
+
+
+@dataclass
+class Observations:
+    read: set[str] = field(default_factory=set)
+    written: set[str] = field(default_factory=set)
+    executed: set[str] = field(default_factory=set)
+    hosts: set[tuple[str, int]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Learned:
+    document: dict[str, Any]
+    added_paths: tuple[dict[str, str], ...]
+    added_commands: tuple[str, ...]
+    added_hosts: tuple[str, ...]
+    added_ports: tuple[int, ...]
+    notes: tuple[str, ...]
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def collapse(paths: Iterable[str], cwd: str, collapse_at: int = 3) -> list[str]:
+    """Patterns covering `paths`: `<cwd>/**` for everything under the working directory, a
+    directory's `/**` once `collapse_at` of its entries are seen, the literal path otherwise."""
+    by_dir: dict[str, set[str]] = defaultdict(set)
+    patterns: set[str] = set()
+    for path in paths:
+        if _under(path, [cwd]):
+            patterns.add(cwd.rstrip("/") + "/**")
+            continue
+        by_dir[posixpath.dirname(path)].add(path)
+    for directory, members in by_dir.items():
+        if len(members) >= collapse_at:
+            patterns.add(directory.rstrip("/") + "/**")
+        else:
+            patterns.update(members)
+    # A literal covered by a collapsed directory is dropped.
+    globs = [p[:-3] for p in patterns if p.endswith("/**")]
+    return sorted(p for p in patterns if p.endswith("/**") or not _under(p, globs))
+
+
+def learn(
+    start: Mapping[str, Any],
+    seen: Observations,
+    *,
+    cwd: str,
+    already_granted: Iterable[str],
+    ignore: Iterable[str] = (),
+) -> Learned:
+    document = copy.deepcopy(dict(start))
+    permissions = document.setdefault("permissions", {})
+    skip = [*_NEVER, *already_granted, *ignore]
+    notes: list[str] = []
+
+    written = {p for p in seen.written if not _under(p, skip)}
+    read = {p for p in seen.read if not _under(p, skip)} - written
+    fs = permissions.setdefault("filesystem", {})
+    existing = fs.setdefault("allowed_paths", [])
+    have = {(e.get("path"), e.get("access")) for e in existing if isinstance(e, dict)}
+    added_paths: list[dict[str, str]] = []
+    write_patterns = collapse(written, cwd)
+    for access, patterns in (("read_write", write_patterns), ("read", collapse(read, cwd))):
+        for pattern in patterns:
+            if access == "read" and _under(
+                pattern.removesuffix("/**"), [w.removesuffix("/**") for w in write_patterns]
+            ):
+                continue
+            if (pattern, access) in have or (pattern, "read_write") in have:
+                continue
+            entry = {"path": pattern, "access": access}
+            existing.append(entry)
+            added_paths.append(entry)
+    if not existing:
+        del fs["allowed_paths"]
+    if not fs:
+        del permissions["filesystem"]
+
+    added_commands: list[str] = []
+    commands = [p for p in sorted(seen.executed) if not _under(p, [*_NEVER, *ignore])]
+    if commands:
+        execution = permissions.setdefault("execution", {})
+        allowed = execution.setdefault("allowed_commands", [])
+        for path in commands:
+            name = posixpath.basename(path)
+            if path in allowed or name in allowed:
+                continue
+            if name in SHELLS and not execution.get("allow_shell"):
+                execution["allow_shell"] = True
+                notes.append(f"{path} is a shell: allow_shell set to true (review: shells run anything)")
+                continue
+            allowed.append(path)
+            added_commands.append(path)
+
+    added_hosts: list[str] = []
+    added_ports: list[int] = []
+    if seen.hosts:
+        network = permissions.setdefault("network", {})
+        hosts = network.setdefault("allowed_hosts", [])
+        ports = network.get("allowed_ports")
+        for host, port in sorted(seen.hosts):
+            if host not in hosts:
+                hosts.append(host)
+                added_hosts.append(host)
+            if ports is not None and port not in ports:
+                ports.append(port)
+                added_ports.append(port)
+    return Learned(
+        document, tuple(added_paths), tuple(added_commands), tuple(added_hosts), tuple(added_ports), tuple(notes)
+    )
+
+
+def diff(start: Mapping[str, Any], learned: Mapping[str, Any], start_name: str, out_name: str) -> str:
+    before = json.dumps(start, indent=2, sort_keys=True).splitlines(keepends=True)
+    after = json.dumps(learned, indent=2, sort_keys=True).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, start_name, out_name))
