@@ -3,7 +3,8 @@ would have allowed it, as the start document plus grants, and a diff between the
 
 Paths the runtime baseline or the presets already grant, the session's own temp directory, and
 /proc, /dev and /sys are left out. Paths collapse to a directory glob once `collapse_at` files of one
-directory are seen, and everything under the working directory to `<cwd>/**`. Executables become
+directory are seen, and everything under the working directory to `<cwd>/**`; a written file grants
+read_write on its directory (creating and renaming are rights on the directory). Executables become
 allowed commands by absolute path; a shell is listed with allow_shell set, and said so. Hosts are
 those the egress filter denied during the run.
 """
@@ -51,8 +52,10 @@ def collapse(paths: Iterable[str], cwd: str, collapse_at: int = 3) -> list[str]:
     directory's `/**` once `collapse_at` of its entries are seen, the literal path otherwise."""
     by_dir: dict[str, set[str]] = defaultdict(set)
     patterns: set[str] = set()
+    # Never widen to a top-level directory (a run started in / or /home would grant it all).
+    cwd_glob = cwd.rstrip("/").count("/") >= 2
     for path in paths:
-        if _under(path, [cwd]):
+        if cwd_glob and _under(path, [cwd]):
             patterns.add(cwd.rstrip("/") + "/**")
             continue
         by_dir[posixpath.dirname(path)].add(path)
@@ -85,7 +88,8 @@ def learn(
     existing = fs.setdefault("allowed_paths", [])
     have = {(e.get("path"), e.get("access")) for e in existing if isinstance(e, dict)}
     added_paths: list[dict[str, str]] = []
-    write_patterns = collapse(written, cwd)
+    # Creating, renaming and removing are rights on the directory: a written file grants its directory.
+    write_patterns = collapse({posixpath.dirname(p) + "/" for p in written}, cwd, collapse_at=1)
     for access, patterns in (("read_write", write_patterns), ("read", collapse(read, cwd))):
         for pattern in patterns:
             if access == "read" and _under(

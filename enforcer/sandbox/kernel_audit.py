@@ -194,13 +194,69 @@ def _is_seccomp_denial(code: int) -> bool:
 # ---- the netlink socket -----------------------------------------------------------------------
 
 
+_CLONE_NEWNET = 0x40000000
+
+
+def _initial_netns_path() -> str | None:
+    """kthreadd (pid 2) lives in the initial network namespace and, unlike pid 1, is readable
+    where pid 1 is protected; None when neither can be read (then this process's own is used)."""
+    candidates = []
+    with contextlib.suppress(OSError), open("/proc/2/comm") as f:
+        if f.read().strip() == "kthreadd":
+            candidates.append("/proc/2/ns/net")
+    candidates.append("/proc/1/ns/net")
+    for path in candidates:
+        with contextlib.suppress(OSError):
+            os.stat(path)
+            return path
+    return None
+
+
+def _in_initial_netns(make: Callable[[], socket.socket]) -> socket.socket:
+    """The kernel sends audit records to netlink sockets of the initial network namespace only: a
+    launcher running in another one (a network lab, a container's) creates its socket there, from a
+    short-lived thread (the network namespace is per thread), when it may."""
+    initial = _initial_netns_path()
+    if initial is None or os.stat("/proc/self/ns/net").st_ino == os.stat(initial).st_ino:
+        return make()
+    made: list[socket.socket] = []
+    failed: list[BaseException] = []
+
+    def enter_and_make() -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.open(initial, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise KernelAuditUnavailable(err, f"cannot reach the initial network namespace: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            made.append(make())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=enter_and_make, name="audit-netns")
+    thread.start()
+    thread.join(10)
+    if failed:
+        raise failed[0]
+    if not made:
+        raise KernelAuditUnavailable(errno.ETIMEDOUT, "no audit socket from the initial network namespace")
+    return made[0]
+
+
 def _request(sock: socket.socket, msg_type: int, payload: bytes = b"") -> None:
     sock.send(_HEADER.pack(_HEADER.size + len(payload), msg_type, _NLM_F_REQUEST | _NLM_F_ACK, 1, 0) + payload)
 
 
 def _control_socket() -> socket.socket:
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
+        sock = _in_initial_netns(
+            lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_AUDIT)
+        )
     except OSError as exc:
         raise KernelAuditUnavailable(exc.errno, f"no kernel audit netlink socket: {exc.strerror}") from None
     sock.settimeout(2.0)
@@ -255,7 +311,9 @@ def ensure_enabled() -> list[str]:
 def open_multicast() -> socket.socket:
     """A socket on the read-only log group, with a large receive buffer so bursts are not lost."""
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_AUDIT)
+        sock = _in_initial_netns(
+            lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_AUDIT)
+        )
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, 33, _RCVBUF)  # SO_RCVBUFFORCE (root)
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) < _RCVBUF:
