@@ -117,6 +117,8 @@ class Observer:
         known = self._members.get(pid)
         if known is not None:
             return known
+        if len(self._members) > 65536:
+            self._members.clear()
         try:
             with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 text = f.read(8192)

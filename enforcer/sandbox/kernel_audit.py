@@ -58,6 +58,7 @@ _SECCOMP_RET_KILL_PROCESS = 0x80000000
 _SECCOMP_RET_KILL_THREAD = 0x00000000
 _RCVBUF = 8 << 20
 _EVENT_GRACE_S = 0.2  # an event without AUDIT_EOE is complete once this old
+_MAX_REMEMBERED = 65536
 
 
 class KernelAuditUnavailable(OSError):
@@ -365,6 +366,10 @@ class Attribution:
         return any(line.endswith(self.marker) or self.marker + "/" in line for line in text.splitlines())
 
     def owns(self, denial: Denial) -> bool:
+        for known in (self.pids, self.domains, self.foreign_domains):
+            if len(known) > _MAX_REMEMBERED:  # a fork loop cannot grow them without bound
+                known.clear()
+                self.pids.add(self.stage_pid)
         domain = denial.domain
         if domain is not None:
             if domain in self.domains:
@@ -459,6 +464,8 @@ class Reader:
                     if entry is not None:
                         self._event(entry[1])
                     continue
+                if record.serial not in self._pending and len(self._pending) >= _MAX_REMEMBERED:
+                    self._flush(everything=True)
                 self._pending.setdefault(record.serial, (time.monotonic(), []))[1].append(record)
 
     def _flush(self, everything: bool) -> None:

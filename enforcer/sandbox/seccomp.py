@@ -2,8 +2,8 @@
 
 Default allow with a deny list: the agent runs arbitrary programs, so an allow list would break
 them; what is denied is the kernel surface sandbox escapes go through. Denied calls fail with
-EPERM and the kernel logs them (SECCOMP_RET_LOG is not combinable with ERRNO, so the launcher
-reports violations it can observe instead). Argument compares use a 32-bit mask so garbage in the
+EPERM; filters are loaded with SECCOMP_FILTER_FLAG_LOG, so the kernel audits those answers and the
+session records them (kernel_audit.py). Argument compares use a 32-bit mask so garbage in the
 upper half of a register cannot slip past; a foreign architecture kills the process.
 """
 
