@@ -434,13 +434,25 @@ class Reader:
                     self._read_available()
                 self._flush(everything=False)
                 if self._stop_r in ready:
-                    for _ in range(20):  # bounded: a second at most
-                        if not select.select([self.sock], [], [], 0.05)[0]:
-                            break
-                        self._read_available()
+                    self._drain()
                     return
         except BaseException as exc:  # reported by the session, never lost silently
             self.error = exc
+
+    def _drain(self) -> None:
+        """The session's processes are gone: once the kernel's queue is empty (kauditd has sent
+        everything to the group), what is left is in this socket. Bounded: a second at most."""
+        for _ in range(50):
+            self._read_available()
+            try:
+                empty = status()["backlog"] == 0
+            except OSError:
+                empty = False
+            if empty:
+                time.sleep(0.005)  # kauditd dequeues, then sends: let the last one land
+                self._read_available()
+                return
+            time.sleep(0.02)
 
     def _read_available(self) -> None:
         for _ in range(4096):  # bounded: the stop pipe and the grace flush get their turn
