@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from enforcer.client import Client, Result
+from enforcer.v1 import enforcer_pb2 as pb
 
 from ..daemon_helpers import RunningDaemon
 
@@ -115,3 +116,29 @@ def test_unreachable_admin_socket_is_a_clear_error(tmp_path: Any) -> None:
     argv = [sys.executable, "-m", "enforcer.cli.approve", "--admin", str(tmp_path / "none.sock"), "--json", "list"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and json.loads(done.stdout)["error"] == "unavailable"
+
+
+def test_an_approval_whose_waiting_client_went_away_is_cancelled_not_approvable(daemon: RunningDaemon) -> None:
+    client = Client(f"unix:{daemon.api}", agent="Sandboxed")
+    try:
+        asked = client.check_tool("delete_note", {"name": "gone"})
+        assert asked.decision == "ASK"
+        stub = daemon.enforcer()
+        waiting = stub.WaitApproval.future(pb.WaitApprovalRequest(approval_id=asked.approval_id, wait_ms=20_000))
+        time.sleep(0.5)
+        assert approve_cli(daemon, "show", asked.approval_id).returncode == 0  # pending while someone waits
+        waiting.cancel()  # the runtime went away
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and approve_cli(daemon, "show", asked.approval_id).returncode == 0:
+            time.sleep(0.2)
+        late = approve_cli(daemon, "approve", asked.approval_id, "--note", "too late")
+        assert late.returncode == 3 and "already rejected" in late.stderr
+        record = [r for r in daemon.records() if r["intent"].endswith(".approval")][-1]["payload"]
+        assert record["outcome"] == "rejected" and record["approver"] == "adl-enforcerd"
+        assert record["note"] == "cancelled: the waiting client went away"
+        # a wait that simply ends (wait_ms elapsed, client still there) cancels nothing
+        second = client.check_tool("delete_note", {"name": "stays"})
+        answer = stub.WaitApproval(pb.WaitApprovalRequest(approval_id=second.approval_id, wait_ms=300))
+        assert answer.decision == pb.ASK and approve_cli(daemon, "show", second.approval_id).returncode == 0
+    finally:
+        client.close()
