@@ -10,6 +10,7 @@ whatever the agent does; the counts stay exact (save datagrams the kernel droppe
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -243,6 +244,9 @@ class SessionDenials:
 
     @staticmethod
     def start(appender: Any, policy: Policy, session: str, stage_pid: int | None, cgroup_group: str) -> SessionDenials:
+        if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
+            # Enforcement is unchanged; only the recording of the kernel's denials is off (and says so).
+            return SessionDenials(None, None, "turned off with ADL_ENFORCER_KERNEL_AUDIT")
         try:
             changed = kernel_audit.ensure_enabled()
             lost_before = kernel_audit.status()["lost"]
