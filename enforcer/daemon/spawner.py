@@ -449,6 +449,7 @@ def _supervise_prepared(
         return 0
 
     threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    denials: dict[str, Any] = {}
     if terminated.is_set():
         return end_terminated("before the agent started")
     try:
@@ -461,6 +462,7 @@ def _supervise_prepared(
             gid=None if uid == os.getuid() else gid,
             cgroup_group=config["cgroup_group"],
             prepared=prepared,
+            on_denials=denials.update,
         )
     except (LaunchError, AuditUnavailable) as exc:
         remove_session_tmp()
@@ -479,5 +481,6 @@ def _supervise_prepared(
         signal=outcome.signal or 0,
         duration_ms=int(outcome.duration_s * 1000),
         creations_refused=outcome.guard_refused_total,
+        kernel_denials_json=json.dumps(denials),
     )
     return 0

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from ..daemon_helpers import RunningDaemon
 from ..sandbox_helpers import Sandbox, needs_root
 
 pytestmark = needs_root
@@ -108,3 +109,10 @@ def test_a_flood_of_denials_is_summarised_within_a_bound_and_the_session_is_unha
     written = sum(len(json.dumps(rec)) for rec in r.records)
     assert written < 1_000_000, written
     print(f"flood: {final['denials']} denials read in {elapsed:.1f} s, {len(one_by_one)} recorded, {written} bytes")
+
+
+def test_daemon_sessions_record_kernel_denials_and_report_them(daemon: RunningDaemon) -> None:
+    r = daemon.adl_exec("cat", "/etc/shadow")
+    assert r.returncode == 1 and "kernel denials:" in r.stderr and "/etc/shadow" in r.stderr, r.stderr
+    found = [d for d in kernel_denials(daemon.records()) if d.get("path") == "/etc/shadow"]
+    assert len(found) == 1 and found[0]["command"] == "cat" and found[0]["rules"] == ["fs.not_allowed"]
