@@ -33,6 +33,7 @@ class Learner:
         self.out, self.start_path, self.start, self.plan, self.session = out, start_path, start, plan, session
         self.cwd = os.getcwd()
         self.observer: fanotify.Observer | None = None
+        self.executable: set[str] = set()
 
     @staticmethod
     def begin(
@@ -44,6 +45,8 @@ class Learner:
         if args.production:
             raise PlanError("--learn is refused with --production: a learning run does not restrict files")
         learner = Learner(args.learn, args.adl, adl_document, plan, session)
+        # What the start policy already lets run (resolved binaries, the baseline's loader).
+        learner.executable = {path for path, rights in plan.landlock.rules if rights & landlock.EXECUTE}
         for layer in plan.layers:
             if layer.name in ("filesystem", "execution"):
                 layer.status = "learning"  # type: ignore[assignment]
@@ -73,7 +76,7 @@ class Learner:
         observations = learning.Observations(
             read=seen.read | seen.directories,
             written=seen.written,
-            executed={p for p in seen.executed if p not in already_granted},
+            executed={p for p in seen.executed if p not in already_granted and p not in self.executable},
             hosts=hosts,
         )
         result = learning.learn(

@@ -98,13 +98,21 @@ def explain_landlock(policy: Policy, blockers: tuple[str, ...], path: str | None
     return Grant(access, (), None, f"{','.join(blockers)}: the sandbox's scope isolation, not grantable by policy")
 
 
+# Denials every program meets, said plainly so nobody chases them.
+_SECCOMP_HINTS = {
+    "socket": "unix, netlink, raw and packet sockets are denied to every agent (glibc's user lookups try"
+    " a unix socket first and carry on without it)",
+}
+
+
 def explain_seccomp(syscall_name: str | None) -> Grant:
     name = syscall_name or "?"
+    text = _SECCOMP_HINTS.get(name, f"the seccomp baseline denies {name} to every agent; no policy grants it")
     return Grant(
         "syscall",
         ({"rule": "sandbox.seccomp", "pointer": "", "document": "enforcer", "text": f"{name} is always denied"},),
         None,
-        f"the seccomp baseline denies {name} to every agent; no policy grants it",
+        text,
     )
 
 
