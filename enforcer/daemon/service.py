@@ -699,12 +699,16 @@ class EnforcerService:
                     _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
                 )
             try:
-                approval = self._wait_while_connected(request.approval_id, wait_s, context) or approval
+                # Only the approval's own caller cancels it by leaving; anyone else merely stops waiting.
+                owner = bool(approval.session) or (approval.uid is not None and who.uid == approval.uid)
+                approval = self._wait_while_connected(request.approval_id, wait_s, context, owner) or approval
             finally:
                 self._waits.release()
         return self.core.approval_response(approval)
 
-    def _wait_while_connected(self, approval_id: str, wait_s: float, context: grpc.ServicerContext) -> Approval | None:
+    def _wait_while_connected(
+        self, approval_id: str, wait_s: float, context: grpc.ServicerContext, owner: bool
+    ) -> Approval | None:
         """Wait in slices; a waiter that went away (cancelled, disconnected) cancels its approval, so
         nobody can approve a call whose runtime is no longer there to run it."""
         deadline = time.monotonic() + wait_s
@@ -714,6 +718,8 @@ class EnforcerService:
             if done or time.monotonic() >= deadline:
                 return approval
             if not context.is_active():
+                if not owner:
+                    return approval
                 with contextlib.suppress(ApiError):
                     why = "cancelled: the waiting client went away"
                     self.core.resolve(approval_id, "rejected", "adl-enforcerd", why)
