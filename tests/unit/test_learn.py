@@ -33,3 +33,13 @@ def test_learn_adds_only_what_is_missing_and_says_why_for_shells() -> None:
     assert START["permissions"] == {"execution": {"allowed_commands": ["python3"]}}  # the start is untouched
     diff = lm.diff(START, result.document, "start", "out")
     assert diff.startswith("--- start") and '"path": "/etc/gitconfig"' in diff
+
+
+def test_learn_mode_is_refused_with_the_daemon(capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from enforcer.cli import exec as exec_cli
+
+    with pytest.raises(SystemExit) as refused:
+        exec_cli.main(["--daemon", "unix:/nonexistent", "--learn", "out.json", "--agent", "a", "--", "true"])
+    assert refused.value.code == 2 and "--learn runs embedded only" in capsys.readouterr().err
