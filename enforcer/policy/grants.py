@@ -30,14 +30,13 @@ WRITE_RIGHTS = frozenset(
         "fs.make_block",
         "fs.make_sym",
         "fs.refer",
-        "fs.ioctl_dev",
     }
 )
 
 
 @dataclass(frozen=True)
 class Grant:
-    access: str  # read | write | read_write | execute | connect | bind | scope | syscall
+    access: str  # read | write | read_write | execute | ioctl | connect | bind | scope | syscall
     rules: tuple[dict[str, str], ...]  # the policy's reasons for the denial
     grant: dict[str, Any] | None  # {"pointer": ".../-", "value": ...}: what to add to the ADL document
     text: str  # one line for humans
@@ -47,6 +46,8 @@ def access_of(blockers: tuple[str, ...]) -> str:
     rights = set(blockers)
     if "fs.execute" in rights:
         return "execute"
+    if rights == {"fs.ioctl_dev"}:
+        return "ioctl"
     reads, writes = bool(rights & READ_RIGHTS), bool(rights & WRITE_RIGHTS)
     if reads and writes:
         return "read_write"
@@ -86,6 +87,12 @@ def explain_landlock(policy: Policy, blockers: tuple[str, ...], path: str | None
             {"pointer": "/permissions/filesystem/allowed_paths/-", "value": entry},
             f"add {{'path': {path!r}, 'access': {access!r}}} to permissions.filesystem.allowed_paths",
         )
+    if access == "ioctl":
+        text = (
+            f"ioctl on the device {path}: no policy grants device ioctls (programs asking whether it is a"
+            " terminal get an error and carry on)"
+        )
+        return Grant(access, (), None, text)
     if access == "connect":
         reasons: tuple[dict[str, str], ...] = ()
         if port is not None:

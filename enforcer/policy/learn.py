@@ -47,26 +47,36 @@ def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def collapse(paths: Iterable[str], cwd: str, collapse_at: int = 3) -> list[str]:
-    """Patterns covering `paths`: `<cwd>/**` for everything under the working directory, a
-    directory's `/**` once `collapse_at` of its entries are seen, the literal path otherwise."""
-    by_dir: dict[str, set[str]] = defaultdict(set)
-    patterns: set[str] = set()
+def _depth(path: str) -> int:
+    return len([p for p in path.split("/") if p])
+
+
+def collapse(paths: Iterable[str], cwd: str, collapse_at: int = 3, min_depth: int = 3) -> list[str]:
+    """Patterns covering `paths`: `<cwd>/**` for everything under the working directory; the
+    shallowest directory at least `min_depth` deep (never /etc, /home/me, /root/.ssh) with
+    `collapse_at` distinct entries seen below it becomes `dir/**`; other paths stay literal."""
     # Never widen to a top-level directory (a run started in / or /home would grant it all).
-    cwd_glob = cwd.rstrip("/").count("/") >= 2
+    cwd_glob = _depth(cwd) >= 2
+    chosen: list[str] = []
+    rest: set[str] = set()
     for path in paths:
         if cwd_glob and _under(path, [cwd]):
-            patterns.add(cwd.rstrip("/") + "/**")
-            continue
-        by_dir[posixpath.dirname(path)].add(path)
-    for directory, members in by_dir.items():
-        if len(members) >= collapse_at:
-            patterns.add(directory.rstrip("/") + "/**")
+            chosen.append(cwd.rstrip("/"))
         else:
-            patterns.update(members)
-    # A literal covered by a collapsed directory is dropped.
-    globs = [p[:-3] for p in patterns if p.endswith("/**")]
-    return sorted(p for p in patterns if p.endswith("/**") or not _under(p, globs))
+            rest.add(path.rstrip("/") or "/")
+    children: dict[str, set[str]] = defaultdict(set)
+    for path in rest:
+        parts = path.split("/")
+        for i in range(2, len(parts)):
+            children["/".join(parts[:i])].add(parts[i])
+    for directory in sorted(children, key=lambda d: (_depth(d), d)):
+        if _depth(directory) < min_depth or len(children[directory]) < collapse_at:
+            continue
+        if not _under(directory, chosen):
+            chosen.append(directory)
+    globs = sorted({c + "/**" for c in chosen})
+    literals = sorted(p for p in rest if not _under(p, chosen))
+    return sorted(globs + literals)
 
 
 def learn(
@@ -88,13 +98,23 @@ def learn(
     existing = fs.setdefault("allowed_paths", [])
     have = {(e.get("path"), e.get("access")) for e in existing if isinstance(e, dict)}
     added_paths: list[dict[str, str]] = []
-    # Creating, renaming and removing are rights on the directory: a written file grants its directory.
-    write_patterns = collapse({posixpath.dirname(p) + "/" for p in written}, cwd, collapse_at=1)
+    # Creating, renaming and removing are rights on the directory: a written file grants its
+    # directory (the working directory's glob when it is inside it).
+    cwd_glob = _depth(cwd) >= 2
+    write_dirs = sorted({posixpath.dirname(p) for p in written})
+    write_patterns = sorted(
+        {cwd.rstrip("/") + "/**" if cwd_glob and _under(d, [cwd]) else d.rstrip("/") + "/**" for d in write_dirs}
+    )
+    write_patterns = [w for w in write_patterns if not _under(w[:-3], [x[:-3] for x in write_patterns if x != w])]
+    notes.extend(
+        f"{w} read_write: the run wrote directly in a top-level directory (review: it grants all of it)"
+        for w in write_patterns
+        if _depth(w[:-3]) < 2
+    )
+    write_roots = [w[:-3] for w in write_patterns]
     for access, patterns in (("read_write", write_patterns), ("read", collapse(read, cwd))):
         for pattern in patterns:
-            if access == "read" and _under(
-                pattern.removesuffix("/**"), [w.removesuffix("/**") for w in write_patterns]
-            ):
+            if access == "read" and _under(pattern.removesuffix("/**"), write_roots):
                 continue
             if (pattern, access) in have or (pattern, "read_write") in have:
                 continue

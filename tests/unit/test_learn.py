@@ -10,7 +10,12 @@ START = {"adl_spec": "0.3.0", "name": "L", "permissions": {"execution": {"allowe
 def test_collapse_rules() -> None:
     assert lm.collapse({"/w/a", "/w/b/c"}, "/home/me/w") == ["/w/a", "/w/b/c"]
     assert lm.collapse({"/home/me/w/a", "/home/me/w/b/c"}, "/home/me/w") == ["/home/me/w/**"]
-    assert lm.collapse({"/d/1", "/d/2", "/d/3", "/e/1"}, "/x/y") == ["/d/**", "/e/1"]
+    assert lm.collapse({"/a/b/d/1", "/a/b/d/2", "/a/b/d/3", "/e/1"}, "/x/y") == ["/a/b/d/**", "/e/1"]
+    assert lm.collapse({"/etc/a", "/etc/b", "/etc/c"}, "/x/y") == ["/etc/a", "/etc/b", "/etc/c"]  # never /etc/**
+    # the shallowest directory with enough entries below it, nested caches included
+    site = "/v/lib/py/site"
+    found = {f"{site}/a/x", f"{site}/b/y", f"{site}/c/z", f"{site}/c/w/__pycache__/q"}
+    assert lm.collapse(found, "/x/y") == [f"{site}/**"]
     assert lm.collapse({"/etc/a"}, "/") == ["/etc/a"]  # a run started in / never grants /**
 
 
