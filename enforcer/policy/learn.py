@@ -2,9 +2,10 @@
 would have allowed it, as the start document plus grants, and a diff between the two.
 
 Paths the runtime baseline or the presets already grant, the session's own temp directory, and
-/proc, /dev and /sys are left out. Paths collapse to a directory glob once `collapse_at` files of one
-directory are seen, and everything under the working directory to `<cwd>/**`; a written file grants
-read_write on its directory (creating and renaming are rights on the directory). Executables become
+/proc, /dev and /sys are left out. Everything under the working directory collapses to `<cwd>/**`;
+elsewhere the shallowest directory at least three levels deep with `collapse_at` distinct entries
+seen below it becomes `dir/**` (so never /etc/** or /home/me/**); a written file grants read_write
+on its directory (creating and renaming are rights on the directory). Executables become
 allowed commands by absolute path; a shell is listed with allow_shell set, and said so. Hosts are
 those the egress filter denied during the run.
 """
