@@ -22,7 +22,6 @@ _SYS_FANOTIFY_MARK = {"x86_64": 301, "aarch64": 263}.get(os.uname().machine, -1)
 FAN_CLASS_NOTIF = 0x0
 FAN_CLOEXEC = 0x1
 FAN_NONBLOCK = 0x2
-FAN_UNLIMITED_QUEUE = 0x10
 FAN_MARK_ADD = 0x1
 FAN_MARK_FILESYSTEM = 0x100
 FAN_OPEN = 0x20
@@ -77,7 +76,9 @@ class Observer:
             raise FanotifyUnavailable(38, "fanotify syscall numbers unknown on this architecture")
         fd = _libc.syscall(
             _SYS_FANOTIFY_INIT,
-            ctypes.c_uint(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE),
+            # The kernel's bounded queue: the marks see every process on the host, and an unlimited
+            # queue behind a slow reader would grow in kernel memory. An overflow is reported.
+            ctypes.c_uint(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK),
             ctypes.c_uint(os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC),
         )
         if fd < 0:
