@@ -31,6 +31,8 @@ run $EXEC python3 -c "open('$WS/stolen.pem', 'w').write('x')"   # creating a den
 run $EXEC python3 -c "import subprocess; subprocess.run(['curl', 'http://example.com'])"   # denied exec
 run $EXEC python3 -c "import os; os.execv('/bin/sh', ['sh', '-c', 'id'])"                 # no shells
 run $EXEC sh -c id                                              # refused before launch
+echo; echo "== why the kernel said no, from the audit log in $ADL_ENFORCER_AUDIT_DIR (path, right, process, rule, grant)"
+run .venv/bin/adl-audit search --since -10m --type decision --rule 'fs.*' --rule 'exec.*' --path /etc/shadow --path '*curl*' -n 4 --reverse
 echo; echo "== the research agent's network, through the egress filter (in a lab of namespaces the demo builds)"
 .venv/bin/python scripts/demo_network.py
 echo; echo "== the audit trail"

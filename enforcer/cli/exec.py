@@ -33,6 +33,7 @@ examples:
   adl-exec --adl policies/examples/coding-agent.adl.json --explain -- python3 agent.py
   adl-exec --adl policies/examples/coding-agent.adl.json --user nobody --report -- cat /tmp/adl-demo/workspace/notes.txt
   adl-exec --adl agent.adl.json --aaif agent.aaif.json --user nobody -- node agent.js
+  adl-exec --learn learned.adl.json --adl start.adl.json -- python3 agent.py
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
@@ -72,7 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--report",
         action="store_true",
-        help="print the outcome (exit | signal | oom | timeout | pids_limit | refused) on stderr when the command ends",
+        help="print the outcome (exit | signal | oom | timeout | pids_limit | refused), a summary of the kernel's "
+        "denials (Landlock, seccomp) and where the audit log is, on stderr when the command ends",
+    )
+    parser.add_argument(
+        "--learn",
+        type=Path,
+        metavar="OUT.adl.json",
+        help="LEARN MODE: run once with files observed instead of restricted (loud, audited; refused with "
+        "--production or --daemon), then write the smallest policy that would have allowed the run to OUT "
+        "and print its diff against --adl",
     )
     parser.add_argument("--json", action="store_true", help="--explain and --report as JSON")
     parser.add_argument(
@@ -106,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.learn and args.daemon:
+        parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
     if args.daemon and not args.explain:
         from .exec_daemon import launch_via_daemon
 
@@ -147,6 +159,14 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"{report['duration_ms']} ms)",
         file=sys.stderr,
     )
+    if report.get("kernel_denials"):
+        from ..sandbox.denials import report_lines
+
+        for line in report_lines(report["kernel_denials"]):
+            print(f"adl-exec: {line}", file=sys.stderr)
+    if report.get("audit_dir"):
+        where = f"{report['audit_dir']} (adl-audit search --session {report['session']})"
+        print(f"adl-exec: audit log: {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,7 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
                 "signal": ended.signal or None,
                 "duration_ms": ended.duration_ms,
                 "creations_refused": ended.creations_refused,
+                "kernel_denials": json.loads(ended.kernel_denials_json) if ended.kernel_denials_json else {},
             },
             args.json,
         )

@@ -6,18 +6,21 @@ import argparse
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import paths
-from ..audit import AuditUnavailable, AuditWriter
-from ..documents import PolicyFileError, load_policy, load_regions
-from ..policy import CompileOptions, DocumentRejected, Policy
-from ..sandbox import identity
+from ..audit import AuditUnavailable, AuditWriter, records
+from ..audit.events import agent_of
+from ..documents import PolicyFileError, load_regions, read_document, schema_set
+from ..policy import CompileOptions, DocumentRejected, Policy, compile_policy
+from ..sandbox import identity, runtime_presets
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan, load_baseline
 from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
+from .exec_learn import Learner
 
 
 def _identity(spec: str | None) -> tuple[int | None, int | None]:
@@ -42,8 +45,11 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             regions=load_regions(args.regions),
             home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
         )
-        policy = load_policy(args.adl, args.aaif, options)
+        adl_document = read_document(args.adl, "adl")  # read once: the presets come from the same text
+        aaif_document = read_document(args.aaif, "aaif") if args.aaif else None
+        policy = compile_policy(adl_document, aaif_document, schema_set(), datetime.now(UTC), options)
         baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
+        baseline, presets_applied = runtime_presets.extend(baseline, adl_document)
         uid, gid = _identity(args.user) if not args.explain else (None, None)
         plan = build_plan(
             policy,
@@ -55,6 +61,10 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             pids_max=args.pids_max,
             explain_only=args.explain,
         )
+        remove_session_tmp = runtime_presets.finish_plan(
+            plan, presets_applied, uid=uid, gid=gid, explain_only=args.explain
+        )
+        learner = Learner.begin(args, adl_document, plan, session_id, args.explain)
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         reason = str(exc)
         if not args.explain:
@@ -68,9 +78,16 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     try:
         writer = _open_writer(args)
     except AuditUnavailable as exc:
+        remove_session_tmp()
         return refuse(f"audit log unavailable, nothing runs unrecorded: {exc}")
+    denials: dict = {}
     try:
-        outcome = sessions.run_session(policy, plan, writer, session_id, uid=uid, gid=gid, prepared=prepared)
+        outcome = sessions.run_session(
+            policy, plan, writer, session_id, uid=uid, gid=gid, prepared=prepared, on_denials=denials.update
+        )
+        if learner is not None:
+            learned = {"agent": agent_of(policy), **learner.finish(writer.directory)}
+            writer.append(records.DECISION, learned, corr=session_id, priority="high", sync=True)
     except LaunchError as exc:
         _safe_refusal(writer, policy, session_id, str(exc), command)
         return refuse(str(exc))
@@ -78,6 +95,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         return refuse(f"audit log failed: {exc}")
     finally:
         writer.close()
+        remove_session_tmp()
     if args.report:
         print_report(
             {
@@ -87,6 +105,8 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
                 "signal": outcome.signal,
                 "duration_ms": int(outcome.duration_s * 1000),
                 "creations_refused": outcome.guard_refused_total,
+                "kernel_denials": denials,
+                "audit_dir": str(writer.directory),
             },
             args.json,
         )

@@ -128,6 +128,10 @@ class Approvals:
             )
             return self._items.get(approval_id)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Wake every waiter for good: the daemon is stopping (its pending approvals are resolved first)."""
         with self._lock:

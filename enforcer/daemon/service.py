@@ -8,6 +8,7 @@ message gets INVALID_ARGUMENT from us rather than an INTERNAL error from the fra
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
@@ -698,10 +699,31 @@ class EnforcerService:
                     _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
                 )
             try:
-                approval = self.core.approvals.wait(request.approval_id, wait_s) or approval
+                # Only the approval's own caller cancels it by leaving; anyone else merely stops waiting.
+                owner = bool(approval.session) or (approval.uid is not None and who.uid == approval.uid)
+                approval = self._wait_while_connected(request.approval_id, wait_s, context, owner) or approval
             finally:
                 self._waits.release()
         return self.core.approval_response(approval)
+
+    def _wait_while_connected(
+        self, approval_id: str, wait_s: float, context: grpc.ServicerContext, owner: bool
+    ) -> Approval | None:
+        """Wait in slices; a waiter that went away (cancelled, disconnected) cancels its approval, so
+        nobody can approve a call whose runtime is no longer there to run it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            approval = self.core.approvals.wait(approval_id, min(0.25, max(deadline - time.monotonic(), 0)))
+            done = approval is None or approval.outcome != "pending" or self.core.approvals.closed
+            if done or time.monotonic() >= deadline:
+                return approval
+            if not context.is_active():
+                if not owner:
+                    return approval
+                with contextlib.suppress(ApiError):
+                    why = "cancelled: the waiting client went away"
+                    self.core.resolve(approval_id, "rejected", "adl-enforcerd", why)
+                return self.core.approvals.get(approval_id)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
         status = self._status()

@@ -378,6 +378,7 @@ def _supervise_prepared(
     from ..documents import PolicyFileError, load_regions, schema_set
     from ..egress.settings import EgressSettings
     from ..policy import CompileOptions, DocumentRejected, compile_policy
+    from ..sandbox import runtime_presets
     from ..sandbox import session as sessions
     from ..sandbox.launcher import LaunchError
     from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -410,10 +411,11 @@ def _supervise_prepared(
             raise PlanError("the agent's policy changed while it was being launched; try again")
         joining.wait()  # before anything forks again
         cwd = enter_as_caller(order["cwd"], uid, gid)
+        baseline, presets_applied = runtime_presets.extend(load_baseline(Path(config["baseline"])), order["adl"])
         plan = build_plan(
             policy,
             order["argv"],
-            baseline=load_baseline(Path(config["baseline"])),
+            baseline=baseline,
             environ=order["environ"],
             features=sessions.host_features(),
             accept_unenforced=frozenset(order["accept_unenforced"]),
@@ -422,6 +424,7 @@ def _supervise_prepared(
             egress=egress,
         )
         mask_daemon_files(plan, Path(config["audit_dir"]), Path(config["audit_key"]))
+        remove_session_tmp = runtime_presets.finish_plan(plan, presets_applied, uid=uid, gid=gid, explain_only=False)
     except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):
             sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
@@ -446,6 +449,7 @@ def _supervise_prepared(
         return 0
 
     threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    denials: dict[str, Any] = {}
     if terminated.is_set():
         return end_terminated("before the agent started")
     try:
@@ -458,8 +462,10 @@ def _supervise_prepared(
             gid=None if uid == os.getuid() else gid,
             cgroup_group=config["cgroup_group"],
             prepared=prepared,
+            on_denials=denials.update,
         )
     except (LaunchError, AuditUnavailable) as exc:
+        remove_session_tmp()
         if terminated.is_set():  # the stage was killed under the launcher: not a failure to report
             return end_terminated(f"while the sandbox was set up ({exc})")
         with contextlib.suppress(AuditUnavailable):
@@ -468,11 +474,13 @@ def _supervise_prepared(
         report(reason="refused", exit_code=125, detail=str(exc))
         return 1
     writer.close()
+    remove_session_tmp()
     report(
         reason=outcome.reason,
         exit_code=outcome.exit_code,
         signal=outcome.signal or 0,
         duration_ms=int(outcome.duration_s * 1000),
         creations_refused=outcome.guard_refused_total,
+        kernel_denials_json=json.dumps(denials),
     )
     return 0

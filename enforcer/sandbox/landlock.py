@@ -14,6 +14,8 @@ _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
+# ABI 7: keep reporting denials to the kernel audit log after execve (the agent is always exec'd).
+_RESTRICT_SELF_LOG_NEW_EXEC_ON = 1 << 1
 
 EXECUTE = 1 << 0
 WRITE_FILE = 1 << 1
@@ -148,7 +150,8 @@ def restrict(plan: LandlockPlan) -> None:
                 os.close(fd)
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _fail("no_new_privs")
-        if _syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+        flags = _RESTRICT_SELF_LOG_NEW_EXEC_ON if plan.abi >= 7 else 0
+        if _syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(flags)) < 0:
             raise _fail("restrict_self")
     finally:
         os.close(ruleset)

@@ -2,8 +2,8 @@
 
 Default allow with a deny list: the agent runs arbitrary programs, so an allow list would break
 them; what is denied is the kernel surface sandbox escapes go through. Denied calls fail with
-EPERM and the kernel logs them (SECCOMP_RET_LOG is not combinable with ERRNO, so the launcher
-reports violations it can observe instead). Argument compares use a 32-bit mask so garbage in the
+EPERM; filters are loaded with SECCOMP_FILTER_FLAG_LOG, so the kernel audits those answers and the
+session records them (kernel_audit.py). Argument compares use a 32-bit mask so garbage in the
 upper half of a register cannot slip past; a foreign architecture kills the process.
 """
 
@@ -152,6 +152,7 @@ def compile_filter(plan: SeccompPlan) -> bytes:
 # <linux/seccomp.h>
 _SECCOMP_SET_MODE_FILTER = 1
 _FLAG_NEW_LISTENER = 1 << 3
+_FLAG_LOG = 1 << 1  # denials (ERRNO answers) go to the kernel audit log: see kernel_audit.py
 _FLAG_WAIT_KILLABLE_RECV = 1 << 5  # once the guard has the call, only a fatal signal interrupts it
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(platform.machine(), -1)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -168,6 +169,7 @@ def load(bpf: bytes, *, listener: bool) -> int:
         raise OSError(errno.ENOSYS, f"seccomp syscall number unknown on {platform.machine()}")
     prog = _SockFprog(len(bpf) // 8, bpf)
     flags = _FLAG_NEW_LISTENER | _FLAG_WAIT_KILLABLE_RECV if listener else 0
+    flags |= _FLAG_LOG
     result = _libc.syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, ctypes.c_uint(flags), ctypes.byref(prog))
     if result < 0:
         err = ctypes.get_errno()

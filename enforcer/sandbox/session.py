@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ from ..audit.records import format_ts
 from ..egress import netns
 from ..policy import Policy
 from . import cgroups, identity, landlock, launcher
+from .denials import SessionDenials
 from .plan import HostFeatures, LaunchPlan
 from .stage import Prepared
 
@@ -67,6 +69,7 @@ def run_session(
     governor: str | None = None,
     cgroup_group: str = cgroups.GROUP,
     prepared: Prepared | None = None,
+    on_denials: Callable[[dict[str, Any]], None] | None = None,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
     the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
@@ -98,6 +101,8 @@ def run_session(
         sync=True,
     )
     network: dict[str, Any] | None = None
+    # Host side, before the agent starts: the reader's socket buffers its denials until read.
+    kernel_denials = SessionDenials.start(writer, policy, session, prepared and prepared.stage.pid, cgroup_group)
     if plan.egress is not None:
         from ..egress import process as egress  # dnspython and the filter: only for sessions with a network
 
@@ -121,6 +126,9 @@ def run_session(
             network = filter_process.stop()
     else:
         outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
+    denials = kernel_denials.finish()
+    if on_denials is not None:
+        on_denials(denials)
     end_ns = time.time_ns()
     for refusal in outcome.guard_refusals:
         writer.append(
@@ -151,6 +159,7 @@ def run_session(
             "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
             **({"network": network} if network is not None else {}),
             **({"cleanup_error": outcome.cleanup_error} if outcome.cleanup_error else {}),
+            "kernel_denials": {k: v for k, v in denials.items() if k != "top"},
         },
         corr=session,
         priority="normal" if outcome.reason == "exit" else "high",

@@ -1,0 +1,114 @@
+"""adl-exec --learn OUT: run once with files observed instead of restricted, then write the smallest
+policy that would have allowed what the run did, and print its diff against the start policy.
+
+What changes for a learning run, and only for it: Landlock grants reading, writing and executing
+everything (denied paths stay masked; seccomp, namespaces, cgroups and the egress filter stay as
+they are), and fanotify records what the session's processes open, execute and write. It says so
+on stderr before and after the run and in the launch record (the filesystem layer's status is
+"learning"). Refused with --production and with --daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..audit.query import iter_records
+from ..policy import learn as learning
+from ..sandbox import cgroups, fanotify, landlock
+from ..sandbox.plan import LaunchPlan, PlanError
+
+BANNER = (
+    "adl-exec: LEARN MODE: files are observed, NOT restricted, for this run (Landlock grants everything;"
+    " denied paths stay masked, seccomp, namespaces, cgroups and the egress filter stay enforced)."
+    " Run only code you would run without a sandbox."
+)
+
+
+class Learner:
+    def __init__(self, out: Path, start_path: Path, start: dict[str, Any], plan: LaunchPlan, session: str) -> None:
+        self.out, self.start_path, self.start, self.plan, self.session = out, start_path, start, plan, session
+        self.cwd = os.getcwd()
+        self.observer: fanotify.Observer | None = None
+        self.executable: set[str] = set()
+
+    @staticmethod
+    def begin(
+        args: Any, adl_document: dict[str, Any], plan: LaunchPlan, session: str, explain_only: bool
+    ) -> Learner | None:
+        """None unless --learn; otherwise widen the plan (before the launch record is written)."""
+        if not getattr(args, "learn", None):
+            return None
+        if args.production:
+            raise PlanError("--learn is refused with --production: a learning run does not restrict files")
+        learner = Learner(args.learn, args.adl, adl_document, plan, session)
+        # What the start policy already lets run (resolved binaries, the baseline's loader).
+        learner.executable = {path for path, rights in plan.landlock.rules if rights & landlock.EXECUTE}
+        for layer in plan.layers:
+            if layer.name in ("filesystem", "execution"):
+                layer.status = "learning"  # type: ignore[assignment]
+                layer.details.insert(0, "LEARN MODE: observed with fanotify, NOT restricted (Landlock grants all)")
+        if not explain_only:
+            everything = landlock.handled_fs(plan.landlock.abi)
+            plan.landlock.rules.append(("/", everything))
+            print(BANNER, file=sys.stderr)
+            try:
+                learner.observer = fanotify.Observer(f"/{cgroups.GROUP}/{session}")
+            except OSError as exc:
+                raise PlanError(f"--learn needs fanotify (root, CAP_SYS_ADMIN): {exc}") from None
+        return learner
+
+    def finish(self, audit_dir: Path) -> dict[str, Any]:
+        assert self.observer is not None
+        seen = self.observer.stop()
+        already_granted = granted_by_baseline(self.plan)
+        tmpdir = self.plan.env.get("TMPDIR", "")
+        session_tmp = tmpdir if tmpdir.startswith("/tmp/adl-session-tmp-") else None
+        hosts = set()
+        for record in iter_records(audit_dir):
+            payload = record.get("payload") or {}
+            if record.get("corr") != self.session or payload.get("decision") != "deny" or not payload.get("host"):
+                continue
+            hosts.add((str(payload["host"]), int(payload.get("port") or 443)))
+        observations = learning.Observations(
+            read=seen.read | seen.directories,
+            written=seen.written,
+            executed={p for p in seen.executed if p not in already_granted and p not in self.executable},
+            hosts=hosts,
+        )
+        result = learning.learn(
+            self.start,
+            observations,
+            cwd=self.cwd,
+            already_granted=already_granted,
+            ignore=[session_tmp] if session_tmp else [],
+        )
+        self.out.write_text(json.dumps(result.document, indent=2) + "\n")
+        print(learning.diff(self.start, result.document, str(self.start_path), str(self.out)), end="")
+        print(
+            f"adl-exec: LEARN MODE: wrote {self.out}: {len(result.added_paths)} path(s), "
+            f"{len(result.added_commands)} command(s), {len(result.added_hosts)} host(s) added "
+            f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''})",
+            file=sys.stderr,
+        )
+        for note in result.notes:
+            print(f"adl-exec: LEARN MODE: {note}", file=sys.stderr)
+        return {
+            "decision": "allow",
+            "rules": ["learn.result"],
+            "learned_policy": str(self.out),
+            "added_paths": list(result.added_paths),
+            "added_commands": list(result.added_commands),
+            "added_hosts": list(result.added_hosts),
+            "notes": list(result.notes),
+            "overflowed": seen.overflowed,
+        }
+
+
+def granted_by_baseline(plan: LaunchPlan) -> list[str]:
+    b = plan.baseline
+    paths = [*b.read, *b.read_write, *b.read_device, *b.execute]
+    return sorted({*paths, *(os.path.realpath(p) for p in paths)})

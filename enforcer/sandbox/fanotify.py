@@ -1,0 +1,184 @@
+"""File accesses of a session, observed from the host with fanotify (learn mode only).
+
+Landlock has no audit-only mode, so a learning run widens Landlock and watches instead: a
+notification-class fanotify group marks every real filesystem's superblock (so the copies of its
+mounts in the agent's mount namespace are covered too) for opens, executions and writes, and keeps
+the events of processes in the session's cgroup. Needs CAP_SYS_ADMIN; Python 3.11 has no binding,
+hence ctypes. Each event carries an open descriptor of the object, which is read and closed at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import struct
+import threading
+from dataclasses import dataclass, field
+
+_SYS_FANOTIFY_INIT = {"x86_64": 300, "aarch64": 262}.get(os.uname().machine, -1)
+_SYS_FANOTIFY_MARK = {"x86_64": 301, "aarch64": 263}.get(os.uname().machine, -1)
+FAN_CLASS_NOTIF = 0x0
+FAN_CLOEXEC = 0x1
+FAN_NONBLOCK = 0x2
+FAN_MARK_ADD = 0x1
+FAN_MARK_FILESYSTEM = 0x100
+FAN_OPEN = 0x20
+FAN_CLOSE_WRITE = 0x8
+FAN_OPEN_EXEC = 0x1000
+FAN_ONDIR = 0x40000000
+FAN_Q_OVERFLOW = 0x4000
+_EVENT = struct.Struct("=IBBHQii")
+_AT_FDCWD = -100
+# Filesystems without files an agent could be granted.
+_SKIP_FS = frozenset(
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs", "securityfs", "pstore", "bpf"}
+    | {"configfs", "fusectl", "hugetlbfs", "binfmt_misc", "autofs", "rpc_pipefs", "nsfs", "efivarfs"}
+)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class FanotifyUnavailable(OSError):
+    pass
+
+
+@dataclass
+class Observed:
+    read: set[str] = field(default_factory=set)
+    written: set[str] = field(default_factory=set)
+    executed: set[str] = field(default_factory=set)
+    directories: set[str] = field(default_factory=set)
+    overflowed: bool = False
+    events: int = 0
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype = right.split(" ", 1)[0]
+            if fstype in _SKIP_FS:
+                continue
+            mount_point = left.split(" ")[4].replace("\\040", " ")
+            points.append(mount_point)
+    return points
+
+
+class Observer:
+    """Start before the agent runs, stop after its cgroup is gone; `observed` holds the paths."""
+
+    def __init__(self, cgroup_marker: str) -> None:
+        if _SYS_FANOTIFY_INIT < 0:
+            raise FanotifyUnavailable(38, "fanotify syscall numbers unknown on this architecture")
+        fd = _libc.syscall(
+            _SYS_FANOTIFY_INIT,
+            # The kernel's bounded queue: the marks see every process on the host, and an unlimited
+            # queue behind a slow reader would grow in kernel memory. An overflow is reported.
+            ctypes.c_uint(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK),
+            ctypes.c_uint(os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC),
+        )
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise FanotifyUnavailable(err, f"fanotify_init: {os.strerror(err)}")
+        self.fd = int(fd)
+        self.marker = cgroup_marker
+        self.observed = Observed()
+        self._members: dict[int, bool] = {}
+        self._seen_devices: set[int] = set()
+        mask = FAN_OPEN | FAN_OPEN_EXEC | FAN_CLOSE_WRITE | FAN_ONDIR
+        for point in _mount_points():
+            try:
+                dev = os.stat(point).st_dev
+            except OSError:
+                continue
+            if dev in self._seen_devices:
+                continue
+            result = _libc.syscall(
+                _SYS_FANOTIFY_MARK,
+                ctypes.c_int(self.fd),
+                ctypes.c_uint(FAN_MARK_ADD | FAN_MARK_FILESYSTEM),
+                ctypes.c_uint64(mask),
+                ctypes.c_int(_AT_FDCWD),
+                point.encode(),
+            )
+            if result == 0:
+                self._seen_devices.add(dev)
+        if not self._seen_devices:
+            os.close(self.fd)
+            raise FanotifyUnavailable(1, "fanotify: no filesystem could be marked")
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._run, name="fanotify", daemon=True)
+        self._thread.start()
+
+    def _member(self, pid: int) -> bool:
+        known = self._members.get(pid)
+        if known is not None:
+            return known
+        if len(self._members) > 65536:
+            self._members.clear()
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+                text = f.read(8192)
+        except OSError:
+            return False
+        member = any(line.endswith(self.marker) or self.marker + "/" in line for line in text.splitlines())
+        self._members[pid] = member
+        return member
+
+    def _run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.fd, self._stop_r], [], [], 0.5)
+            if self.fd in ready:
+                self._read()
+            if self._stop_r in ready:
+                self._read()
+                return
+
+    def _read(self) -> None:
+        for _ in range(1024):
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)
+                offset += max(length, _EVENT.size)
+                if mask & FAN_Q_OVERFLOW:
+                    self.observed.overflowed = True
+                if fd < 0:
+                    continue
+                try:
+                    if self._member(pid):
+                        self._record(mask, fd)
+                finally:
+                    os.close(fd)
+
+    def _record(self, mask: int, fd: int) -> None:
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return
+        if not path.startswith("/") or path.endswith(" (deleted)"):
+            return
+        self.observed.events += 1
+        if mask & FAN_ONDIR:
+            self.observed.directories.add(path)
+        elif mask & FAN_OPEN_EXEC:
+            self.observed.executed.add(path)
+        elif mask & FAN_CLOSE_WRITE:
+            self.observed.written.add(path)
+        else:
+            self.observed.read.add(path)
+
+    def stop(self) -> Observed:
+        os.write(self._stop_w, b"x")
+        self._thread.join(10)
+        for fd in (self.fd, self._stop_r, self._stop_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return self.observed

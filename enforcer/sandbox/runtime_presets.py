@@ -1,0 +1,105 @@
+"""Apply the runtime presets an ADL document opts into (see enforcer/policy/presets.py) to a launch:
+their paths extend the runtime baseline (so they are granted, explained and recorded exactly like
+it), their variables are set in the agent's environment, and `tmp` gives the session a writable
+directory of its own that is removed when it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+from .. import data
+from ..policy import presets
+from . import landlock
+from .plan import Baseline, LaunchPlan, Layer, PlanError
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    names: tuple[str, ...]
+    catalog_digest: str
+    env: Mapping[str, str]
+    session_tmp: bool
+    details: tuple[str, ...]
+
+
+def load_catalog(path: Path | None = None) -> presets.Catalog:
+    path = path or Path(os.environ.get("ADL_ENFORCER_PRESETS", data.PRESETS))
+    try:
+        raw = path.read_bytes()
+        return presets.parse_catalog(raw, YAML(typ="safe").load(raw), str(path))
+    except (OSError, presets.PresetError) as exc:
+        raise PlanError(f"presets: {exc}") from None
+
+
+def extend(
+    baseline: Baseline, adl_document: Mapping[str, Any], catalog: presets.Catalog | None = None
+) -> tuple[Baseline, Applied | None]:
+    """The baseline with the requested presets' paths, and what else they apply (None: no presets)."""
+    try:
+        names = presets.requested(adl_document)
+        if not names:
+            return baseline, None
+        catalog = catalog or load_catalog()
+        chosen = presets.select(catalog, names)
+    except presets.PresetError as exc:
+        raise PlanError(str(exc)) from None
+    env: dict[str, str] = {}
+    details = [f"presets {', '.join(names)} from {catalog.source} ({catalog.digest[:19]}…)"]
+    for preset in chosen:
+        granted = [p for p in (*preset.read, *preset.read_write, *preset.execute) if os.path.exists(p)]
+        details.append(f"  {preset.name}: {preset.description}")
+        if granted:
+            details.append(f"    paths: {', '.join(granted)}")
+        for var, candidates in preset.env.items():
+            # Values are paths when they look like paths: the first that exists on this host.
+            paths = [c for c in candidates if c.startswith("/")]
+            value = next((c for c in paths if os.path.exists(c)), None) if paths else candidates[0]
+            if value is not None:
+                env[var] = value
+                details.append(f"    env {var}={value}")
+        if preset.session_tmp:
+            details.append("    TMPDIR, TMP, TEMP: a directory of the session's own under /tmp, removed at exit")
+    extended = dataclasses.replace(
+        baseline,
+        digest=presets.combined_digest(baseline.digest, catalog, names),
+        read=baseline.read + tuple(p for c in chosen for p in c.read),
+        read_write=baseline.read_write + tuple(p for c in chosen for p in c.read_write),
+        execute=baseline.execute + tuple(p for c in chosen for p in c.execute),
+    )
+    applied = Applied(names, catalog.digest, env, any(c.session_tmp for c in chosen), tuple(details))
+    return extended, applied
+
+
+def finish_plan(
+    plan: LaunchPlan, applied: Applied | None, *, uid: int | None = None, gid: int | None = None, explain_only: bool
+) -> Callable[[], None]:
+    """Set the presets' variables and the session's temp directory on the plan; the returned
+    function removes the directory (call it when the session has ended)."""
+    if applied is None:
+        return lambda: None
+    plan.env.update(applied.env)
+    mechanism = "runtime presets (ADL extension adl-enforcer.runtime)"
+    plan.layers.append(Layer("presets", mechanism, "active", list(applied.details)))
+    if not applied.session_tmp or explain_only:
+        return lambda: None
+    directory = tempfile.mkdtemp(prefix="adl-session-tmp-", dir="/tmp")
+    if uid is not None:
+        os.chown(directory, uid, gid if gid is not None else -1)
+    plan.landlock.add(directory, landlock.READ | landlock.WRITE)
+    for var in ("TMPDIR", "TMP", "TEMP"):
+        plan.env[var] = directory
+
+    def remove() -> None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(directory)
+
+    return remove

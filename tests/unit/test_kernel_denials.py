@@ -1,0 +1,97 @@
+"""Kernel audit records parsed as the kernel writes them; the denial log's bounds under a flood."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from enforcer.documents import schema_set
+from enforcer.policy import CompileOptions, compile_policy
+from enforcer.sandbox import kernel_audit as ka
+from enforcer.sandbox.denials import DenialLog, Limits, report_lines
+
+ACCESS = b'audit(1795621820.565:4): domain=1d7054978 blockers=fs.read_file path="/etc/hostname" dev="vda" ino=612'
+DOMAIN = (
+    b"audit(1795621820.565:4): domain=1d7054978 status=allocated mode=enforcing pid=6113 uid=0 "
+    b'exe="/usr/bin/python3" comm="python3"'
+)
+SYSCALL = (
+    b"audit(1795621820.565:4): arch=c000003e syscall=257 success=no exit=-13 a0=ffffff9c items=0 ppid=6069 "
+    b'pid=6113 auid=4294967295 uid=0 comm="cat" exe="/usr/bin/cat" key=(null)'
+)
+
+
+def test_a_landlock_event_becomes_one_denial_with_its_process() -> None:
+    records = [ka.parse_record(t, b) for t, b in ((1423, ACCESS), (1424, DOMAIN), (1300, SYSCALL))]
+    [denial] = ka.denials_of([r for r in records if r is not None])
+    assert denial.mechanism == "landlock" and denial.blockers == ("fs.read_file",) and denial.path == "/etc/hostname"
+    assert denial.pid == 6113 and denial.comm == "cat" and denial.exe == "/usr/bin/cat" and denial.syscall == 257
+    assert denial.domain == "1d7054978" and denial.domain_creator == 6113 and denial.serial == 4
+
+
+def test_untrusted_strings_are_hex_decoded_and_cannot_inject_fields() -> None:
+    # A file named 'x" blockers=fs.execute' is printed hex-encoded by the kernel.
+    name = b'x" blockers=fs.execute'.hex().upper()
+    fields = ka.parse_fields(f'domain=1 blockers=fs.read_file path={name} dev="vda"')
+    assert fields["path"] == 'x" blockers=fs.execute' and fields["blockers"] == "fs.read_file"
+    assert ka.parse_fields('path="616263"')["path"] == "616263"  # quoted values are taken literally
+
+
+def test_seccomp_errno_answers_are_denials_but_enosys_fallbacks_are_not() -> None:
+    eperm = (
+        b'audit(1.2:9): auid=1 uid=0 ses=1 pid=77 comm="python3" exe="/usr/bin/python3" sig=0 arch=c000003e '
+        b"syscall=425 compat=0 ip=0x1 code=0x50001"
+    )
+    enosys = eperm.replace(b"code=0x50001", b"code=0x50026")
+    notify = eperm.replace(b"code=0x50001", b"code=0x7fc00000")
+    assert [d.syscall for d in ka.denials_of([ka.parse_record(1326, eperm)])] == [425]  # type: ignore[list-item]
+    assert ka.denials_of([ka.parse_record(1326, enosys)]) == []  # type: ignore[list-item]
+    assert ka.denials_of([ka.parse_record(1326, notify)]) == []  # type: ignore[list-item]
+
+
+class Appender:
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> None:
+        self.records.append(payload)
+
+
+def _policy() -> Any:
+    doc = {
+        "adl_spec": "0.3.0",
+        "name": "T",
+        "description": "t",
+        "version": "1.0.0",
+        "data_classification": {"sensitivity": "internal"},
+        "permissions": {"filesystem": {"allowed_paths": [{"path": "/data/**", "access": "read"}]}},
+    }
+    return compile_policy(doc, None, schema_set(), datetime.now(UTC), CompileOptions())
+
+
+def test_a_flood_is_counted_exactly_and_written_within_the_bounds() -> None:
+    now = [0.0]
+    out = Appender()
+    log = DenialLog(
+        out, _policy(), "s-1", Limits(max_detailed=50, burst=10, per_s=5, summary_every_s=10), lambda: now[0]
+    )
+    for i in range(100_000):
+        now[0] = i / 10_000  # 10 s of denials
+        log(ka.Denial("landlock", 0.0, i, 9, "a", "/bin/a", ("fs.read_file",), path=f"/x/{i % 1000}"))
+    log.close()
+    one_by_one = [r for r in out.records if "summary" not in r]
+    summaries = [r for r in out.records if "summary" in r]
+    assert 10 <= len(one_by_one) <= 10 + 5 * 10 + 1 and len(summaries) <= 3
+    assert summaries[-1]["summary"] == "final" and summaries[-1]["denials"] == 100_000
+    assert len(summaries[-1]["top"]) <= 20 and one_by_one[0]["rules"] == ["fs.not_allowed"]
+    assert one_by_one[0]["grant"]["value"] == {"path": "/x/0", "access": "read"}
+    assert "100000" in report_lines({"available": True, **log.summary()})[0]
+
+
+def test_a_denied_path_in_the_policy_is_named_not_suggested() -> None:
+    out = Appender()
+    log = DenialLog(out, _policy(), "s-1")
+    log(ka.Denial("landlock", 0.0, 1, 9, "a", "/bin/a", ("fs.write_file",), path="/data/x"))
+    [record] = out.records
+    assert record["access"] == "write" and record["rules"] == ["fs.mode_not_allowed"]
+    assert record["reasons"][0]["pointer"] == "/permissions/filesystem/allowed_paths/0"
