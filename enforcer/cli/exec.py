@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import data
 from ..sandbox import DOMAINS
-from ..version import version_text
+from ..version import version_action
 
 EXIT_REFUSED = 125
 DEFAULT_BASELINE = data.RUNTIME_BASELINE
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=version_text("adl-exec"))
+    parser.add_argument("--version", action=version_action("adl-exec"))
     parser.add_argument("--adl", type=Path, help="the agent's ADL document (JSON or YAML)")
     parser.add_argument(
         "--daemon",

@@ -9,13 +9,14 @@ import pwd
 import sys
 from pathlib import Path
 
-from .. import paths
+from .. import paths, policy_cache
 from ..audit import AuditUnavailable, AuditWriter
-from ..documents import PolicyFileError, load_policy, load_regions
-from ..policy import CompileOptions, DocumentRejected, Policy
+from ..documents import PolicyFileError
+from ..policy.errors import DocumentRejected
+from ..policy.model import Policy
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
-from ..sandbox.plan import PlanError, build_plan, load_baseline
+from ..sandbox.plan import PlanError, build_plan
 from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
 
@@ -34,22 +35,29 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     """Compile, plan, audit and run; `prepared` is the stage forked ahead (None with --explain)."""
     policy: Policy | None = None
     try:
+        features = sessions.host_features()
         # The egress settings (pydantic-settings) load only when the plan has a network layer; the
         # home region, which residency rules compile against, is the same variable they read.
-        options = CompileOptions(
+        # Documents compiled before (same bytes, baseline, region map, host) come from the cache.
+        loaded = policy_cache.load(
+            args.adl,
+            args.aaif,
+            args.regions,
+            args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)),
             production=args.production,
-            regions=load_regions(args.regions),
             home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
+            features=features,
         )
-        policy = load_policy(args.adl, args.aaif, options)
-        baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
+        if loaded.warning:
+            print(f"adl-exec: warning: {loaded.warning}", file=sys.stderr)
+        policy, baseline = loaded.policy, loaded.baseline
         uid, gid = _user(args.user)
         plan = build_plan(
             policy,
             command,
             baseline=baseline,
             environ=dict(os.environ),
-            features=sessions.host_features(),
+            features=features,
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ruamel.yaml import YAML
-
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
 from . import DOMAINS, creation_guard, landlock, seccomp
@@ -49,6 +47,8 @@ class Baseline:
 
 
 def load_baseline(path: Path) -> Baseline:
+    from ruamel.yaml import YAML  # only when the baseline is not in the policy cache
+
     raw = path.read_bytes()
     data: Any = YAML(typ="safe").load(raw) or {}
 
