@@ -3,10 +3,14 @@
 An entry is the pickled (Policy, Baseline) pair, filed under a key that digests every input of the
 compilation: the bytes of the ADL and AAIF documents, the region map and the runtime baseline, the
 compile options, the host's kernel features, the caller's uid and a fingerprint of the enforcer's
-own code and schemas. Reading a pickle runs code, so an entry is only read from a directory that
-no other user can write to (every directory above it included) and from a file the caller owns;
-its header must name the expected key and the payload's digest, and the unpickler only builds the
-types a compiled policy is made of. Anything else is a miss: the documents are compiled again.
+own code and schemas. An entry is a compiled policy the launch will enforce, and reading a pickle
+runs code: whoever can write one owns every later launch. So each entry carries an HMAC under a
+secret kept in the caller's kernel keyring, which no sandboxed agent can reach (seccomp denies
+the keyring calls) even when it runs as the same uid and could write to the cache directory. It
+is also read only from a directory no other user can write to (every directory above it
+included), from a file the caller owns, when its header names the expected key, and through an
+unpickler that only builds the types a compiled policy is made of. Anything else is a miss: the
+documents are compiled again. Without a keyring there is no cache.
 
 Compiling depends on the time only through the lifecycle sunset and the attestation expiry
 (compiler.time_boundaries): an entry records the interval between the boundaries around the time
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import hashlib
+import hmac
 import io
 import os
 import pickle
@@ -31,12 +36,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import data, paths
+from .keyring import KeyringUnavailable, user_secret
 
 if TYPE_CHECKING:
     from .policy.model import Policy
     from .sandbox.plan import Baseline, HostFeatures
 
 MAGIC = b"adl-enforcer compiled policy 1\n"
+KEYRING_NAME = "adl-enforcer:policy-cache"
 # Larger documents are refused by the loader; they are never cached either.
 MAX_INPUT_BYTES = 4 * 1024 * 1024
 MAX_ENTRY_BYTES = 64 * 1024 * 1024
@@ -95,9 +102,15 @@ def load(
     directory = directory if directory is not None else paths.cache_dir()
     key = entry_key(inputs, production, home_region, features)
     warning = None
+    secret = b""
     if directory is not None:
         try:
-            found = _read_entry(directory, key, now)
+            secret = user_secret(KEYRING_NAME)
+        except KeyringUnavailable:
+            directory = None
+    if directory is not None:
+        try:
+            found = _read_entry(directory, key, now, secret)
         except UntrustedCache as exc:
             warning, directory = f"compiled-policy cache not used: {exc}", None
         else:
@@ -108,7 +121,7 @@ def load(
     )
     if directory is not None:
         try:
-            _write_entry(directory, key, valid, (policy, baseline))
+            _write_entry(directory, key, valid, (policy, baseline), secret)
         except UntrustedCache as exc:
             warning = f"compiled-policy cache not used: {exc}"
         except OSError:
@@ -252,7 +265,7 @@ def _trusted_directory(directory: Path, create: bool) -> int:
     return fd
 
 
-def _read_entry(directory: Path, key: str, now: datetime) -> tuple[Policy, Baseline] | None:
+def _read_entry(directory: Path, key: str, now: datetime, secret: bytes) -> tuple[Policy, Baseline] | None:
     if not directory.is_dir():
         return None
     dir_fd = _trusted_directory(directory, create=False)
@@ -270,16 +283,17 @@ def _read_entry(directory: Path, key: str, now: datetime) -> tuple[Policy, Basel
             raw = handle.read(MAX_ENTRY_BYTES + 1)
     finally:
         os.close(dir_fd)
-    return _decode(raw, key, now.timestamp())
+    return _decode(raw, key, now.timestamp(), secret)
 
 
-def _decode(raw: bytes, key: str, moment: float) -> tuple[Policy, Baseline] | None:
-    """The entry's payload when its header matches; None (a miss) for anything else."""
+def _decode(raw: bytes, key: str, moment: float, secret: bytes) -> tuple[Policy, Baseline] | None:
+    """The entry's payload when its MAC and header match; None (a miss) for anything else."""
     stream = io.BytesIO(raw)
     if len(raw) > MAX_ENTRY_BYTES or stream.readline() != MAGIC:
         return None
-    header = [stream.readline().rstrip(b"\n") for _ in range(3)]
-    if header[0] != key.encode():
+    header = [stream.readline().rstrip(b"\n") for _ in range(4)]
+    mac = hmac.new(secret, MAGIC + b"\n".join(header[:3]) + b"\n", hashlib.sha256).hexdigest().encode()
+    if not hmac.compare_digest(header[3], mac) or header[0] != key.encode():
         return None
     try:
         valid_from, valid_until = (float(v) for v in header[1].split(b" "))
@@ -295,21 +309,24 @@ def _decode(raw: bytes, key: str, moment: float) -> tuple[Policy, Baseline] | No
     return value if isinstance(value, tuple) and len(value) == 2 else None
 
 
-def _write_entry(directory: Path, key: str, valid: tuple[float, float], value: tuple[Policy, Baseline]) -> None:
+def _write_entry(
+    directory: Path, key: str, valid: tuple[float, float], value: tuple[Policy, Baseline], secret: bytes
+) -> None:
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
     pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_mapping}  # type: ignore[attr-defined]
     pickler.dump(value)
     payload = buffer.getvalue()
-    entry = b"".join(
+    header = b"".join(
         [
             MAGIC,
             key.encode() + b"\n",
             f"{valid[0]!r} {valid[1]!r}\n".encode(),
             hashlib.sha256(payload).hexdigest().encode() + b"\n",
-            payload,
         ]
     )
+    mac = hmac.new(secret, header, hashlib.sha256).hexdigest().encode()
+    entry = header + mac + b"\n" + payload
     dir_fd = _trusted_directory(directory, create=True)
     try:
         temporary = f".{key}.{os.getpid()}.{time.monotonic_ns()}"
