@@ -26,8 +26,8 @@ median and range of its per-round ratio to `python -c pass` and to bwrap timed i
   adl-exec, allowed hosts      the same, with the egress filter up (DNS stub, capture, relay)
   adl-exec, new documents      cache off: read, validate, compile, plan, launch
   adl-exec, refused            a command the policy does not allow (validation cached)
-then the USS (private memory) summed over the enforcer's processes while a session runs `sleep`,
-without and with the egress filter.
+then the USS (private memory) and PSS summed over the enforcer's processes while a session runs
+`sleep`, without and with the egress filter.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def cold_setup_ms(policy: Path, n: int) -> float:
     return statistics.median(samples[1:])
 
 
-def uss_kib(pid: int) -> int:
+def uss_kib(pid: int, fields: tuple[str, ...] = ("Private_Clean:", "Private_Dirty:")) -> int:
     with open(f"/proc/{pid}/smaps_rollup") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
+        return sum(int(line.split()[1]) for line in f if line.startswith(fields))
 
 
 def descendants(pid: int) -> list[int]:
@@ -150,21 +150,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def session_uss_mib(argv: list[str], env: dict[str, str]) -> float:
-    """USS of adl-exec and every process under it but the agent (`sleep`), mid-session."""
+def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(USS, PSS) summed over adl-exec and every process under it but the agent (`sleep`),
+    mid-session. Pages the enforcer's own processes share after a fork count in neither one's USS;
+    PSS splits them."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     try:
-        time.sleep(1.0)
-        total = 0
+        time.sleep(1.5)
+        uss = pss = 0
         for pid in descendants(proc.pid):
             try:
                 with open(f"/proc/{pid}/comm") as f:
                     if f.read().strip() == "sleep":
                         continue
-                total += uss_kib(pid)
+                uss += uss_kib(pid)
+                pss += uss_kib(pid, ("Pss:",))
             except OSError:
                 continue
-        return total / 1024
+        return uss / 1024, pss / 1024
     finally:
         proc.wait(timeout=30)
 
@@ -213,8 +216,8 @@ def interleaved(rounds: int) -> None:
                 subprocess.run(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 samples[name].append((time.perf_counter() - start) * 1000)
         memory = {
-            "no network": session_uss_mib(adl_exec(sleeper, "sleep", "2"), env),
-            "egress filter": session_uss_mib(adl_exec(net, "sleep", "2"), env),
+            "no network": session_uss_mib(adl_exec(sleeper, "sleep", "3"), env),
+            "egress filter": session_uss_mib(adl_exec(net, "sleep", "3"), env),
         }
 
     def ratio(name: str, base: str) -> str:
@@ -228,9 +231,9 @@ def interleaved(rounds: int) -> None:
             f"  {name:<28} {statistics.median(samples[name]):8.1f}   "
             f"{ratio(name, 'python -c pass'):<22} {ratio(name, 'bwrap --unshare-all'):<22}"
         )
-    print("USS of the enforcer's processes during a session (MiB):")
-    for name, value in memory.items():
-        print(f"  {name:<28} {value:8.1f}")
+    print("the enforcer's processes during a session, summed (MiB):      USS      PSS")
+    for name, (uss, pss) in memory.items():
+        print(f"  {name:<58} {uss:8.1f} {pss:8.1f}")
 
 
 def main() -> None:
