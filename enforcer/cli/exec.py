@@ -32,6 +32,8 @@ examples:
   adl-exec --adl agent.adl.json --aaif agent.aaif.json --user nobody -- node agent.js
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
+Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see README).
+
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
 """
