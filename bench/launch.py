@@ -174,8 +174,10 @@ def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]
 
 def interleaved(rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="adl-bench-launch-") as tmp:
+        # An installed package has its bytecode cached; without it every module is compiled from
+        # source on every run (PYTHONDONTWRITEBYTECODE=1 in the environment would hide that).
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
             "ADL_ENFORCER_AUDIT_DIR": f"{tmp}/audit",
             "ADL_ENFORCER_AUDIT_KEY": f"{tmp}/key.pem",
             "ADL_ENFORCER_CACHE_DIR": f"{tmp}/cache",

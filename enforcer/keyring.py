@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 
 _SYSCALLS = {"x86_64": (248, 250), "aarch64": (217, 219)}  # add_key, keyctl
 KEY_SPEC_USER_KEYRING = -4
@@ -37,9 +36,10 @@ def _call(*args: object) -> int:
 
 def user_secret(description: str, size: int = 32) -> bytes:
     """The secret named `description` in the caller's user keyring, created on first use."""
-    numbers = _SYSCALLS.get(platform.machine())
+    machine = os.uname().machine
+    numbers = _SYSCALLS.get(machine)
     if numbers is None:
-        raise KeyringUnavailable(errno.ENOSYS, f"no keyring syscall numbers for {platform.machine()}")
+        raise KeyringUnavailable(errno.ENOSYS, f"no keyring syscall numbers for {machine}")
     add_key, keyctl = numbers
     name = description.encode()
     try:

@@ -14,8 +14,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
-import idna
-
 Flavour = Literal["host", "path", "env", "command"]
 T = TypeVar("T")
 
@@ -94,6 +92,8 @@ def normalize_host(host: str) -> str:
         raise PatternError("empty host name")
     if host.isascii():
         return host.lower()
+    import idna  # only for Unicode names: launching a command never needs its tables
+
     try:
         return idna.encode(host, uts46=True).decode("ascii")
     except idna.IDNAError as exc:
