@@ -73,6 +73,7 @@ class _Inputs:
     aaif: bytes | None
     regions: bytes | None
     baseline: bytes
+    baseline_path: str  # the cached Baseline names it (launch records show it)
 
 
 def load(
@@ -98,6 +99,7 @@ def load(
         aaif=_read(aaif_path) if aaif_path else None,
         regions=_read(regions_path) if regions_path else None,
         baseline=_read(baseline_path),
+        baseline_path=str(baseline_path),
     )
     directory = directory if directory is not None else paths.cache_dir()
     key = entry_key(inputs, production, home_region, features)
@@ -148,6 +150,7 @@ def entry_key(inputs: _Inputs, production: bool, home_region: str | None, featur
         inputs.aaif,
         inputs.regions,
         inputs.baseline,
+        inputs.baseline_path.encode(),
         repr((production, home_region)).encode(),
         repr(features).encode(),
     ]
@@ -390,4 +393,8 @@ class _Unpickler(pickle.Unpickler):
         allowed = _ALLOWED.get(module, ())
         if allowed is not None and name not in allowed:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of a compiled policy")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if allowed is None and not (isinstance(found, type) and found.__module__ == module):
+            # Of a policy module, only the classes it defines (not what it imported).
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a compiled policy")
+        return found

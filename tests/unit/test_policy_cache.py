@@ -160,19 +160,39 @@ def test_an_entry_without_the_keyring_secret_is_not_read(files):
     assert decide(loaded.policy, NetworkConnect("evil.example", 443, "https")).verdict == "ALLOW"
 
 
-def test_the_unpickler_builds_only_policy_types(files, tmp_path):
-    """Even an entry that passes every check cannot make the launcher call anything else."""
+class _Global:
+    """Pickles as a reference to module.name, called with `args`."""
+
+    def __init__(self, module: str, name: str, *args: object) -> None:
+        self.module, self.name, self.args = module, name, args
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        import importlib
+
+        return (getattr(importlib.import_module(self.module), self.name), self.args)
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [("os", "system"), ("enforcer.policy.model", "cached_property"), ("enforcer.policy.argschema", "build_validator")],
+)
+def test_the_unpickler_builds_only_policy_types(files, tmp_path, module, name):
+    """Even an entry that passes every check cannot make the launcher call anything else: not a
+    foreign function, nor what a policy module merely imported, nor its functions."""
     load(files)
     marker = tmp_path / "ran"
-
-    class Evil:
-        def __reduce__(self):  # type: ignore[no-untyped-def]
-            return (os.system, (f"touch {marker}",))
-
     secret = policy_cache.user_secret(policy_cache.KEYRING_NAME)
-    _rewrite(entry_path(files), pickle.dumps((Evil(), None)), secret)
+    _rewrite(entry_path(files), pickle.dumps((_Global(module, name, f"touch {marker}"), None)), secret)
     assert load(files).status == "miss"
     assert not marker.exists()
+
+
+def test_the_same_baseline_under_another_path_misses(files):
+    load(files)
+    moved = files["baseline"].with_name("elsewhere.yaml")
+    shutil.copyfile(files["baseline"], moved)
+    loaded = load(dict(files, baseline=moved))
+    assert loaded.status == "miss" and loaded.baseline.path == moved
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "rename"])
