@@ -19,6 +19,9 @@ Prints medians of N runs for:
 
 Run: .venv/bin/python bench/launch.py detail [N]
 
+`bench/launch.py daemon [ROUNDS]`: `adl-exec --daemon -- /bin/true` against a running adl-enforcerd
+(the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass` and bwrap.
+
 The default, `.venv/bin/python bench/launch.py [ROUNDS]`, times whole runs interleaved: each round
 runs every command below once, in a rotated order, and each figure is reported as its median and the
 median and range of its per-round ratio to `python -c pass` and to bwrap timed in the same round:
@@ -238,7 +241,47 @@ def interleaved(rounds: int) -> None:
         print(f"  {name:<58} {uss:8.1f} {pss:8.1f}")
 
 
+def daemon_runs(rounds: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.daemon_helpers import RunningDaemon
+    from tests.sandbox_helpers import Sandbox
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix="adl-bench-daemon-") as tmp:
+        running = RunningDaemon(Path(tmp), Sandbox(Path(tmp) / "box"))
+        running.box.permissions["execution"]["allowed_commands"] = ["true"]
+        running.write_agents(max_concurrent=None)
+        try:
+            running.start()
+            commands = {
+                "python -c pass": [sys.executable, "-c", "pass"],
+                "bwrap --unshare-all": ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"],
+                "adl-exec --daemon": running.exec_argv("/bin/true"),
+            }
+            for argv in commands.values():
+                subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+            names = list(commands)
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    start = time.perf_counter()
+                    subprocess.run(commands[name], env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+                    samples[name].append((time.perf_counter() - start) * 1000)
+        finally:
+            running.cleanup()
+    print(f"whole runs, {rounds} interleaved rounds: median ms; per-round ratio median (range)")
+    for name in names:
+        per_round = [a / b for a, b in zip(samples[name], samples["python -c pass"], strict=True)]
+        print(
+            f"  {name:<22} {statistics.median(samples[name]):8.1f}   vs python -c pass "
+            f"{statistics.median(per_round):5.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+        )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["daemon"]:
+        daemon_runs(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+        return
     if sys.argv[1:2] != ["detail"]:
         interleaved(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
         return
