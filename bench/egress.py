@@ -82,6 +82,18 @@ def main() -> None:
     d_rate, f_rate = statistics.median(d_rates), statistics.median(f_rates)
     print(f"{'throughput median (MB/s)':28}{d_rate:12.0f}{f_rate:12.0f}{'':12}{ratio:8.2f}x")
     print(f"per-round throughput ratios: {', '.join(f'{f / d:.2f}' for f, d in zip(f_rates, d_rates, strict=True))}")
+    d_conn = [run["rate"] for run in direct]
+    f_conn = [run["rate"] for run in filtered]
+    conn_ratios = [f / d for f, d in zip(f_conn, d_conn, strict=True)]
+    print(
+        f"{'new connections/s, 16 conc.':28}{statistics.median(d_conn):12.0f}{statistics.median(f_conn):12.0f}"
+        f"{'':12}{statistics.median(conn_ratios):8.2f}x"
+    )
+    print(f"per-round connection-rate ratios: {', '.join(f'{r:.2f}' for r in conn_ratios)}")
+    d_round = [percentile(run["setup_us"], 0.5) for run in direct]
+    f_round = [percentile(run["setup_us"], 0.5) for run in filtered]
+    added_rounds = sorted(f - d for f, d in zip(f_round, d_round, strict=True))
+    print(f"per-round added setup p50 (us): {', '.join(f'{a:.0f}' for a in added_rounds)}")
     added = percentile(f_setup, 0.5) - percentile(d_setup, 0.5)
     print(
         f"targets: added setup p50 {added:.0f} us (< 1000 us): {'met' if added < 1000 else 'NOT met'}; "

@@ -17,7 +17,20 @@ Prints medians of N runs for:
   creation     inside a sandbox, the cost of creating a file (open O_CREAT + close) with and
                without the creation guard, and of opening an existing file without O_CREAT
 
-Run: .venv/bin/python bench/launch.py [N]
+Run: .venv/bin/python bench/launch.py detail [N]
+
+`bench/launch.py daemon [ROUNDS]`: `adl-exec --daemon -- /bin/true` against a running adl-enforcerd
+(the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass` and bwrap.
+
+The default, `.venv/bin/python bench/launch.py [ROUNDS]`, times whole runs interleaved: each round
+runs every command below once, in a rotated order, and each figure is reported as its median and the
+median and range of its per-round ratio to `python -c pass` and to bwrap timed in the same round:
+  adl-exec, same documents     the compiled-policy cache holds them (the usual case)
+  adl-exec, allowed hosts      the same, with the egress filter up (DNS stub, capture, relay)
+  adl-exec, new documents      cache off: read, validate, compile, plan, launch
+  adl-exec, refused            a command the policy does not allow (validation cached)
+then the USS (private memory) and PSS summed over the enforcer's processes while a session runs
+`sleep`, without and with the egress filter.
 """
 
 from __future__ import annotations
@@ -121,8 +134,162 @@ def cold_setup_ms(policy: Path, n: int) -> float:
     return statistics.median(samples[1:])
 
 
+def uss_kib(pid: int, fields: tuple[str, ...] = ("Private_Clean:", "Private_Dirty:")) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(fields))
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(USS, PSS) summed over adl-exec and every process under it but the agent (`sleep`),
+    mid-session. Pages the enforcer's own processes share after a fork count in neither one's USS;
+    PSS splits them."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)
+        uss = pss = 0
+        for pid in descendants(proc.pid):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "sleep":
+                        continue
+                uss += uss_kib(pid)
+                pss += uss_kib(pid, ("Pss:",))
+            except OSError:
+                continue
+        return uss / 1024, pss / 1024
+    finally:
+        proc.wait(timeout=30)
+
+
+def interleaved(rounds: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="adl-bench-launch-") as tmp:
+        # An installed package has its bytecode cached; without it every module is compiled from
+        # source on every run (PYTHONDONTWRITEBYTECODE=1 in the environment would hide that).
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+            "ADL_ENFORCER_AUDIT_DIR": f"{tmp}/audit",
+            "ADL_ENFORCER_AUDIT_KEY": f"{tmp}/key.pem",
+            "ADL_ENFORCER_CACHE_DIR": f"{tmp}/cache",
+        }
+        plain = Path(tmp) / "bench.adl.json"
+        plain.write_text(json.dumps(POLICY))
+        net_doc = json.loads(json.dumps(POLICY))
+        net_doc["permissions"]["execution"]["allowed_commands"] = ["true", "sleep"]
+        net_doc["permissions"]["network"] = {"allowed_hosts": ["example.com"], "allowed_ports": [443]}
+        net = Path(tmp) / "net.adl.json"
+        net.write_text(json.dumps(net_doc))
+        sleeper_doc = json.loads(json.dumps(POLICY))
+        sleeper_doc["permissions"]["execution"]["allowed_commands"] = ["sleep"]
+        sleeper = Path(tmp) / "sleep.adl.json"
+        sleeper.write_text(json.dumps(sleeper_doc))
+
+        def adl_exec(policy: Path, *command: str) -> list[str]:
+            return [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", *command]
+
+        commands: dict[str, tuple[list[str], dict[str, str], int]] = {
+            "python -c pass": ([sys.executable, "-c", "pass"], env, 0),
+            "bwrap --unshare-all": (["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"], env, 0),
+            "adl-exec, same documents": (adl_exec(plain, "/bin/true"), env, 0),
+            "adl-exec, allowed hosts": (adl_exec(net, "/bin/true"), env, 0),
+            "adl-exec, new documents": (adl_exec(plain, "/bin/true"), {**env, "ADL_ENFORCER_CACHE_DIR": "off"}, 0),
+            "adl-exec, refused": (adl_exec(plain, "/bin/cat", "/etc/hostname"), env, 125),
+        }
+        for argv, environ, expected in commands.values():  # warm the page cache and the policy cache
+            code = subprocess.run(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+            if code != expected:
+                raise SystemExit(f"{argv}: exit code {code}, expected {expected}")
+        names = list(commands)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                argv, environ, _ = commands[name]
+                start = time.perf_counter()
+                subprocess.run(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                samples[name].append((time.perf_counter() - start) * 1000)
+        memory = {
+            "no network": session_uss_mib(adl_exec(sleeper, "sleep", "3"), env),
+            "egress filter": session_uss_mib(adl_exec(net, "sleep", "3"), env),
+        }
+
+    def ratio(name: str, base: str) -> str:
+        per_round = [a / b for a, b in zip(samples[name], samples[base], strict=True)]
+        return f"{statistics.median(per_round):6.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+
+    print(f"whole runs, {rounds} interleaved rounds: median ms; per-round ratio median (range)")
+    print(f"  {'command':<28} {'ms':>8}   {'vs python -c pass':<22} {'vs bwrap':<22}")
+    for name in names:
+        print(
+            f"  {name:<28} {statistics.median(samples[name]):8.1f}   "
+            f"{ratio(name, 'python -c pass'):<22} {ratio(name, 'bwrap --unshare-all'):<22}"
+        )
+    print("the enforcer's processes during a session, summed (MiB):      USS      PSS")
+    for name, (uss, pss) in memory.items():
+        print(f"  {name:<58} {uss:8.1f} {pss:8.1f}")
+
+
+def daemon_runs(rounds: int) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.daemon_helpers import RunningDaemon
+    from tests.sandbox_helpers import Sandbox
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix="adl-bench-daemon-") as tmp:
+        running = RunningDaemon(Path(tmp), Sandbox(Path(tmp) / "box"))
+        running.box.permissions["execution"]["allowed_commands"] = ["true"]
+        running.write_agents(max_concurrent=None)
+        try:
+            running.start()
+            commands = {
+                "python -c pass": [sys.executable, "-c", "pass"],
+                "bwrap --unshare-all": ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"],
+                "adl-exec --daemon": running.exec_argv("/bin/true"),
+            }
+            for argv in commands.values():
+                subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+            names = list(commands)
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    start = time.perf_counter()
+                    subprocess.run(commands[name], env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+                    samples[name].append((time.perf_counter() - start) * 1000)
+        finally:
+            running.cleanup()
+    print(f"whole runs, {rounds} interleaved rounds: median ms; per-round ratio median (range)")
+    for name in names:
+        per_round = [a / b for a, b in zip(samples[name], samples["python -c pass"], strict=True)]
+        print(
+            f"  {name:<22} {statistics.median(samples[name]):8.1f}   vs python -c pass "
+            f"{statistics.median(per_round):5.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+        )
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    if sys.argv[1:2] == ["daemon"]:
+        daemon_runs(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+        return
+    if sys.argv[1:2] != ["detail"]:
+        interleaved(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+        return
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 30
     with tempfile.TemporaryDirectory() as tmp:
         policy_path = Path(tmp) / "bench.adl.json"
         policy_path.write_text(json.dumps(POLICY))

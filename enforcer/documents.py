@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import data
-from .policy import CompileOptions, DocumentRejected, Finding, Policy, RegionMap, SchemaSet, compile_policy
-from .policy.loader import MAX_DOCUMENT_BYTES, parse_document
-from .policy.regions import RegionMapError
-from .policy.specs import SpecMissing, spec_root
+from .policy.errors import DocumentRejected, Finding
+from .policy.model import CompileOptions, Policy
+from .policy.regions import RegionMap, RegionMapError
+
+if TYPE_CHECKING:
+    from .policy.specs import SchemaSet
 
 DEFAULT_REGIONS = data.REGIONS
 
@@ -26,14 +28,27 @@ class PolicyFileError(Exception):
 
 def read_document(path: str | os.PathLike[str], expect: str | None = None) -> dict[str, Any]:
     """Read and parse one document; `expect` ('adl' or 'aaif') checks its kind."""
+    return document_from_bytes(read_bytes(path), str(path), expect)
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A document's bytes (at most one byte over the size limit, which parsing then refuses)."""
+    from .policy.loader import MAX_DOCUMENT_BYTES
+
     name = str(path)
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+            return handle.read(MAX_DOCUMENT_BYTES + 1)
     except OSError as exc:
         raise PolicyFileError(
             name, f"cannot read: {exc.strerror}", [Finding("ENF-1004", f"cannot read {name}: {exc.strerror}")]
         ) from exc
+
+
+def document_from_bytes(data: bytes, name: str, expect: str | None = None) -> dict[str, Any]:
+    """Parse one document read by read_bytes; `expect` as for read_document."""
+    from .policy.loader import parse_document
+
     parsed = parse_document(data, name)
     if not parsed.ok:
         raise PolicyFileError(name, parsed.findings[0].detail, list(parsed.findings))
@@ -54,14 +69,20 @@ def load_regions(path: str | os.PathLike[str] | None) -> RegionMap:
         if not DEFAULT_REGIONS.is_file():
             return RegionMap.empty()
         path = DEFAULT_REGIONS
-    document = read_document(path)
+    return regions_from_bytes(read_bytes(path), str(path))
+
+
+def regions_from_bytes(data: bytes, name: str) -> RegionMap:
+    document = document_from_bytes(data, name)
     try:
         return RegionMap.from_data(document)
     except RegionMapError as exc:
-        raise PolicyFileError(str(path), str(exc)) from exc
+        raise PolicyFileError(name, str(exc)) from exc
 
 
 def schema_set() -> SchemaSet:
+    from .policy.specs import SchemaSet, SpecMissing, spec_root
+
     try:
         return SchemaSet(spec_root())
     except SpecMissing as exc:
@@ -77,7 +98,26 @@ def load_policy(
     """Read, validate and compile; raises PolicyFileError or DocumentRejected."""
     adl = read_document(adl_path, "adl")
     aaif = read_document(aaif_path, "aaif") if aaif_path else None
-    return compile_policy(adl, aaif, schema_set(), now or datetime.now(UTC), options)
+    return compile_documents(adl, aaif, options, now or datetime.now(UTC))
 
 
-__all__ = ["DocumentRejected", "PolicyFileError", "load_policy", "load_regions", "read_document", "schema_set"]
+def compile_documents(
+    adl: dict[str, Any], aaif: dict[str, Any] | None, options: CompileOptions | None, now: datetime
+) -> Policy:
+    from .policy.compiler import compile_policy
+
+    return compile_policy(adl, aaif, schema_set(), now, options)
+
+
+__all__ = [
+    "DocumentRejected",
+    "PolicyFileError",
+    "compile_documents",
+    "document_from_bytes",
+    "load_policy",
+    "load_regions",
+    "read_bytes",
+    "read_document",
+    "regions_from_bytes",
+    "schema_set",
+]

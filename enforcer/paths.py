@@ -28,3 +28,17 @@ def audit_key_path() -> Path:
     cannot re-seal an edited log."""
     configured = os.environ.get("ADL_ENFORCER_AUDIT_KEY")
     return Path(configured) if configured else state_dir() / "audit-signing-key.pem"
+
+
+def cache_dir() -> Path | None:
+    """Where compiled policies are cached (None: no cache). Root's cache is in /var/cache, a
+    user's in their XDG cache directory; ADL_ENFORCER_CACHE_DIR moves it, 'off' turns it off."""
+    configured = os.environ.get("ADL_ENFORCER_CACHE_DIR")
+    if configured == "off":
+        return None
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/var/cache/adl-enforcer/policies")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "adl-enforcer" / "policies"

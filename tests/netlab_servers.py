@@ -185,6 +185,7 @@ def bench_server(port: int) -> None:
     class Server(socketserver.ThreadingTCPServer):
         allow_reuse_address = True
         daemon_threads = True
+        request_queue_size = 1024  # a connection-rate bench must not measure the server's backlog
 
     server = Server(("0.0.0.0", port), Bench)
     threading.Thread(target=server.serve_forever, daemon=True).start()

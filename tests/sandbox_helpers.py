@@ -131,6 +131,7 @@ class Sandbox:
             "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
             "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
             "ADL_ENFORCER_CGROUP_GROUP": self.group,
+            "ADL_ENFORCER_CACHE_DIR": str(self.root / "policy-cache"),
             **self.env,
             **(env or {}),
         }

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import data
 from ..sandbox import DOMAINS, cgroups
-from ..version import version_text
+from ..version import version_action
 
 EXIT_REFUSED = 125
 DEFAULT_BASELINE = data.RUNTIME_BASELINE
@@ -36,6 +36,8 @@ examples:
   adl-exec --learn learned.adl.json --adl start.adl.json -- python3 agent.py
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
+Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see README).
+
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
 """
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=version_text("adl-exec"))
+    parser.add_argument("--version", action=version_action("adl-exec"))
     parser.add_argument("--adl", type=Path, help="the agent's ADL document (JSON or YAML)")
     parser.add_argument(
         "--daemon",

@@ -6,18 +6,18 @@ import argparse
 import json
 import os
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import paths
+from .. import paths, policy_cache
 from ..audit import AuditUnavailable, AuditWriter, records
 from ..audit.events import agent_of
-from ..documents import PolicyFileError, load_regions, read_document, schema_set
-from ..policy import CompileOptions, DocumentRejected, Policy, compile_policy
+from ..documents import PolicyFileError, read_document
+from ..policy.errors import DocumentRejected
+from ..policy.model import Policy
 from ..sandbox import identity, runtime_presets
 from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
-from ..sandbox.plan import PlanError, build_plan, load_baseline
+from ..sandbox.plan import PlanError, build_plan
 from ..sandbox.stage import Prepared
 from .exec import DEFAULT_BASELINE, print_report, refuse
 from .exec_learn import Learner
@@ -38,25 +38,33 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
     """Compile, plan, audit and run; `prepared` is the stage forked ahead (None with --explain)."""
     policy: Policy | None = None
     try:
+        features = sessions.host_features()
         # The egress settings (pydantic-settings) load only when the plan has a network layer; the
         # home region, which residency rules compile against, is the same variable they read.
-        options = CompileOptions(
+        # Documents compiled before (same bytes, baseline, region map, host) come from the cache.
+        loaded = policy_cache.load(
+            args.adl,
+            args.aaif,
+            args.regions,
+            args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)),
             production=args.production,
-            regions=load_regions(args.regions),
             home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
+            features=features,
         )
-        adl_document = read_document(args.adl, "adl")  # read once: the presets come from the same text
-        aaif_document = read_document(args.aaif, "aaif") if args.aaif else None
-        policy = compile_policy(adl_document, aaif_document, schema_set(), datetime.now(UTC), options)
-        baseline = load_baseline(args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)))
-        baseline, presets_applied = runtime_presets.extend(baseline, adl_document)
+        if loaded.warning:
+            print(f"adl-exec: warning: {loaded.warning}", file=sys.stderr)
+        policy = loaded.policy
+        # The presets a document asks for and learn mode read the document itself (parsed, not
+        # validated again: the policy compiled from the same file was).
+        adl_document = read_document(args.adl, "adl")
+        baseline, presets_applied = runtime_presets.extend(loaded.baseline, adl_document)
         uid, gid = _identity(args.user) if not args.explain else (None, None)
         plan = build_plan(
             policy,
             command,
             baseline=baseline,
             environ=dict(os.environ),
-            features=sessions.host_features(),
+            features=features,
             accept_unenforced=frozenset(args.accept_unenforced),
             pids_max=args.pids_max,
             explain_only=args.explain,

@@ -150,7 +150,14 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     # capabilities (uid 0 still owns the audit files it appends to) and can never regain any.
     namespaces.drop_privileges(None, None)
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    writer = AuditWriter(audit.directory, audit.key_path, source="adl-egress", settings=audit.settings)
+    # Connection handlers append from many threads: a group's fdatasync runs on the writer's flusher
+    # thread, off the lock they queue on, as in the daemon.
+    writer = AuditWriter(
+        audit.directory,
+        audit.key_path,
+        source="adl-egress",
+        settings=dataclasses.replace(audit.settings, background_flush=True),
+    )
     agent = agent_of(policy)
 
     def record(kind: str, payload: dict[str, Any]) -> None:

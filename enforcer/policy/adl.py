@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema_rs
 
 from . import patterns
+from .argschema import build_validator
 from .errors import Finding, pointer
 from .formats import is_adl_urn, is_uri, parse_timestamp
 from .jsonvalues import arr, iter_strings, obj, unsafe_integers
@@ -37,11 +38,6 @@ TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 TEMPLATE_VAR = re.compile(r"(?<!\\)\{\{\s*([^{}]*?)\s*\}\}")
 VAR_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 NEAR_EXPIRY = timedelta(days=30)
-
-
-def build_validator(schema: dict[str, Any] | bool) -> Any:
-    """A tool-argument validator. offline: a document's `$ref` never makes the enforcer fetch a URL."""
-    return jsonschema_rs.validator_for(schema, offline=True)
 
 
 def schema_problem(schema: Any, enforced: bool) -> tuple[str, tuple[str | int, ...]] | None:

@@ -20,7 +20,8 @@ from .aaif import (
     safety_level_of,
     validate_aaif,
 )
-from .adl import SENSITIVITY_ORDER, build_validator, validate_adl
+from .adl import SENSITIVITY_ORDER, validate_adl
+from .argschema import ArgumentSchema, build_validator
 from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import DocumentRejected, Finding, pointer
@@ -57,6 +58,23 @@ def policy_digest(adl: dict[str, Any], aaif: dict[str, Any] | None, options: Com
         exact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         canonical = b"adl-enforcer exact JSON\0" + exact.encode("utf-8")
     return hashlib.sha256(canonical).hexdigest()
+
+
+def time_boundaries(adl: dict[str, Any]) -> tuple[datetime, ...]:
+    """The instants at which compiling the same documents may give another result: `now` decides
+    only against the sunset date and the attestation's expiry (each also 30 days ahead, for the
+    warnings). A compiled policy stays exact while no boundary lies between its `now` and the next."""
+    from .adl import NEAR_EXPIRY
+
+    found = []
+    for value in (
+        obj(adl.get("lifecycle")).get("sunset_date"),
+        obj(obj(adl.get("security")).get("attestation")).get("expires_at"),
+    ):
+        instant = parse_timestamp(value)
+        if instant is not None:
+            found += [instant, instant - NEAR_EXPIRY, instant - SUNSET_WARNING]
+    return tuple(sorted(set(found)))
 
 
 def compile_policy(
@@ -207,7 +225,8 @@ class _Builder:
             name = tool["name"]
             validators: list[tuple[str, Any]] = []
             if isinstance(tool.get("parameters"), dict | bool):
-                validators.append((pointer("tools", i, "parameters"), build_validator(tool["parameters"])))
+                schema = tool["parameters"]
+                validators.append((pointer("tools", i, "parameters"), ArgumentSchema(schema, build_validator(schema))))
             auth_env = None
             if name in aaif_tools:
                 j, atool = aaif_tools[name]
@@ -215,7 +234,7 @@ class _Builder:
                     validators.append(
                         (
                             pointer("agent", "tools", j, "parameters_schema"),
-                            build_validator(atool["parameters_schema"]),
+                            ArgumentSchema(atool["parameters_schema"], build_validator(atool["parameters_schema"])),
                         )
                     )
                 env_var = obj(atool.get("auth")).get("env_var")

@@ -37,6 +37,10 @@ class CompiledCondition:
         except Exception:
             return True
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The evaluator is a closure: a copy (the policy cache) compiles the source again.
+        return (compile_condition, (self.source,))
+
 
 def _truthy(value: Any) -> bool:
     return value not in (None, False, "", [], {}, 0)

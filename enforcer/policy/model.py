@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from .conditions import CompiledCondition
 from .errors import Finding
 from .patterns import PatternList
 from .regions import RegionMap
+
+if TYPE_CHECKING:
+    from .conditions import CompiledCondition
 
 Verdict = Literal["ALLOW", "DENY", "ASK"]
 DEFAULT_APPROVAL_TIMEOUT_S = 300  # when neither the tool nor the AAIF document names one; expiry denies

@@ -10,13 +10,12 @@ from §4.4 (`/data/**` must match `/data/` itself), and it has no host flavour.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
-
-import idna
+from typing import Generic, Literal, TypeVar
 
 Flavour = Literal["host", "path", "env", "command"]
+T = TypeVar("T")
 
 # Printable ASCII except '*' may appear literally (Appendix D literal-char); env and command
 # names are further restricted to what a kernel or shell would accept.
@@ -93,6 +92,8 @@ def normalize_host(host: str) -> str:
         raise PatternError("empty host name")
     if host.isascii():
         return host.lower()
+    import idna  # only for Unicode names: launching a command never needs its tables
+
     try:
         return idna.encode(host, uts46=True).decode("ascii")
     except idna.IDNAError as exc:
@@ -108,10 +109,71 @@ def _segment_matcher(segment: str) -> re.Pattern[str] | str:
     return re.compile(r"\A" + ".*".join(parts) + r"\Z", re.DOTALL)
 
 
+class _WildIndex(Generic[T]):
+    """Wildcard segments (or names) indexed by their literal prefix and suffix.
+
+    A segment `pre*mid*suf` can only match a value that starts with `pre` and ends with `suf`, so a
+    lookup probes the value's own prefixes and suffixes of the lengths present here: its cost is
+    bounded by the value's length, not by how many wildcard patterns share this position. Only
+    candidates with a middle part are confirmed by their automaton.
+    """
+
+    __slots__ = ("_by_prefix", "_prefix_lengths", "_values")
+
+    def __init__(self) -> None:
+        self._values: dict[str, T] = {}
+        # prefix -> (suffix -> [(automaton or None, value)], suffix lengths in that group)
+        self._by_prefix: dict[str, tuple[dict[str, list[tuple[re.Pattern[str] | None, T]]], list[int]]] = {}
+        self._prefix_lengths: list[int] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def get(self, segment: str) -> T | None:
+        return self._values.get(segment)
+
+    def add(self, segment: str, value: T) -> None:
+        """Register `segment` (which contains '*' and is not registered yet) with `value`."""
+        self._values[segment] = value
+        parts = segment.split("*")
+        prefix, suffix = parts[0], parts[-1]
+        # One '*': any value long enough to hold prefix and suffix apart matches.
+        matcher = _segment_matcher(segment) if len(parts) > 2 else None
+        group = self._by_prefix.get(prefix)
+        if group is None:
+            group = self._by_prefix[prefix] = ({}, [])
+            if len(prefix) not in self._prefix_lengths:
+                self._prefix_lengths.append(len(prefix))
+                self._prefix_lengths.sort()
+        by_suffix, suffix_lengths = group
+        if suffix not in by_suffix:
+            by_suffix[suffix] = []
+            if len(suffix) not in suffix_lengths:
+                suffix_lengths.append(len(suffix))
+                suffix_lengths.sort()
+        by_suffix[suffix].append((matcher, value))  # type: ignore[arg-type]
+
+    def match(self, value: str) -> Iterator[T]:
+        size = len(value)
+        for lp in self._prefix_lengths:
+            if lp > size:
+                break
+            group = self._by_prefix.get(value[:lp])
+            if group is None:
+                continue
+            by_suffix, suffix_lengths = group
+            for ls in suffix_lengths:
+                if lp + ls > size:
+                    break
+                for matcher, found in by_suffix.get(value[size - ls :], ()):
+                    if matcher is None or matcher.match(value):
+                        yield found
+
+
 @dataclass
 class _Node:
     literal: dict[str, _Node] = field(default_factory=dict)
-    wild: list[tuple[re.Pattern[str], _Node]] = field(default_factory=list)
+    wild: _WildIndex[_Node] = field(default_factory=_WildIndex)
     globstar: _Node | None = None
     terminal: list[int] = field(default_factory=list)
 
@@ -119,13 +181,13 @@ class _Node:
 class SegmentTrie:
     """Patterns as a trie of segments; lookup cost grows with the name, not the pattern count.
 
-    Host names are stored reversed (TLD first) so patterns sharing a suffix share nodes.
+    Host names are stored reversed (TLD first) so patterns sharing a suffix share nodes; wildcard
+    segments at one node are indexed by their literal ends (_WildIndex).
     """
 
     def __init__(self, flavour: Literal["host", "path"]) -> None:
         self.flavour = flavour
         self.root = _Node()
-        self._wild_cache: dict[str, re.Pattern[str]] = {}
 
     def _split(self, value: str) -> list[str]:
         if self.flavour == "host":
@@ -143,17 +205,11 @@ class SegmentTrie:
                     node.globstar = _Node()
                 node = node.globstar
             elif "*" in segment:
-                matcher = self._wild_cache.get(segment)
-                if matcher is None:
-                    matcher = self._wild_cache[segment] = _segment_matcher(segment)  # type: ignore[assignment]
-                for existing, child in node.wild:
-                    if existing is matcher:
-                        node = child
-                        break
-                else:
+                child = node.wild.get(segment)
+                if child is None:
                     child = _Node()
-                    node.wild.append((matcher, child))  # type: ignore[arg-type]
-                    node = child
+                    node.wild.add(segment, child)
+                node = child
             else:
                 node = node.literal.setdefault(segment, _Node())
         node.terminal.append(index)
@@ -183,9 +239,8 @@ class SegmentTrie:
             child = node.literal.get(segment)
             if child is not None:
                 stack.append((child, i + 1))
-            for matcher, wild_child in node.wild:
-                if matcher.match(segment):
-                    stack.append((wild_child, i + 1))
+            if node.wild:
+                stack.extend((wild_child, i + 1) for wild_child in node.wild.match(segment))
         return sorted(found)
 
 
@@ -194,17 +249,22 @@ class NameSet:
 
     def __init__(self) -> None:
         self.literal: dict[str, list[int]] = {}
-        self.wild: list[tuple[re.Pattern[str], int]] = []
+        self.wild: _WildIndex[list[int]] = _WildIndex()
 
     def add(self, pattern: str, index: int) -> None:
         if "*" in pattern:
-            self.wild.append((_segment_matcher(pattern), index))  # type: ignore[arg-type]
+            indexes = self.wild.get(pattern)
+            if indexes is None:
+                indexes = []
+                self.wild.add(pattern, indexes)
+            indexes.append(index)
         else:
             self.literal.setdefault(pattern, []).append(index)
 
     def match(self, value: str) -> list[int]:
         found = set(self.literal.get(value, ()))
-        found.update(i for m, i in self.wild if m.match(value))
+        for indexes in self.wild.match(value):
+            found.update(indexes)
         return sorted(found)
 
 

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ruamel.yaml import YAML
-
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
 from ..policy.patterns import PatternList
@@ -54,6 +52,8 @@ class Baseline:
 
 
 def load_baseline(path: Path) -> Baseline:
+    from ruamel.yaml import YAML  # only when the baseline is not in the policy cache
+
     raw = path.read_bytes()
     data: Any = YAML(typ="safe").load(raw) or {}
 

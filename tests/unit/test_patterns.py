@@ -185,3 +185,63 @@ def test_first_covering_is_the_first_match_of_the_path_or_an_ancestor(patterns, 
         ancestors.append(ancestors[-1].rsplit("/", 1)[0] or "/")
     hits = [i for a in ancestors for i in compiled.match(a)]
     assert compiled.first_covering(path) == (min(hits) if hits else None)
+
+
+# Many wildcard segments at the same position, with '*' anywhere in them: the prefix/suffix index
+# must answer exactly what matching every pattern one by one answers. Values are drawn both at
+# random and by filling a pattern's stars, so near-misses (shared prefix, overlapping ends) occur.
+_AFFIX = st.text(alphabet="ab-", max_size=3)
+_WILD_SEGMENT = st.lists(_AFFIX, min_size=2, max_size=4).map("*".join).filter(lambda s: "**" not in s)
+_FILL = st.text(alphabet="ab-", max_size=3)
+
+
+def _fill(data: st.DataObject, pattern: str) -> str:
+    return "".join(
+        part + (data.draw(_FILL) if i < pattern.count("*") else "") for i, part in enumerate(pattern.split("*"))
+    )
+
+
+def _value(data: st.DataObject, patterns: list[str], random_value: st.SearchStrategy[str]) -> str:
+    if data.draw(st.booleans()):
+        return data.draw(random_value)
+    return _fill(data, data.draw(st.sampled_from(patterns)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_WILD_SEGMENT.filter(lambda s: not s.startswith("-")), min_size=1, max_size=40), st.data())
+def test_host_wildcard_index_agrees_with_matching_one_by_one(wild_labels, data):
+    patterns = [f"{label}.example.com" for label in wild_labels] + ["*.example.com", "x*.*.example.com"]
+    host = _value(data, patterns, st.text(alphabet="ab-", min_size=1, max_size=7).map(lambda s: s + ".example.com"))
+    if any(label == "" or label.startswith("-") for label in host.split(".")):
+        host = "a" + host
+    compiled = PatternList.compile(patterns, "host")
+    assert compiled.match(host) == sorted(i for i, p in enumerate(patterns) if _reference_host_match(p, host))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_WILD_SEGMENT, min_size=1, max_size=40), st.data())
+def test_path_wildcard_index_agrees_with_matching_one_by_one(wild_segments, data):
+    patterns = [f"/d/{segment}/f" for segment in wild_segments] + [f"/d/{wild_segments[0]}/**"]
+    path = _value(data, patterns, st.text(alphabet="ab-", min_size=1, max_size=7).map(lambda s: f"/d/{s}/f"))
+    compiled = PatternList.compile(patterns, "path")
+    assert compiled.match(path) == sorted(i for i, p in enumerate(patterns) if _reference_path_match(p, path))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(_WILD_SEGMENT, _AFFIX), min_size=1, max_size=40), st.data(), st.sampled_from(["env", "command"])
+)
+def test_name_wildcard_index_agrees_with_matching_one_by_one(names, data, flavour):
+    import fnmatch
+
+    names = [n.replace("-", "_") or "N" for n in names]
+    value = _value(data, names, st.text(alphabet="ab_", max_size=7))
+    compiled = PatternList.compile(names, flavour)
+    assert compiled.match(value) == sorted(i for i, p in enumerate(names) if fnmatch.fnmatchcase(value, p))
+
+
+def test_one_star_segment_needs_room_for_both_ends():
+    hosts = PatternList.compile(["ab*ba.example.com", "a*a.example.com"], "host")
+    assert hosts.match("aba.example.com") == [1]
+    assert hosts.match("abba.example.com") == [0, 1]
+    assert hosts.match("a.example.com") == []

@@ -1,0 +1,56 @@
+"""A launch whose documents are in the compiled-policy cache loads none of the validation code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.sandbox_helpers import needs_root
+
+# What validating and compiling documents loads; a warm launch must need none of it.
+VALIDATION = (
+    "enforcer.policy.adl",
+    "enforcer.policy.aaif",
+    "enforcer.policy.compiler",
+    "enforcer.policy.loader",
+    "enforcer.policy.specs",
+    "jsonschema",
+    "jsonschema_rs",
+    "referencing",
+    "ruamel.yaml",
+)
+LAUNCHER = """
+import json, sys
+from enforcer.cli.exec import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+@needs_root
+def test_a_warm_cache_launch_imports_no_validator(sandbox):
+    policy = sandbox.policy()
+    env = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
+        "ADL_ENFORCER_CACHE_DIR": str(sandbox.root / "policy-cache"),
+    }
+
+    def launch() -> dict:
+        argv = [sys.executable, "-c", LAUNCHER, "--adl", str(policy), "--", "cat", str(sandbox.ws / "notes.txt")]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0] == "workspace notes", proc.stdout
+        return json.loads(lines[-1])
+
+    cold, warm = launch(), launch()
+    assert cold["code"] == warm["code"] == 0
+    assert set(VALIDATION) <= set(cold["modules"])  # the first launch validates and compiles
+    assert not set(VALIDATION) & set(warm["modules"]), set(VALIDATION) & set(warm["modules"])
+    # Changing the document's bytes misses the cache: that launch validates again.
+    policy.write_text(policy.read_text() + "\n")
+    assert set(VALIDATION) <= set(launch()["modules"])
