@@ -244,6 +244,34 @@ class SegmentTrie:
         return sorted(found)
 
 
+
+    def continues(self, path: str, *, named: bool = False) -> bool:
+        """Whether some pattern can still consume segments below `path` (a '**' just entered absorbs
+        any number of them); with `named`, only when the last segment was matched by a pattern
+        segment of its own, not absorbed by a '**'. The creation guard asks it of moved trees."""
+        segments = self._split(path)
+        seen: set[tuple[int, int, bool]] = set()
+        stack = [(self.root, 0, False)]
+        while stack:
+            node, i, after_globstar = stack.pop()
+            if (id(node), i, after_globstar) in seen:
+                continue
+            seen.add((id(node), i, after_globstar))
+            if i == len(segments):
+                if named and after_globstar:
+                    continue
+                if node.literal or node.wild or node.globstar is not None or (after_globstar and node.terminal):
+                    return True
+                continue
+            if node.globstar is not None:
+                stack.extend((node.globstar, j, True) for j in range(i, len(segments) + 1))
+            child = node.literal.get(segments[i])
+            if child is not None:
+                stack.append((child, i + 1, False))
+            if node.wild:
+                stack.extend((wild, i + 1, False) for wild in node.wild.match(segments[i]))
+        return False
+
 class NameSet:
     """Env-variable or command-name patterns: `*` matches any characters, case-sensitive."""
 

@@ -179,33 +179,11 @@ class DeniedNames:
 
 
 def _trie_continues(index: object, path: str, *, named: bool = False) -> bool:
-    """Walk the path's segments through the pattern trie; true when some pattern can still consume
-    further segments (a '**' just entered absorbs any number of them). `named`: only when the last
-    segment was matched by a pattern segment of its own, not absorbed by a '**'."""
-    root = getattr(index, "root", None)
-    if root is None:
+    """Whether some pattern can still consume segments below `path` (SegmentTrie.continues)."""
+    continues = getattr(index, "continues", None)
+    if continues is None:
         return True  # not a path trie: assume the worst
-    segments = [s for s in path.split("/") if s]
-    seen: set[tuple[int, int, bool]] = set()
-    stack = [(root, 0, False)]
-    while stack:
-        node, i, after_globstar = stack.pop()
-        if (id(node), i, after_globstar) in seen:
-            continue
-        seen.add((id(node), i, after_globstar))
-        if i == len(segments):
-            if named and after_globstar:
-                continue
-            if node.literal or node.wild or node.globstar is not None or (after_globstar and node.terminal):
-                return True
-            continue
-        if node.globstar is not None:
-            stack.extend((node.globstar, j, True) for j in range(i, len(segments) + 1))
-        child = node.literal.get(segments[i])
-        if child is not None:
-            stack.append((child, i + 1, False))
-        stack.extend((wild, i + 1, False) for matcher, wild in node.wild if matcher.match(segments[i]))
-    return False
+    return bool(continues(path, named=named))
 
 
 class WideRights:
