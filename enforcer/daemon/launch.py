@@ -384,6 +384,10 @@ class LaunchServer:
         if entry is None:
             self._refuse(conn, caller, f"no policy is loaded for agent {request.agent!r}", argv, cwd)
             return
+        if caller.uid == 0 or caller.gid == 0:  # refused here too, before a session slot is taken
+            reason = "the agent never runs as host root: launch from the account the agent should run as"
+            self._refuse(conn, caller, reason, argv, cwd, entry.policy)
+            return
         if not may_launch(self.limits.agent_callers, entry, caller):
             reason = f"uid {caller.uid} may not launch agent {entry.key!r} (the operator's agent_callers)"
             self._refuse(conn, caller, reason, argv, cwd, entry.policy)

@@ -82,6 +82,13 @@ def sniff(data: bytes) -> Sniffed:
     if data[0] == 0x16:
         return _tls(data)
     if data.startswith(b"SSH-"):
+        # "SSH-" is also a valid HTTP method token: the banner is decided on its whole line
+        # (RFC 4253: at most 255 bytes), and a line naming an HTTP version is parsed as a request.
+        line_end = data.find(b"\n")
+        if line_end < 0:
+            return Sniffed("ssh", complete=False, need=len(data) + 1) if len(data) < 255 else Sniffed("ssh")
+        if b" HTTP/" in data[:line_end].upper():
+            return sniff_http(data)
         return Sniffed("ssh")
     if b"SSH-".startswith(data):
         return Sniffed("ssh", complete=False)

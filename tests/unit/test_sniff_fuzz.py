@@ -345,4 +345,16 @@ def test_a_head_that_names_another_host_is_never_taken_for_opaque_bytes(raw: byt
     if found.protocol == "tcp":
         assert "HTTP/" not in first.upper()  # only lines naming no HTTP version may be opaque text
     if "HTTP/" in first.upper():  # however it is segmented, no prefix is taken for opaque bytes
-        assert all(sniff(raw[:end]).protocol == "http" for end in range(1, len(raw)))
+        # (a prefix may still be undecided: "S" could begin an SSH banner; more bytes are awaited)
+        prefixes = [sniff(raw[:end]) for end in range(1, len(raw))]
+        assert all(p.protocol == "http" or not p.complete for p in prefixes)
+
+
+def test_an_ssh_banner_is_decided_on_its_whole_line() -> None:
+    """"SSH-" is also an HTTP method token: a line naming an HTTP version is a request, checked by
+    name; a real banner is ssh once its line is whole."""
+    smuggled = sniff(b"SSH- http://other.example.test/ HTTP/1.1\r\nHost: other.example.test\r\n\r\n")
+    assert smuggled.protocol == "http" and smuggled.server_name == "other.example.test"
+    assert not sniff(b"SSH-2.0-OpenSSH_9.2").complete  # the line is not whole yet
+    banner = sniff(b"SSH-2.0-OpenSSH_9.2\r\n")
+    assert banner.protocol == "ssh" and banner.complete
