@@ -1,0 +1,260 @@
+"""adl-mcp: an MCP gateway that asks adl-enforcerd before every tools/call.
+
+    adl-mcp --agent "Coding Agent" -- python my_server.py            # the client speaks stdio
+    adl-mcp --agent "Coding Agent" --http 127.0.0.1:8765 -- ...       # the client speaks streamable HTTP
+    adl-mcp --agent "Coding Agent" --sandbox -- python my_server.py  # the server itself under adl-exec
+
+The gateway starts the MCP server (stdio) and serves one MCP client. Every tools/call is a Check
+for the agent the gateway serves:
+- ALLOW forwards the call and returns the server's answer;
+- DENY answers a tool error (isError) naming the rule, and the server never sees the call;
+- ASK waits for an approval (Approve / Reject on the admin socket) up to --approval-wait seconds,
+  sending progress notifications when the client gave a progress token, then forwards or refuses.
+tools/list shows only the server's tools that the policy declares. The daemon checks the
+arguments against the tool's declared schema before anything is forwarded. Any failure to reach
+the daemon is a refusal.
+
+With --sandbox the server runs under `adl-exec --daemon` for the same agent, so its own file,
+network and process access is enforced by the kernel, not only its tool calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+import orjson
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.server.lowlevel.server import Server
+from mcp.server.stdio import stdio_server
+
+from ..client import AsyncClient, Result, default_address
+
+log = logging.getLogger("adl-mcp")
+
+DEFAULT_APPROVAL_WAIT_S = 300.0
+PROGRESS_EVERY_S = 1.0  # how often an ASK that is still pending reports progress
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    agent: str
+    server: Sequence[str]  # the MCP server's command line
+    address: str = ""  # the daemon's API socket (default: ADL_ENFORCER_SOCKET)
+    approval_wait_s: float = DEFAULT_APPROVAL_WAIT_S
+    sandbox: bool = False
+    launch_socket: str = ""  # for --sandbox: the daemon's launch socket (default: adl-exec's)
+    deadline_s: float = 2.0
+
+
+def refusal_text(tool: str, result: Result) -> str:
+    reasons = "; ".join(f"{r['rule']}: {r['text']}" for r in result.reasons) or "no reason given"
+    return f"adl-enforcer refused {tool} ({result.decision_id or 'no decision id'}): {reasons}"
+
+
+def server_command(config: GatewayConfig) -> list[str]:
+    """The server's command line, under adl-exec when the server itself is to be sandboxed."""
+    if not config.sandbox:
+        return list(config.server)
+    launch = config.launch_socket or os.environ.get("ADL_ENFORCER_ADDR", "")
+    if not launch:
+        raise ValueError("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
+    if ":" not in launch:
+        launch = f"unix:{launch}"
+    return [
+        sys.executable,
+        "-m",
+        "enforcer.cli.exec",
+        "--daemon",
+        launch,
+        "--agent",
+        config.agent,
+        "--",
+        *config.server,
+    ]
+
+
+class Gateway:
+    """The policy side of the gateway: which tools to show, and whether a call may go through."""
+
+    def __init__(self, config: GatewayConfig, upstream: ClientSession, client: AsyncClient) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.client = client
+
+    async def declared_tools(self) -> set[str] | None:
+        """The tool names the agent's policy declares (None when the daemon cannot say)."""
+        request = self.client._tool_request("tools/list", {}, dry_run=True)
+        if isinstance(request, Result):
+            return None
+        try:
+            response = await self.client._stub.Explain(request, timeout=self.client.deadline_s)
+        except Exception as exc:
+            log.warning("the daemon could not list the declared tools: %s", exc)
+            return None
+        summary = orjson.loads(response.policy_json)
+        return {tool["name"] for tool in summary.get("tools", [])}
+
+    async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        declared = await self.declared_tools()
+        if declared is None:  # fail closed: show nothing rather than everything
+            return types.ListToolsResult(tools=[])
+        listed = await self.upstream.list_tools(params=params)
+        return types.ListToolsResult(
+            tools=[tool for tool in listed.tools if tool.name in declared], next_cursor=listed.next_cursor
+        )
+
+    async def decide(self, ctx: Any, name: str, arguments: dict[str, Any]) -> Result:
+        result = await self.client.check_tool(name, arguments, traceparent=_traceparent(ctx))
+        if result.decision != "ASK":
+            return result
+        if not result.approval_id:
+            return result
+        deadline = time.monotonic() + self.config.approval_wait_s
+        total = math.ceil(self.config.approval_wait_s)
+        waited = 0.0
+        while result.decision == "ASK":
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return Result.failure(f"no approval within {self.config.approval_wait_s:g} s ({result.approval_id})")
+            try:  # progress is a courtesy: the wait goes on without it
+                await ctx.session.report_progress(
+                    waited, total, f"waiting for approval {result.approval_id} of {name} ({result.decision_id})"
+                )
+            except Exception as exc:
+                log.debug("progress not reported: %s", exc)
+            pending = result
+            result = await self.client.wait_approval(pending, timeout_s=min(PROGRESS_EVERY_S, left))
+            if result.decision == "ASK" and not result.approval_id:
+                result = dataclasses.replace(
+                    result, approval_id=pending.approval_id, approval_expires_unix_ms=pending.approval_expires_unix_ms
+                )
+            waited = self.config.approval_wait_s - max(deadline - time.monotonic(), 0)
+        return result
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = dict(params.arguments or {})
+        result = await self.decide(ctx, params.name, arguments)
+        if not result.allowed:
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=refusal_text(params.name, result))],
+                is_error=True,
+                meta={"adl-enforcer/decision": _decision_meta(result)},
+            )
+        answer = await self.upstream.call_tool(params.name, arguments)
+        if isinstance(answer, types.CallToolResult):
+            meta = dict(answer.meta or {})
+            meta["adl-enforcer/decision"] = _decision_meta(result)
+            return answer.model_copy(update={"meta": meta})
+        return answer  # type: ignore[return-value]
+
+
+def _decision_meta(result: Result) -> dict[str, Any]:
+    return {
+        "decision": result.decision,
+        "decision_id": result.decision_id,
+        "rules": [r["rule"] for r in result.reasons],
+    }
+
+
+def _traceparent(ctx: Any) -> str:
+    """The client's W3C trace context, when it sent one in the request's _meta."""
+    meta = getattr(ctx, "meta", None) or {}
+    value = meta.get("traceparent", "") if isinstance(meta, dict) else ""
+    return value if isinstance(value, str) else ""
+
+
+@contextlib.asynccontextmanager
+async def open_gateway(config: GatewayConfig) -> AsyncIterator[Server[Any]]:
+    """Start the upstream server and connect to it and to the daemon; yield the MCP server to serve."""
+    command = server_command(config)
+    # The server gets the gateway's environment, as any command started from it would; under
+    # --sandbox the agent's policy filters it.
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    client = AsyncClient(config.address or default_address(), agent=config.agent, deadline_s=config.deadline_s)
+    try:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as upstream:
+            await upstream.initialize()
+            gateway = Gateway(config, upstream, client)
+            yield Server("adl-mcp", on_list_tools=gateway.list_tools, on_call_tool=gateway.call_tool)
+    finally:
+        await client.close()
+
+
+async def serve_stdio(config: GatewayConfig) -> None:
+    async with open_gateway(config) as server, stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+async def serve_http(config: GatewayConfig, host: str, port: int) -> None:
+    import uvicorn  # comes with the mcp extra
+
+    async with open_gateway(config) as server:
+        app = server.streamable_http_app(host=host)
+        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="adl-mcp",
+        description="Serve an MCP server's tools to one MCP client, asking adl-enforcerd before every tools/call.",
+        epilog="DENY answers a tool error naming the rule; ASK waits for Approve/Reject on the admin socket; "
+        "tools the policy does not declare are not listed.",
+    )
+    parser.add_argument("--agent", required=True, help="the agent (name or id) whose policy decides the calls")
+    parser.add_argument("--socket", default="", help="the daemon's API address (default: $ADL_ENFORCER_SOCKET)")
+    parser.add_argument(
+        "--approval-wait",
+        type=float,
+        default=DEFAULT_APPROVAL_WAIT_S,
+        metavar="S",
+        help="how long an ASK may wait for a human before it is refused (default %(default)s)",
+    )
+    parser.add_argument("--http", default="", metavar="HOST:PORT", help="serve streamable HTTP here instead of stdio")
+    parser.add_argument("--sandbox", action="store_true", help="start the server under adl-exec for the same agent")
+    parser.add_argument("--launch-socket", default="", help="with --sandbox: the daemon's launch socket")
+    parser.add_argument("server", nargs=argparse.REMAINDER, help="-- the MCP server's command line (stdio)")
+    args = parser.parse_args(argv)
+    if args.server and args.server[0] == "--":
+        args.server = args.server[1:]
+    if not args.server:
+        parser.error("the MCP server's command line is required after --")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("ADL_MCP_LOG", "WARNING"), stream=sys.stderr, format="adl-mcp: %(message)s"
+    )
+    address = args.socket if not args.socket or ":" in args.socket else f"unix:{args.socket}"
+    config = GatewayConfig(
+        agent=args.agent,
+        server=args.server,
+        address=address,
+        approval_wait_s=args.approval_wait,
+        sandbox=args.sandbox,
+        launch_socket=args.launch_socket,
+    )
+    if args.http:
+        host, _, port = args.http.rpartition(":")
+        anyio.run(serve_http, config, host.strip("[]") or "127.0.0.1", int(port))
+    else:
+        anyio.run(serve_stdio, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""adl-mcp between a real MCP client and a real MCP server (both the `mcp` SDK), with a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+import mcp_types as types
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from enforcer.v1 import enforcer_pb2 as pb
+
+from ..daemon_helpers import RunningDaemon, daemon  # noqa: F401 (fixture)
+
+AGENT = "Gateway"
+
+# The MCP server: read_note, pay and delete_note are declared in the agent's ADL document;
+# shell is not. Every call it sees is appended to SEEN, so a test can tell what got through.
+SERVER = textwrap.dedent(
+    """
+    import json, os, sys
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("notes")
+    SEEN = os.environ["SEEN"]
+
+    def seen(tool, **arguments):
+        with open(SEEN, "a") as f:
+            f.write(json.dumps({"tool": tool, "arguments": arguments}) + "\\n")
+
+    @server.tool()
+    def read_note(name: str, count: int = 1) -> str:
+        seen("read_note", name=name, count=count)
+        return f"note {name} x{count}"
+
+    @server.tool()
+    def pay(amount: float) -> str:
+        seen("pay", amount=amount)
+        return f"paid {amount}"
+
+    @server.tool()
+    def delete_note(name: str) -> str:
+        seen("delete_note", name=name)
+        return f"deleted {name}"
+
+    @server.tool()
+    def shell(command: str) -> str:
+        seen("shell", command=command)
+        return "ran"
+
+    server.run()
+    """
+)
+
+
+@pytest.fixture
+def gateway_daemon(daemon: RunningDaemon) -> Iterator[RunningDaemon]:  # noqa: F811
+    daemon.write_adl("gateway", AGENT, {})
+    daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+    yield daemon
+
+
+def _seen(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _gateway_params(d: RunningDaemon, tmp_path: Path, *extra: str) -> StdioServerParameters:
+    server = tmp_path / "notes_server.py"
+    server.write_text(SERVER)
+    return StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "enforcer.integrations.mcp_gateway",
+            "--agent",
+            AGENT,
+            "--socket",
+            f"unix:{d.api}",
+            *extra,
+            "--",
+            sys.executable,
+            str(server),
+        ],
+        env={**os.environ, "SEEN": str(tmp_path / "seen.jsonl")},
+    )
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+def _approve_when_pending(d: RunningDaemon, approved: list[str], stop: threading.Event) -> None:
+    admin = d.admin_stub()
+    deadline = time.monotonic() + 20
+    while not stop.is_set() and time.monotonic() < deadline:
+        pending = admin.ListPending(pb.ListPendingRequest(agent=AGENT)).pending
+        if pending:
+            stop.wait(1.5)  # long enough for the gateway to report progress while it waits
+            admin.Approve(pb.ApprovalDecision(approval_id=pending[0].approval_id, approver="alice"))
+            approved.append(pending[0].decision_id)
+            return
+        time.sleep(0.05)
+
+
+def test_gateway_lists_declared_tools_checks_every_call_and_audits(
+    gateway_daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    d = gateway_daemon
+    seen_file = tmp_path / "seen.jsonl"
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async def run() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with stdio_client(_gateway_params(d, tmp_path)) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            out["listed"] = sorted(t.name for t in (await client.list_tools()).tools)
+            out["allowed"] = await client.call_tool("read_note", {"name": "todo", "count": 2})
+            out["undeclared"] = await client.call_tool("shell", {"command": "id"})
+            out["bad_args"] = await client.call_tool("read_note", {"name": 7})
+            out["seen_before_ask"] = _seen(seen_file)
+            stop = threading.Event()
+            approved: list[str] = []
+            approver = threading.Thread(target=_approve_when_pending, args=(d, approved, stop))
+            approver.start()
+            try:
+                out["asked"] = await client.call_tool("delete_note", {"name": "old"}, progress_callback=on_progress)
+            finally:
+                stop.set()
+                approver.join(10)
+            out["approved"] = approved
+        return out
+
+    out = anyio.run(run)
+
+    assert out["listed"] == ["delete_note", "pay", "read_note"]  # shell is hidden
+    allowed = out["allowed"]
+    assert not allowed.is_error and _text(allowed) == "note todo x2"
+    allowed_id = allowed.meta["adl-enforcer/decision"]["decision_id"]
+
+    undeclared = out["undeclared"]
+    assert undeclared.is_error and "tool.undeclared" in _text(undeclared)
+    bad = out["bad_args"]
+    assert bad.is_error and "refused read_note" in _text(bad)
+    bad_rules = bad.meta["adl-enforcer/decision"]["rules"]
+    assert bad_rules == ["tool.args_invalid"]
+    # The server saw only the allowed call: not the undeclared tool, not the arguments that broke the schema.
+    assert out["seen_before_ask"] == [{"tool": "read_note", "arguments": {"name": "todo", "count": 2}}]
+
+    asked = out["asked"]
+    assert not asked.is_error and _text(asked) == "deleted old", _text(asked)
+    assert out["approved"] and asked.meta["adl-enforcer/decision"]["decision"] == "ALLOW"
+    assert progress and "waiting for approval" in (progress[0][2] or "")
+    assert _seen(seen_file)[-1] == {"tool": "delete_note", "arguments": {"name": "old"}}
+
+    records = d.records()
+    by_id = {r["payload"]["decision_id"]: r for r in records if r["intent"].endswith(".decision")}
+    assert by_id[allowed_id]["payload"]["decision"] == "allow"
+    for refused in (undeclared, bad):
+        decision_id = refused.meta["adl-enforcer/decision"]["decision_id"]
+        assert by_id[decision_id]["payload"]["decision"] == "deny"
+    assert by_id[out["approved"][0]]["payload"]["decision"] == "ask"
+    outcomes = [r["payload"].get("outcome") for r in records if r["intent"].endswith(".approval")]
+    assert outcomes == ["approved"]
+
+
+def test_gateway_refuses_an_ask_nobody_approves_within_the_bound(gateway_daemon: RunningDaemon, tmp_path: Path) -> None:
+    d = gateway_daemon
+
+    async def run() -> types.CallToolResult:
+        params = _gateway_params(d, tmp_path, "--approval-wait", "1")
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            return await client.call_tool("delete_note", {"name": "old"})
+
+    started = time.monotonic()
+    result = anyio.run(run)
+    assert result.is_error and "no approval within 1 s" in _text(result)
+    assert time.monotonic() - started < 15
+    assert _seen(tmp_path / "seen.jsonl") == []
+
+
+def test_gateway_fails_closed_when_the_daemon_is_gone(gateway_daemon: RunningDaemon, tmp_path: Path) -> None:
+    d = gateway_daemon
+
+    async def run() -> tuple[list[str], types.CallToolResult]:
+        async with stdio_client(_gateway_params(d, tmp_path)) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            d.stop()
+            listed = [t.name for t in (await client.list_tools()).tools]
+            return listed, await client.call_tool("read_note", {"name": "todo"})
+
+    listed, result = anyio.run(run)
+    assert listed == []
+    assert result.is_error and "client.error" in _text(result)
+    assert _seen(tmp_path / "seen.jsonl") == []
