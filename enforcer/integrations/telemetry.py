@@ -1,0 +1,46 @@
+"""Fleet telemetry for adl-enforcerd: installed only when configured (metrics_listen, otel).
+
+Imported by the daemon only when one of them is set, so a daemon without the extras never loads
+prometheus_client or opentelemetry. A setting whose extra is missing stops the daemon at start:
+asked-for telemetry is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def install(daemon: Any) -> list[Any]:
+    """Attach the configured exporters to daemon.core.observers; returns what to close at stop."""
+    settings = daemon.settings
+    opened: list[Any] = []
+    if settings.metrics_listen:
+        from .prometheus import Metrics, directory_bytes
+
+        def state() -> dict[str, Any]:
+            return {
+                "pending_approvals": len(daemon.approvals.pending()),
+                "sessions": len(daemon.registry.all()),
+                "audit_healthy": 1 if daemon.sink.healthy else 0,
+                "audit_refusals": daemon.core.audit_refusals,
+                "log_bytes": directory_bytes(settings.audit_dir),
+            }
+
+        metrics = Metrics(state)
+        daemon.core.observers.append(metrics.observe)
+        opened.append(metrics.serve(settings.metrics_listen))
+    if settings.otel:
+        from .otel import DecisionSpans, otlp_provider
+
+        provider = otlp_provider()
+        daemon.core.observers.append(DecisionSpans(provider).observe)
+        opened.append(provider)
+    return opened
+
+
+def close(opened: list[Any]) -> None:
+    """Stop the metrics server; flush the spans still queued."""
+    for thing in opened:
+        thing.shutdown()
+        if hasattr(thing, "server_close"):
+            thing.server_close()
