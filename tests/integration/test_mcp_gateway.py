@@ -209,3 +209,76 @@ def test_gateway_fails_closed_when_the_daemon_is_gone(gateway_daemon: RunningDae
     assert listed == []
     assert result.is_error and "client.error" in _text(result)
     assert _seen(tmp_path / "seen.jsonl") == []
+
+
+BOXED_SERVER = textwrap.dedent(
+    """
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("files")
+
+    @server.tool()
+    def read_note(name: str) -> str:
+        try:
+            with open(name) as f:
+                return f.read()
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc.strerror}"
+
+    server.run()
+    """
+)
+
+
+def test_gateway_starts_the_server_under_adl_exec(daemon: RunningDaemon, tmp_path: Path) -> None:  # noqa: F811
+    """--sandbox: the server's own file access is the agent's, not the gateway's."""
+    box = daemon.box
+    server = box.ref / "files_server.py"
+    server.write_text(BOXED_SERVER)
+    runtime = sorted({sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])})
+    permissions = {
+        "filesystem": {
+            "allowed_paths": [
+                {"path": f"{box.ws}/**", "access": "read_write"},
+                {"path": f"{box.ref}/**", "access": "read"},
+                *({"path": f"{p}/**", "access": "read"} for p in runtime),
+            ],
+        },
+        "execution": {
+            "allowed_commands": [sys.executable, os.path.realpath(sys.executable), "python3"],
+            "allow_shell": False,
+        },
+        "resource_limits": {"max_memory_mb": 512, "max_cpu_percent": 100, "max_duration_sec": 120},
+    }
+    daemon.write_adl("boxed", "Boxed Gateway", permissions)
+    daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+
+    async def run() -> tuple[str, str]:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=[
+                "-m",
+                "enforcer.integrations.mcp_gateway",
+                "--agent",
+                "Boxed Gateway",
+                "--socket",
+                f"unix:{daemon.api}",
+                "--sandbox",
+                "--launch-socket",
+                str(daemon.launch),
+                "--",
+                sys.executable,
+                str(server),
+            ],
+        )
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            inside = await client.call_tool("read_note", {"name": str(box.ws / "notes.txt")})
+            outside = await client.call_tool("read_note", {"name": str(box.outside / "private.txt")})
+            return _text(inside), _text(outside)
+
+    inside, outside = anyio.run(run)
+    assert inside == "workspace notes\n"
+    assert outside.startswith("PermissionError"), outside  # Landlock, inside the server's own process
+    launched = [r for r in daemon.records() if r["intent"] == "adl.enforcer.launch"]
+    assert len(launched) == 1 and str(server) in json.dumps(launched[0]["payload"]), launched
