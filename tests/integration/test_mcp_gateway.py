@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -282,3 +284,47 @@ def test_gateway_starts_the_server_under_adl_exec(daemon: RunningDaemon, tmp_pat
     assert outside.startswith("PermissionError"), outside  # Landlock, inside the server's own process
     launched = [r for r in daemon.records() if r["intent"] == "adl.enforcer.launch"]
     assert len(launched) == 1 and str(server) in json.dumps(launched[0]["payload"]), launched
+
+
+def test_gateway_over_streamable_http(gateway_daemon: RunningDaemon, tmp_path: Path) -> None:
+    from mcp.client.streamable_http import streamable_http_client
+
+    d = gateway_daemon
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    params = _gateway_params(d, tmp_path, "--http", f"127.0.0.1:{port}")
+    gateway = subprocess.Popen([params.command, *params.args], env=params.env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert gateway.poll() is None, gateway.stderr.read() if gateway.stderr else ""
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "the gateway did not listen"
+            time.sleep(0.05)
+
+        async def run() -> tuple[list[str], types.CallToolResult, types.CallToolResult]:
+            async with (
+                streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+                ClientSession(read, write) as client,
+            ):
+                await client.initialize()
+                listed = sorted(t.name for t in (await client.list_tools()).tools)
+                allowed = await client.call_tool("read_note", {"name": "todo"})
+                refused = await client.call_tool("pay", {"amount": "all of it"})
+                return listed, allowed, refused
+
+        listed, allowed, refused = anyio.run(run)
+    finally:
+        gateway.terminate()
+        try:
+            gateway.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            gateway.kill()
+            gateway.wait(timeout=5)
+    assert listed == ["delete_note", "pay", "read_note"]
+    assert _text(allowed) == "note todo x1"
+    assert refused.is_error and "tool.args_invalid" in _text(refused)
+    assert _seen(tmp_path / "seen.jsonl") == [{"tool": "read_note", "arguments": {"name": "todo", "count": 1}}]
