@@ -109,6 +109,11 @@ def map_tool_use(event: dict[str, Any], mcp_names: str = "tool") -> Mapped:
 def _connect(url: Any) -> pb.NetworkConnect:
     if not isinstance(url, str):
         raise Unmapped("tool_input.url is missing")
+    # Claude Code parses URLs as browsers do (WHATWG), Python as RFC 3986: they can name different
+    # hosts for a backslash, whitespace, control characters or user info, so such a URL is refused
+    # rather than checked for a host the fetch might not use.
+    if not url.isascii() or not url.isprintable() or any(c in url for c in "\\ "):
+        raise Unmapped(f"tool_input.url {url!r} has characters that URL parsers read differently")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -117,6 +122,8 @@ def _connect(url: Any) -> pb.NetworkConnect:
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
         raise Unmapped(f"tool_input.url {url!r} is not an http(s) URL with a host")
+    if "@" in parts.netloc:
+        raise Unmapped(f"tool_input.url {url!r} carries user info")
     # WebFetch upgrades http to https; both are asked for what the URL names.
     return pb.NetworkConnect(host=parts.hostname, port=port or (443 if scheme == "https" else 80), protocol=scheme)
 

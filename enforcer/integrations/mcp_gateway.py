@@ -231,6 +231,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.server = args.server[1:]
     if not args.server:
         parser.error("the MCP server's command line is required after --")
+    if args.sandbox and not (args.launch_socket or os.environ.get("ADL_ENFORCER_ADDR")):
+        parser.error("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
     return args
 
 

@@ -89,6 +89,25 @@ def test_each_mapped_tool_is_answered_as_the_policy_decides(coder: RunningDaemon
         ("Coder", "WebFetch", {"url": "https://evil.example.net/", "prompt": "summarise"}, "deny", "net."),
         ("Coder", "WebFetch", {"url": "http://api.example.com/", "prompt": "summarise"}, "deny", "net."),
         ("Coder", "WebFetch", {"url": "file:///etc/passwd", "prompt": "x"}, "deny", "cannot map"),
+        # Browsers read these as evil.example.net; Python's urlsplit would name api.example.com.
+        (
+            "Coder",
+            "WebFetch",
+            {"url": "https://evil.example.net\\@api.example.com/", "prompt": "x"},
+            "deny",
+            "cannot map",
+        ),
+        (
+            "Coder",
+            "WebFetch",
+            {"url": "https://evil.example.net\tapi.example.com/", "prompt": "x"},
+            "deny",
+            "cannot map",
+        ),
+        ("Coder", "WebFetch", {"url": "https://x@api.example.com/", "prompt": "x"}, "deny", "cannot map"),
+        # A path that leaves the project by '..' is decided for where it leads (reference is read-only).
+        ("Coder", "Write", {"file_path": f"{root}/project/../reference/doc.md", "content": "x"}, "deny", "fs."),
+        ("Coder", "Write", {"file_path": "../reference/doc.md", "content": "x"}, "deny", "fs."),
         ("Coder", "mcp__notes__read_note", {"name": "todo"}, "allow", "tool."),
         ("Coder", "mcp__notes__read_note", {"name": 7}, "deny", "tool.args_invalid"),
         ("Coder", "mcp__notes__shell", {"command": "id"}, "deny", "tool.undeclared"),
@@ -107,7 +126,8 @@ def test_each_mapped_tool_is_answered_as_the_policy_decides(coder: RunningDaemon
         seen_rules.append(out["permissionDecisionReason"])
     # Every answer that reached the daemon is in its audit log.
     decisions = [r for r in coder.records() if r["intent"].endswith(".decision")]
-    assert len(decisions) == len(cases) - 1  # the file:// URL was refused before any Check
+    unmapped = [c for c in cases if c[4] == "cannot map"]
+    assert len(decisions) == len(cases) - len(unmapped)  # those were refused before any Check
     assert {r["payload"]["request_id"] for r in decisions} == {"toolu_01ABC123"}
 
 
