@@ -3,9 +3,11 @@
     adl-mcp --agent "Coding Agent" -- python my_server.py            # the client speaks stdio
     adl-mcp --agent "Coding Agent" --http 127.0.0.1:8765 -- ...       # the client speaks streamable HTTP
     adl-mcp --agent "Coding Agent" --sandbox -- python my_server.py  # the server itself under adl-exec
+    adl-mcp --agent "Coding Agent" --upstream http://127.0.0.1:9000/mcp  # a server that speaks HTTP
 
-The gateway starts the MCP server (stdio) and serves one MCP client. Every tools/call is a Check
-for the agent the gateway serves:
+The gateway starts the MCP server (stdio), or connects to one over streamable HTTP, and serves
+one MCP client. Every tools/call is a Check for the agent the gateway serves:
+
 - ALLOW forwards the call and returns the server's answer;
 - DENY answers a tool error (isError) naming the rule, and the server never sees the call;
 - ASK waits for an approval (Approve / Reject on the admin socket) up to --approval-wait seconds,
@@ -57,6 +59,7 @@ class GatewayConfig:
     sandbox: bool = False
     launch_socket: str = ""  # for --sandbox: the daemon's launch socket (default: adl-exec's)
     deadline_s: float = 2.0
+    upstream_url: str = ""  # a server reached over streamable HTTP instead of a command
 
 
 def refusal_text(tool: str, result: Result) -> str:
@@ -179,13 +182,18 @@ def _traceparent(ctx: Any) -> str:
 @contextlib.asynccontextmanager
 async def open_gateway(config: GatewayConfig) -> AsyncIterator[Server[Any]]:
     """Start the upstream server and connect to it and to the daemon; yield the MCP server to serve."""
-    command = server_command(config)
-    # The server gets the gateway's environment, as any command started from it would; under
-    # --sandbox the agent's policy filters it.
-    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    if config.upstream_url:
+        from mcp.client.streamable_http import streamable_http_client
+
+        transport = streamable_http_client(config.upstream_url)
+    else:
+        command = server_command(config)
+        # The server gets the gateway's environment, as any command started from it would; under
+        # --sandbox the agent's policy filters it.
+        transport = stdio_client(StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ)))
     client = AsyncClient(config.address or default_address(), agent=config.agent, deadline_s=config.deadline_s)
     try:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as upstream:
+        async with transport as (read, write), ClientSession(read, write) as upstream:
             await upstream.initialize()
             gateway = Gateway(config, upstream, client)
             yield Server("adl-mcp", on_list_tools=gateway.list_tools, on_call_tool=gateway.call_tool)
@@ -225,12 +233,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--http", default="", metavar="HOST:PORT", help="serve streamable HTTP here instead of stdio")
     parser.add_argument("--sandbox", action="store_true", help="start the server under adl-exec for the same agent")
     parser.add_argument("--launch-socket", default="", help="with --sandbox: the daemon's launch socket")
+    parser.add_argument("--upstream", default="", metavar="URL", help="a server reached over streamable HTTP")
     parser.add_argument("server", nargs=argparse.REMAINDER, help="-- the MCP server's command line (stdio)")
     args = parser.parse_args(argv)
     if args.server and args.server[0] == "--":
         args.server = args.server[1:]
-    if not args.server:
-        parser.error("the MCP server's command line is required after --")
+    if bool(args.server) == bool(args.upstream):
+        parser.error("give the MCP server's command line after --, or --upstream URL (one of them)")
+    if args.upstream and args.sandbox:
+        parser.error("--sandbox starts a server: it cannot apply to --upstream")
     if args.sandbox and not (args.launch_socket or os.environ.get("ADL_ENFORCER_ADDR")):
         parser.error("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
     return args
@@ -249,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         approval_wait_s=args.approval_wait,
         sandbox=args.sandbox,
         launch_socket=args.launch_socket,
+        upstream_url=args.upstream,
     )
     if args.http:
         host, _, port = args.http.rpartition(":")

@@ -63,7 +63,10 @@ SERVER = textwrap.dedent(
         seen("shell", command=command)
         return "ran"
 
-    server.run()
+    if os.environ.get("PORT"):
+        server.run("streamable-http", host="127.0.0.1", port=int(os.environ["PORT"]))
+    else:
+        server.run()
     """
 )
 
@@ -290,20 +293,11 @@ def test_gateway_over_streamable_http(gateway_daemon: RunningDaemon, tmp_path: P
     from mcp.client.streamable_http import streamable_http_client
 
     d = gateway_daemon
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     params = _gateway_params(d, tmp_path, "--http", f"127.0.0.1:{port}")
     gateway = subprocess.Popen([params.command, *params.args], env=params.env, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert gateway.poll() is None, gateway.stderr.read() if gateway.stderr else ""
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the gateway did not listen"
-            time.sleep(0.05)
+        _wait_listening(gateway, port)
 
         async def run() -> tuple[list[str], types.CallToolResult, types.CallToolResult]:
             async with (
@@ -328,3 +322,64 @@ def test_gateway_over_streamable_http(gateway_daemon: RunningDaemon, tmp_path: P
     assert _text(allowed) == "note todo x1"
     assert refused.is_error and "tool.args_invalid" in _text(refused)
     assert _seen(tmp_path / "seen.jsonl") == [{"tool": "read_note", "arguments": {"name": "todo", "count": 1}}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, "nothing listens"
+        time.sleep(0.05)
+
+
+def test_gateway_in_front_of_a_server_that_speaks_streamable_http(
+    gateway_daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    d = gateway_daemon
+    server_file = tmp_path / "notes_server.py"
+    server_file.write_text(SERVER)
+    port = _free_port()
+    env = {**os.environ, "SEEN": str(tmp_path / "seen.jsonl"), "PORT": str(port)}
+    server = subprocess.Popen([sys.executable, str(server_file)], env=env, stderr=subprocess.PIPE)
+    try:
+        _wait_listening(server, port)
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=[
+                "-m",
+                "enforcer.integrations.mcp_gateway",
+                "--agent",
+                AGENT,
+                "--socket",
+                f"unix:{d.api}",
+                "--upstream",
+                f"http://127.0.0.1:{port}/mcp",
+            ],
+        )
+
+        async def run() -> tuple[list[str], types.CallToolResult, types.CallToolResult]:
+            async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+                await client.initialize()
+                listed = sorted(t.name for t in (await client.list_tools()).tools)
+                return listed, await client.call_tool("read_note", {"name": "n"}), await client.call_tool("shell", {})
+
+        listed, allowed, refused = anyio.run(run)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=5)
+    assert listed == ["delete_note", "pay", "read_note"]
+    assert _text(allowed) == "note n x1" and refused.is_error and "tool.undeclared" in _text(refused)
+    assert _seen(tmp_path / "seen.jsonl") == [{"tool": "read_note", "arguments": {"name": "n", "count": 1}}]
