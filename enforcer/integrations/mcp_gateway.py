@@ -36,7 +36,6 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-import orjson
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.lowlevel.server import Server
@@ -99,15 +98,10 @@ class Gateway:
 
     async def declared_tools(self) -> set[str] | None:
         """The tool names the agent's policy declares (None when the daemon cannot say)."""
-        request = self.client._tool_request("tools/list", {}, dry_run=True)
-        if isinstance(request, Result):
+        summary = await self.client.policy_summary()
+        if summary is None:
+            log.warning("the daemon could not say which tools %s declares", self.config.agent)
             return None
-        try:
-            response = await self.client._stub.Explain(request, timeout=self.client.deadline_s)
-        except Exception as exc:
-            log.warning("the daemon could not list the declared tools: %s", exc)
-            return None
-        summary = orjson.loads(response.policy_json)
         return {tool["name"] for tool in summary.get("tools", [])}
 
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
