@@ -1,21 +1,27 @@
-"""OpenTelemetry export of decisions (the `otel` extra; off unless the daemon's `otel` setting is on).
+"""OpenTelemetry export of decisions and sessions (the `otel` extra; off unless the daemon's `otel`
+setting is on).
 
 One span per recorded decision, named adl-enforcer.check, child of the caller's W3C trace context
 when the Check carried one (CheckRequest.trace), with the decision, its rules, the agent, the
-session and the decision id (which names the audit record). Spans go through a
+session and the decision id (which names the audit record); and one span per launched session,
+adl-enforcer.session, from its launch to its end, with the session, agent and uid. Spans go through a
 BatchSpanProcessor, so exporting never waits on a collector; the OTLP exporter reads the standard
 OTEL_EXPORTER_OTLP_* environment.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ..daemon.registry import SessionRecord
 from ..daemon.service import DecisionEvent
+
+log = logging.getLogger(__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -48,6 +54,17 @@ class DecisionSpans:
             if event.decision == "DENY":
                 span.set_status(trace.Status(trace.StatusCode.OK, "denied by policy"))
             span.end(end_time=end)
+
+    def session_ended(self, record: SessionRecord) -> None:
+        try:
+            span = self.tracer.start_span(
+                "adl-enforcer.session",
+                start_time=record.started_ms * 1_000_000,
+                attributes={"adl.session": record.session, "adl.agent": record.agent, "adl.uid": record.uid},
+            )
+            span.end()
+        except Exception:
+            log.exception("a session span could not be exported")
 
 
 def otlp_provider(service_name: str = "adl-enforcerd") -> Any:

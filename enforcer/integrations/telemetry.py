@@ -33,7 +33,9 @@ def install(daemon: Any) -> list[Any]:
         from .otel import DecisionSpans, otlp_provider
 
         provider = otlp_provider()
-        daemon.core.observers.append(DecisionSpans(provider).observe)
+        spans = DecisionSpans(provider)
+        daemon.core.observers.append(spans.observe)
+        daemon.registry.on_end(spans.session_ended)
         opened.append(provider)
     return opened
 

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,21 @@ def test_a_span_per_decision_joins_the_callers_trace(core: Core) -> None:
     assert spans[denied.decision_id].attributes["adl.rule"] == "tool.undeclared"
     assert spans[denied.decision_id].parent is None  # no trace context: a root span
     assert spans[asked.decision_id].attributes["adl.decision"] == "ASK"
+
+
+def test_a_span_per_session_from_launch_to_end() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    registry = SessionRegistry()
+    registry.on_end(DecisionSpans(provider).session_ended)
+    started_ms = time.time_ns() // 1_000_000 - 1500
+    record = registry.register("Fast", None, 1000, 1000, ("python3", "agent.py"), started_ms)
+    registry.end(record.session)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "adl-enforcer.session"
+    assert dict(span.attributes) == {"adl.session": record.session, "adl.agent": "Fast", "adl.uid": 1000}
+    assert span.start_time == started_ms * 1_000_000 and span.end_time - span.start_time >= 1_500_000_000
 
 
 def test_a_failing_observer_never_changes_a_decision(core: Core) -> None:
