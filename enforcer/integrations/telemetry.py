@@ -7,6 +7,7 @@ asked-for telemetry is never silently dropped.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -40,9 +41,17 @@ def install(daemon: Any) -> list[Any]:
     return opened
 
 
+FLUSH_S = 2.0  # a collector that is down must not hold the daemon's stop
+
+
 def close(opened: list[Any]) -> None:
-    """Stop the metrics server; flush the spans still queued."""
+    """Stop the metrics server; flush the spans still queued, for FLUSH_S at most (what is left
+    is dropped: the audit log holds every decision)."""
     for thing in opened:
-        thing.shutdown()
         if hasattr(thing, "server_close"):
+            thing.shutdown()
             thing.server_close()
+            continue
+        flusher = threading.Thread(target=thing.shutdown, name="otel-flush", daemon=True)
+        flusher.start()
+        flusher.join(FLUSH_S)

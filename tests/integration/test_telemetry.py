@@ -165,3 +165,41 @@ def test_without_telemetry_settings_nothing_is_imported() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_unreachable_collector_never_delays_a_decision(tmp_path: Path) -> None:
+    d = RunningDaemon(tmp_path, Sandbox(tmp_path / "box"))
+    d.write_agents()
+    d.extra_env.update({"ADL_ENFORCER_OTEL": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{_free_port()}"})
+    try:
+        d.start()
+        stub = d.enforcer()
+        stub.Check(tool_request("Fast", "read_note", {"name": "warm"}))
+        started = time.monotonic()
+        for i in range(200):
+            assert stub.Check(tool_request("Fast", "read_note", {"name": str(i)}), timeout=5).decision == pb.ALLOW
+        elapsed = time.monotonic() - started
+        stopping = time.monotonic()
+        assert d.stop() == 0
+        stop_s = time.monotonic() - stopping
+    finally:
+        d.cleanup()
+    assert elapsed < 10, f"200 Checks took {elapsed:.1f} s with the collector down"
+    assert stop_s < 5, f"the daemon took {stop_s:.1f} s to stop"  # spans flushed for 2 s at most
+
+
+def test_a_metrics_endpoint_that_cannot_listen_stops_the_daemon(tmp_path: Path) -> None:
+    d = RunningDaemon(tmp_path, Sandbox(tmp_path / "box"))
+    d.write_agents()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        d.extra_env["ADL_ENFORCER_METRICS_LISTEN"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        try:
+            d.start(wait=False)
+            assert d.proc is not None
+            code = d.proc.wait(timeout=30)
+        finally:
+            d.cleanup()
+    assert code != 0
+    assert "telemetry" in d.log.read_text()
