@@ -53,6 +53,8 @@ class GuardedTool(BaseTool):
 
     def _decided(self, result: Result, message: Any) -> tuple[Any, dict[str, Any]]:
         meta = {"decision": result.decision, "decision_id": result.decision_id}
+        if isinstance(message, ToolMessage) and message.status == "error":
+            raise ToolException(message.content)  # the wrapped tool's own handled error stays an error
         if isinstance(message, ToolMessage):
             return message.content, {**meta, "artifact": message.artifact}
         return message, {**meta, "artifact": None}

@@ -45,6 +45,18 @@ def shell(command: str) -> str:
     return "ran"
 
 
+@tool
+def pay(amount: float) -> str:
+    """Move money; fails on its own for negative amounts."""
+    if amount < 0:
+        raise ToolException("negative amount")
+    RAN.append(f"pay {amount}")
+    return "paid"
+
+
+pay.handle_tool_error = True
+
+
 @pytest.fixture
 def client(daemon: RunningDaemon) -> Iterator[Client]:  # noqa: F811
     RAN.clear()
@@ -102,6 +114,14 @@ def test_langchain_tool_allowed_denied_and_asked(daemon: RunningDaemon, client: 
     handled = guard_tool(shell, client, handle_tool_error=True)
     answer = handled.invoke({"type": "tool_call", "name": "shell", "args": {"command": "id"}, "id": "call-2"})
     assert answer.status == "error" and "tool.undeclared" in answer.content
+
+    # The wrapped tool's own handled error stays an error (not a success carrying its message).
+    with pytest.raises(ToolException, match="negative amount"):
+        guard_tool(pay, client).invoke({"amount": -1})
+    answer = guard_tool(pay, client, handle_tool_error=True).invoke(
+        {"type": "tool_call", "name": "pay", "args": {"amount": -1}, "id": "call-3"}
+    )
+    assert answer.status == "error" and answer.content == "negative amount"
 
     # Asked: waits for the approval, then runs; rejected: refused.
     with Approver(daemon) as approver:
