@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
@@ -208,6 +209,15 @@ async def serve_http(config: GatewayConfig, host: str, port: int) -> None:
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="adl-mcp",
@@ -225,6 +235,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="how long an ASK may wait for a human before it is refused (default %(default)s)",
     )
     parser.add_argument("--http", default="", metavar="HOST:PORT", help="serve streamable HTTP here instead of stdio")
+    parser.add_argument(
+        "--http-remote",
+        action="store_true",
+        help="allow --http on an address other than loopback: whoever connects acts as the agent, "
+        "the gateway has no authentication of its own",
+    )
     parser.add_argument("--sandbox", action="store_true", help="start the server under adl-exec for the same agent")
     parser.add_argument("--launch-socket", default="", help="with --sandbox: the daemon's launch socket")
     parser.add_argument("--upstream", default="", metavar="URL", help="a server reached over streamable HTTP")
@@ -234,6 +250,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.server = args.server[1:]
     if bool(args.server) == bool(args.upstream):
         parser.error("give the MCP server's command line after --, or --upstream URL (one of them)")
+    if args.http:
+        host, _, port = args.http.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--http {args.http!r}: HOST:PORT")
+        if not args.http_remote and not _loopback(host):
+            parser.error(f"--http {host} is not loopback: anyone who reaches it acts as the agent (--http-remote)")
+        args.http_host, args.http_port = host, int(port)
     if args.upstream and args.sandbox:
         parser.error("--sandbox starts a server: it cannot apply to --upstream")
     if args.sandbox and not (args.launch_socket or os.environ.get("ADL_ENFORCER_ADDR")):
@@ -257,8 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         upstream_url=args.upstream,
     )
     if args.http:
-        host, _, port = args.http.rpartition(":")
-        anyio.run(serve_http, config, host.strip("[]") or "127.0.0.1", int(port))
+        anyio.run(serve_http, config, args.http_host, args.http_port)
     else:
         anyio.run(serve_stdio, config)
     return 0

@@ -383,3 +383,14 @@ def test_gateway_in_front_of_a_server_that_speaks_streamable_http(
     assert listed == ["delete_note", "pay", "read_note"]
     assert _text(allowed) == "note n x1" and refused.is_error and "tool.undeclared" in _text(refused)
     assert _seen(tmp_path / "seen.jsonl") == [{"tool": "read_note", "arguments": {"name": "n", "count": 1}}]
+
+
+def test_http_beyond_loopback_needs_an_explicit_flag() -> None:
+    """The gateway has no authentication: listening beyond loopback is the operator's explicit choice."""
+    argv = [sys.executable, "-m", "enforcer.integrations.mcp_gateway", "--agent", AGENT]
+    refused = subprocess.run(
+        [*argv, "--http", "0.0.0.0:8765", "--", "true"], capture_output=True, text=True, timeout=30
+    )
+    assert refused.returncode == 2 and "--http-remote" in refused.stderr
+    refused = subprocess.run([*argv, "--http", "[::]:8765", "--", "true"], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "not loopback" in refused.stderr
