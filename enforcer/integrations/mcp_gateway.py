@@ -4,15 +4,17 @@
     adl-mcp --agent "Coding Agent" --http 127.0.0.1:8765 -- ...       # the client speaks streamable HTTP
     adl-mcp --agent "Coding Agent" --sandbox -- python my_server.py  # the server itself under adl-exec
     adl-mcp --agent "Coding Agent" --upstream http://127.0.0.1:9000/mcp  # a server that speaks HTTP
+    adl-mcp --agent "Coding Agent" --server "python a.py" --server "python b.py"  # several servers
 
-The gateway starts the MCP server (stdio), or connects to one over streamable HTTP, and serves
-one MCP client. Every tools/call is a Check for the agent the gateway serves:
+The gateway starts the MCP servers (stdio), or connects to them over streamable HTTP, and serves
+their tools together to one MCP client. Every tools/call is a Check for the agent the gateway serves:
 
 - ALLOW forwards the call and returns the server's answer;
 - DENY answers a tool error (isError) naming the rule, and the server never sees the call;
 - ASK waits for an approval (Approve / Reject on the admin socket) up to --approval-wait seconds,
   sending progress notifications when the client gave a progress token, then forwards or refuses.
-tools/list shows only the server's tools that the policy declares. The daemon checks the
+tools/list shows only the servers' tools that the policy declares (a name two servers offer is
+hidden and refused: the policy could not tell them apart). The daemon checks the
 arguments against the tool's declared schema before anything is forwarded. Any failure to reach
 the daemon is a refusal.
 
@@ -29,6 +31,7 @@ import ipaddress
 import logging
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -48,18 +51,19 @@ log = logging.getLogger("adl-mcp")
 
 DEFAULT_APPROVAL_WAIT_S = 300.0
 PROGRESS_EVERY_S = 1.0  # how often an ASK that is still pending reports progress
+MAX_PAGES = 100  # tools/list pages read from one server
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     agent: str
-    server: Sequence[str]  # the MCP server's command line
+    servers: Sequence[Sequence[str]]  # the MCP servers' command lines
     address: str = ""  # the daemon's API socket (default: ADL_ENFORCER_SOCKET)
     approval_wait_s: float = DEFAULT_APPROVAL_WAIT_S
     sandbox: bool = False
     launch_socket: str = ""  # for --sandbox: the daemon's launch socket (default: adl-exec's)
     deadline_s: float = 2.0
-    upstream_url: str = ""  # a server reached over streamable HTTP instead of a command
+    upstream_urls: Sequence[str] = ()  # servers reached over streamable HTTP
 
 
 def refusal_text(tool: str, result: Result) -> str:
@@ -67,10 +71,10 @@ def refusal_text(tool: str, result: Result) -> str:
     return f"adl-enforcer refused {tool} ({result.decision_id or 'no decision id'}): {reasons}"
 
 
-def server_command(config: GatewayConfig) -> list[str]:
+def server_command(config: GatewayConfig, server: Sequence[str]) -> list[str]:
     """The server's command line, under adl-exec when the server itself is to be sandboxed."""
     if not config.sandbox:
-        return list(config.server)
+        return list(server)
     launch = config.launch_socket or os.environ.get("ADL_ENFORCER_ADDR", "")
     if not launch:
         raise ValueError("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
@@ -85,17 +89,18 @@ def server_command(config: GatewayConfig) -> list[str]:
         "--agent",
         config.agent,
         "--",
-        *config.server,
+        *server,
     ]
 
 
 class Gateway:
     """The policy side of the gateway: which tools to show, and whether a call may go through."""
 
-    def __init__(self, config: GatewayConfig, upstream: ClientSession, client: AsyncClient) -> None:
+    def __init__(self, config: GatewayConfig, upstreams: Sequence[ClientSession], client: AsyncClient) -> None:
         self.config = config
-        self.upstream = upstream
+        self.upstreams = list(upstreams)
         self.client = client
+        self.routes: dict[str, ClientSession] = {}  # tool name -> the one server that offers it
 
     async def declared_tools(self) -> set[str] | None:
         """The tool names the agent's policy declares (None when the daemon cannot say)."""
@@ -105,14 +110,31 @@ class Gateway:
             return None
         return {tool["name"] for tool in summary.get("tools", [])}
 
+    async def upstream_tools(self) -> list[types.Tool]:
+        """Every server's tools (all pages), with the routes for the names exactly one server offers."""
+        offered: dict[str, list[tuple[types.Tool, ClientSession]]] = {}
+        for upstream in self.upstreams:
+            cursor = None
+            for _ in range(MAX_PAGES):
+                listed = await upstream.list_tools(
+                    params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                )
+                for tool in listed.tools:
+                    offered.setdefault(tool.name, []).append((tool, upstream))
+                cursor = listed.next_cursor
+                if not cursor:
+                    break
+        ambiguous = sorted(name for name, offers in offered.items() if len(offers) > 1)
+        if ambiguous:
+            log.warning("tools offered by more than one server are hidden and refused: %s", ", ".join(ambiguous))
+        self.routes = {name: offers[0][1] for name, offers in offered.items() if len(offers) == 1}
+        return [offers[0][0] for offers in offered.values() if len(offers) == 1]
+
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         declared = await self.declared_tools()
         if declared is None:  # fail closed: show nothing rather than everything
             return types.ListToolsResult(tools=[])
-        listed = await self.upstream.list_tools(params=params)
-        return types.ListToolsResult(
-            tools=[tool for tool in listed.tools if tool.name in declared], next_cursor=listed.next_cursor
-        )
+        return types.ListToolsResult(tools=[tool for tool in await self.upstream_tools() if tool.name in declared])
 
     async def decide(self, ctx: Any, name: str, arguments: dict[str, Any]) -> Result:
         result = await self.client.check_tool(name, arguments, traceparent=_traceparent(ctx))
@@ -151,7 +173,14 @@ class Gateway:
                 is_error=True,
                 meta={"adl-enforcer/decision": _decision_meta(result)},
             )
-        answer = await self.upstream.call_tool(params.name, arguments)
+        upstream = self.routes.get(params.name)
+        if upstream is None:  # not listed yet (or since): ask the servers again
+            await self.upstream_tools()
+            upstream = self.routes.get(params.name)
+        if upstream is None:
+            text = f"adl-enforcer allowed {params.name} ({result.decision_id}) but no single server offers it"
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+        answer = await upstream.call_tool(params.name, arguments)
         if isinstance(answer, types.CallToolResult):
             meta = dict(answer.meta or {})
             meta["adl-enforcer/decision"] = _decision_meta(result)
@@ -177,20 +206,27 @@ def _traceparent(ctx: Any) -> str:
 @contextlib.asynccontextmanager
 async def open_gateway(config: GatewayConfig) -> AsyncIterator[Server[Any]]:
     """Start the upstream server and connect to it and to the daemon; yield the MCP server to serve."""
-    if config.upstream_url:
+    transports: list[Any] = []
+    for url in config.upstream_urls:
         from mcp.client.streamable_http import streamable_http_client
 
-        transport = streamable_http_client(config.upstream_url)
-    else:
-        command = server_command(config)
+        transports.append(streamable_http_client(url))
+    for server in config.servers:
+        command = server_command(config, server)
         # The server gets the gateway's environment, as any command started from it would; under
         # --sandbox the agent's policy filters it.
-        transport = stdio_client(StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ)))
+        params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+        transports.append(stdio_client(params))
     client = AsyncClient(config.address or default_address(), agent=config.agent, deadline_s=config.deadline_s)
     try:
-        async with transport as (read, write), ClientSession(read, write) as upstream:
-            await upstream.initialize()
-            gateway = Gateway(config, upstream, client)
+        async with contextlib.AsyncExitStack() as stack:
+            upstreams = []
+            for transport in transports:
+                read, write = await stack.enter_async_context(transport)
+                upstream = await stack.enter_async_context(ClientSession(read, write))
+                await upstream.initialize()
+                upstreams.append(upstream)
+            gateway = Gateway(config, upstreams, client)
             yield Server("adl-mcp", on_list_tools=gateway.list_tools, on_call_tool=gateway.call_tool)
     finally:
         await client.close()
@@ -243,13 +279,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sandbox", action="store_true", help="start the server under adl-exec for the same agent")
     parser.add_argument("--launch-socket", default="", help="with --sandbox: the daemon's launch socket")
-    parser.add_argument("--upstream", default="", metavar="URL", help="a server reached over streamable HTTP")
-    parser.add_argument("server", nargs=argparse.REMAINDER, help="-- the MCP server's command line (stdio)")
+    parser.add_argument(
+        "--upstream", action="append", default=[], metavar="URL", help="a server reached over streamable HTTP"
+    )
+    parser.add_argument(
+        "--server",
+        dest="servers",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help="another server's command line (split like a shell would; stdio); repeatable",
+    )
+    parser.add_argument("server", nargs=argparse.REMAINDER, help="-- an MCP server's command line (stdio)")
     args = parser.parse_args(argv)
     if args.server and args.server[0] == "--":
         args.server = args.server[1:]
-    if bool(args.server) == bool(args.upstream):
-        parser.error("give the MCP server's command line after --, or --upstream URL (one of them)")
+    args.servers = [shlex.split(line) for line in args.servers] + ([args.server] if args.server else [])
+    if not args.servers and not args.upstream:
+        parser.error("give an MCP server's command line after -- (or --server, --upstream URL)")
+    if any(not server for server in args.servers):
+        parser.error("--server: an empty command line")
     if args.http:
         host, _, port = args.http.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
@@ -258,8 +307,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         if not args.http_remote and not _loopback(host):
             parser.error(f"--http {host} is not loopback: anyone who reaches it acts as the agent (--http-remote)")
         args.http_host, args.http_port = host, int(port)
-    if args.upstream and args.sandbox:
-        parser.error("--sandbox starts a server: it cannot apply to --upstream")
+    if args.sandbox and not args.servers:
+        parser.error("--sandbox applies to the servers the gateway starts, and there are none (--upstream only)")
     if args.sandbox and not (args.launch_socket or os.environ.get("ADL_ENFORCER_ADDR")):
         parser.error("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
     return args
@@ -273,12 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     address = args.socket if not args.socket or ":" in args.socket else f"unix:{args.socket}"
     config = GatewayConfig(
         agent=args.agent,
-        server=args.server,
+        servers=args.servers,
         address=address,
         approval_wait_s=args.approval_wait,
         sandbox=args.sandbox,
         launch_socket=args.launch_socket,
-        upstream_url=args.upstream,
+        upstream_urls=args.upstream,
     )
     if args.http:
         anyio.run(serve_http, config, args.http_host, args.http_port)

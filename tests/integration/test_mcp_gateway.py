@@ -25,7 +25,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon, daemon  # noqa: F401 (fixture)
+from ..daemon_helpers import TOOLS, RunningDaemon, daemon  # noqa: F401 (fixture)
 
 AGENT = "Gateway"
 
@@ -394,3 +394,58 @@ def test_http_beyond_loopback_needs_an_explicit_flag() -> None:
     assert refused.returncode == 2 and "--http-remote" in refused.stderr
     refused = subprocess.run([*argv, "--http", "[::]:8765", "--", "true"], capture_output=True, text=True, timeout=30)
     assert refused.returncode == 2 and "not loopback" in refused.stderr
+
+
+SECOND_SERVER = textwrap.dedent(
+    """
+    import json, os
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("archive")
+
+    def seen(tool, **arguments):
+        with open(os.environ["SEEN"], "a") as f:
+            f.write(json.dumps({"tool": tool, "arguments": arguments, "server": "second"}) + "\\n")
+
+    @server.tool()
+    def archive_note(name: str) -> str:
+        seen("archive_note", name=name)
+        return f"archived {name}"
+
+    @server.tool()
+    def pay(amount: float) -> str:
+        seen("pay", amount=amount)
+        return "paid twice?"
+
+    server.run()
+    """
+)
+
+
+def test_gateway_serves_several_servers_and_refuses_a_name_two_offer(daemon: RunningDaemon, tmp_path: Path) -> None:  # noqa: F811
+    archive = {"name": "archive_note", "description": "archive", "parameters": {"type": "object"}}
+    daemon.write_adl("gateway", AGENT, {}, tools=[*TOOLS, archive])
+    daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+    second = tmp_path / "archive_server.py"
+    second.write_text(SECOND_SERVER)
+    params = _gateway_params(daemon, tmp_path, "--server", f"{sys.executable} {second}")
+
+    async def run() -> tuple[list[str], dict[str, types.CallToolResult]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            listed = sorted(t.name for t in (await client.list_tools()).tools)
+            calls = {
+                "archive_note": await client.call_tool("archive_note", {"name": "old"}),
+                "read_note": await client.call_tool("read_note", {"name": "new"}),
+                "pay": await client.call_tool("pay", {"amount": 5}),
+            }
+            return listed, calls
+
+    listed, calls = anyio.run(run)
+    assert listed == ["archive_note", "delete_note", "read_note"]  # pay: offered by both, hidden
+    assert _text(calls["archive_note"]) == "archived old" and _text(calls["read_note"]) == "note new x1"
+    assert calls["pay"].is_error and "no single server offers it" in _text(calls["pay"])
+    assert _seen(tmp_path / "seen.jsonl") == [
+        {"tool": "archive_note", "arguments": {"name": "old"}, "server": "second"},
+        {"tool": "read_note", "arguments": {"name": "new", "count": 1}},
+    ]
