@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import posixpath
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -221,7 +222,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _refuse_on_term(signum: int, frame: Any) -> None:
+    # Stopped before it answered (the hook's timeout): a blocking answer, not an error Claude Code
+    # would treat as "go ahead".
+    os.write(2, b"adl-claude-hook was stopped before the daemon answered: refused\n")
+    os._exit(EXIT_BLOCK)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _refuse_on_term)
+    signal.signal(signal.SIGINT, _refuse_on_term)
     return run(parse_args(argv), sys.stdin, sys.stdout, sys.stderr)
 
 

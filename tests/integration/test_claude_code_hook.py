@@ -174,3 +174,21 @@ def test_unreadable_events_and_an_unreachable_daemon_block(coder: RunningDaemon)
     coder.stop()
     code, out, stderr = _hook(coder, json.dumps(_event("Read", {"file_path": f"{coder.root}/project/a.py"})))
     assert (code, out["permissionDecision"]) == (2, "deny") and "client.error" in stderr
+
+
+def test_a_hook_stopped_while_it_waits_blocks_the_tool(coder: RunningDaemon) -> None:
+    """Claude Code stops a hook at its timeout; any exit but 2 would let the tool run."""
+    event = json.dumps(_event("mcp__notes__delete_note", {"name": "old"}))
+    argv = [sys.executable, "-m", "enforcer.integrations.claude_code", "--agent", "Coder", "--socket", str(coder.api)]
+    proc = subprocess.Popen([*argv, "--approval-wait", "30"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    proc.stdin.write(event)
+    proc.stdin.close()
+    admin = coder.admin_stub()
+    deadline = time.monotonic() + 20
+    while not admin.ListPending(pb.ListPendingRequest(agent="Coder")).pending:  # it waits for the approval now
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.terminate()
+    assert proc.wait(timeout=10) == 2
+    assert proc.stderr is not None and "refused" in proc.stderr.read()
