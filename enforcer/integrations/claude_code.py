@@ -58,15 +58,6 @@ class Mapped:
     kind: str  # exec | file | network | tool
     action: Any  # a pb action message, or (name, arguments) for a tool call
 
-    def describe(self) -> str:
-        if self.kind == "tool":
-            return f"tool call {self.action[0]}"
-        return f"{self.kind} {' '.join(str(v) for v in _fields(self.action))}"
-
-
-def _fields(message: Any) -> list[Any]:
-    return [value for _, value in message.ListFields()]
-
 
 def _path(tool_input: dict[str, Any], key: str, cwd: str) -> str:
     value = tool_input.get(key)
@@ -169,6 +160,19 @@ def decide(client: Client, event: dict[str, Any], args: argparse.Namespace) -> t
 
 def run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     try:
+        decision, reason = _answer_event(args, stdin)
+    except BaseException as exc:  # any exit but 2 lets Claude Code run the tool: every failure refuses
+        decision, reason = "deny", f"adl-claude-hook failed: {type(exc).__name__}: {exc}"
+    json.dump(answer(decision, reason), stdout)
+    stdout.write("\n")
+    if decision == "deny":
+        print(reason, file=stderr)
+        return EXIT_BLOCK
+    return EXIT_ALLOW
+
+
+def _answer_event(args: argparse.Namespace, stdin: TextIO) -> tuple[str, str]:
+    try:
         raw = stdin.read(MAX_INPUT_BYTES + 1)
         if len(raw) > MAX_INPUT_BYTES:
             raise ValueError(f"the event is larger than {MAX_INPUT_BYTES} bytes")
@@ -180,12 +184,7 @@ def run(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO)
     else:
         with Client(args.socket or default_address(), agent=args.agent, deadline_s=args.deadline) as client:
             decision, reason = decide(client, event, args)
-    json.dump(answer(decision, reason), stdout)
-    stdout.write("\n")
-    if decision == "deny":
-        print(reason, file=stderr)
-        return EXIT_BLOCK
-    return EXIT_ALLOW
+    return decision, reason
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

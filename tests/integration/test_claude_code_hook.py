@@ -164,7 +164,15 @@ def test_ask_waits_for_the_daemons_approval_or_defers_to_claude_code(coder: Runn
 
 
 def test_unreadable_events_and_an_unreachable_daemon_block(coder: RunningDaemon) -> None:
-    for stdin in ("", "not json", "[1, 2]", json.dumps({**_event("Read", {}), "tool_input": {"file_path": 3}})):
+    unreadable = (
+        "",
+        "not json",
+        "[1, 2]",
+        json.dumps({**_event("Read", {}), "tool_input": {"file_path": 3}}),
+        '{"tool_input": ' + "[" * 100_000,  # deeper than the JSON parser recurses
+        json.dumps({**_event("Read", {"file_path": "/x"}), "tool_use_id": 7, "cwd": ["not", "a", "path"]}),
+    )
+    for stdin in unreadable:
         code, out, stderr = _hook(coder, stdin)
         assert (code, out["permissionDecision"]) == (2, "deny"), stdin
         assert stderr
