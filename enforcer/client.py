@@ -25,6 +25,7 @@ from .v1 import enforcer_pb2 as pb
 from .v1 import enforcer_pb2_grpc as pb_grpc
 
 DEFAULT_DEADLINE_S = 2.0
+Action = pb.ProcessExec | pb.FileAccess | pb.NetworkConnect | pb.EnvVar
 _NAMES = {pb.ALLOW: "ALLOW", pb.DENY: "DENY", pb.ASK: "ASK"}
 
 
@@ -115,6 +116,31 @@ class _Base:
             mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
         )
 
+    def _action_request(
+        self, action: Action, request_id: str = "", traceparent: str = "", dry_run: bool = False
+    ) -> pb.CheckRequest:
+        """A request for an action other than a tool call (exec, file, network, env)."""
+        which = {pb.ProcessExec: "exec", pb.FileAccess: "file", pb.NetworkConnect: "network", pb.EnvVar: "env"}
+        return pb.CheckRequest(
+            request_id=request_id,
+            agent=self.agent,
+            session=self.session,
+            session_token=self.session_token,
+            trace=pb.TraceContext(traceparent=traceparent) if traceparent else None,
+            mode=pb.DRY_RUN if dry_run else pb.ENFORCE,
+            **{which[type(action)]: action},
+        )
+
+    def _explain_request(self) -> pb.CheckRequest:
+        # Explain decides an action too (dry run, recorded): a tool call nothing declares.
+        return pb.CheckRequest(
+            agent=self.agent,
+            session=self.session,
+            session_token=self.session_token,
+            tool=pb.ToolCall(name="adl-enforcer/explain", arguments_json="{}"),
+            mode=pb.DRY_RUN,
+        )
+
     def _wait_request(self, pending: Result, limit_s: float | None) -> tuple[pb.WaitApprovalRequest, float]:
         """WaitApproval until the approval expires (or limit_s), and the call's deadline."""
         wait_ms = pending.approval_expires_unix_ms - int(time.time() * 1000) + 500
@@ -143,6 +169,17 @@ class Client(_Base):
     def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
         request = self._tool_request(name, arguments, **kw)
         return request if isinstance(request, Result) else self.check(request)
+
+    def check_action(self, action: Action, **kw: Any) -> Result:
+        """Check a pb.ProcessExec, pb.FileAccess, pb.NetworkConnect or pb.EnvVar."""
+        return self.check(self._action_request(action, **kw))
+
+    def policy_summary(self) -> dict[str, Any] | None:
+        """The agent's effective policy as `adl-policy explain` prints it; None if it cannot be had."""
+        try:
+            return orjson.loads(self._stub.Explain(self._explain_request(), timeout=self.deadline_s).policy_json)
+        except Exception:
+            return None
 
     def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
         """Wait for a human to decide an ASK (until it expires, or timeout_s); still pending -> ASK."""
@@ -176,6 +213,16 @@ class AsyncClient(_Base):
     async def check_tool(self, name: str, arguments: Any = None, **kw: Any) -> Result:
         request = self._tool_request(name, arguments, **kw)
         return request if isinstance(request, Result) else await self.check(request)
+
+    async def check_action(self, action: Action, **kw: Any) -> Result:
+        return await self.check(self._action_request(action, **kw))
+
+    async def policy_summary(self) -> dict[str, Any] | None:
+        try:
+            response = await self._stub.Explain(self._explain_request(), timeout=self.deadline_s)
+            return orjson.loads(response.policy_json)
+        except Exception:
+            return None
 
     async def wait_approval(self, pending: Result, timeout_s: float | None = None) -> Result:
         if not _is_pending(pending):

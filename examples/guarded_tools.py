@@ -3,10 +3,15 @@
     @guarded(client, "lookup_invoice")
     def lookup_invoice(invoice_id: str) -> dict: ...
 
+    @guarded(async_client, "lookup_invoice")
+    async def lookup_invoice(invoice_id: str) -> dict: ...
+
 Before each call the wrapper asks Check with the tool's name and keyword arguments. ALLOW runs the
 tool; ASK waits for a human (Approve / Reject on the admin socket) until the approval expires; DENY,
 an expired approval, or any failure to reach the daemon raises ToolDenied and the tool never runs.
-The obligations that come back (e.g. timeout_ms) are passed to the tool when it asks for them.
+With with_decision=True a guarded call returns Guarded(value, result), whose decision_id names its
+audit record; otherwise it returns the tool's value.
+(enforcer.integrations.guard holds the decorator; enforcer.integrations.langchain wraps LangChain tools.)
 
 Try it against a running daemon holding the coding agent example:
     ADL_ENFORCER_SOCKET=/run/adl-enforcer/api.sock python examples/guarded_tools.py
@@ -14,47 +19,19 @@ Try it against a running daemon holding the coding agent example:
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
 
-from enforcer.client import Client, Result
+from enforcer.client import AsyncClient, Client
+from enforcer.integrations.guard import ToolDenied, guarded
 
-T = TypeVar("T")
-
-
-class ToolDenied(Exception):
-    def __init__(self, tool: str, result: Result) -> None:
-        reasons = "; ".join(f"{r['rule']}: {r['text']}" for r in result.reasons) or "no reason given"
-        super().__init__(f"{tool} denied ({result.decision_id or 'no decision id'}): {reasons}")
-        self.result = result
-
-
-def guarded(client: Client, tool: str, *, on_ask: Callable[[Result], None] | None = None) -> Callable[..., Any]:
-    """Decorate a tool function whose keyword arguments are the tool call's JSON arguments."""
-
-    def wrap(function: Callable[..., T]) -> Callable[..., T]:
-        @functools.wraps(function)
-        def call(**arguments: Any) -> T:
-            result = client.check_tool(tool, arguments)
-            if result.decision == "ASK":
-                if on_ask is not None:
-                    on_ask(result)
-                result = client.wait_approval(result)
-            if not result.allowed:
-                raise ToolDenied(tool, result)
-            return function(**arguments)
-
-        return call
-
-    return wrap
+__all__ = ["ToolDenied", "guarded"]
 
 
 def main() -> int:
     client = Client(agent="Coding Agent")
 
-    @guarded(client, "read_file")
+    @guarded(client, "read_file", with_decision=True)
     def read_file(path: str) -> str:
         return f"(contents of {path})"
 
@@ -62,12 +39,24 @@ def main() -> int:
     def delete_path(path: str) -> str:
         return f"deleted {path}"
 
-    print(read_file(path="src/app.py"))
+    done = read_file(path="src/app.py")
+    print(f"{done.value} [{done.decision_id}]")
     for attempt in (lambda: read_file(path=42), lambda: delete_path(path="build/")):
         try:
             print(attempt())
         except ToolDenied as denied:
             print(f"refused: {denied}")
+
+    async def read_async() -> None:
+        async with AsyncClient(agent="Coding Agent") as aclient:
+
+            @guarded(aclient, "read_file")
+            async def aread_file(path: str) -> str:
+                return f"(contents of {path}, read asynchronously)"
+
+            print(await aread_file(path="README.md"))
+
+    asyncio.run(read_async())
     return 0
 
 

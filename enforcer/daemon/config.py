@@ -110,6 +110,14 @@ class Settings(EgressSettings):
         default=4096, ge=1, description="launch connections waiting for their request; more are closed at once"
     )
     audit_retry_s: float = Field(default=1.0, gt=0, description="how often a failed audit log is reopened")
+    metrics_listen: str = Field(
+        default="",
+        description="HOST:PORT for a Prometheus /metrics endpoint (the prometheus extra); empty: off",
+    )
+    otel: bool = Field(
+        default=False,
+        description="export a span per decision over OTLP (the otel extra; OTEL_EXPORTER_OTLP_* configure it)",
+    )
 
     # -- bounds on what one caller can cost the others (enforcer/daemon/arguments.py, auditsink.py) --
     max_argument_depth: int = Field(default=32, ge=1, le=200, description="nesting of a Check's tool arguments")

@@ -113,6 +113,7 @@ class Daemon:
             self.sink,
         )
         self._servers: list[grpc.Server] = []
+        self._telemetry: list[Any] = []  # what enforcer.integrations.telemetry opened (off by default)
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
@@ -137,6 +138,13 @@ class Daemon:
         )
         self._reap_leftover_sessions()
         self.reload()
+        if self.settings.metrics_listen or self.settings.otel:
+            try:
+                from ..integrations import telemetry
+
+                self._telemetry = telemetry.install(self)
+            except (ImportError, OSError, ValueError) as exc:
+                raise StartupError(f"telemetry (metrics_listen, otel) cannot start: {exc}") from exc
         group = self._socket_gid()
         # gRPC listens where only root reaches it; the API socket is the relay that names each caller.
         try:
@@ -213,6 +221,10 @@ class Daemon:
         for path in (self.settings.socket, self.settings.admin_socket):
             self._unlink_own(path)
         self._relay.internal.unlink(missing_ok=True)
+        if self._telemetry:
+            from ..integrations import telemetry
+
+            telemetry.close(self._telemetry)
         with contextlib.suppress(OSError):
             self._relay.internal.parent.rmdir()
         with contextlib.suppress(AuditUnavailable):

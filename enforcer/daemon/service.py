@@ -195,6 +195,21 @@ class _Prepared(NamedTuple):
     who: Caller  # the caller, as the kernel named it
 
 
+class DecisionEvent(NamedTuple):
+    """One decision as telemetry sees it, once its audit record is written (see Core.observers)."""
+
+    agent: str
+    decision: str  # ALLOW | DENY | ASK
+    rules: tuple[str, ...]
+    decision_id: str
+    session: str
+    dry_run: bool
+    eval_us: int  # deciding
+    record_us: int  # appending the records written with it
+    trace: dict[str, str] | None
+    audit_seq: int
+
+
 class _Decided(NamedTuple):
     """A decision waiting for its audit record."""
 
@@ -239,6 +254,10 @@ class Core:
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
         self._id_counter = itertools.count(1)
         self._derived: dict[int, _Derived] = {}  # by id() of a shared decision
+        # Telemetry hooks (off unless configured): called with each batch of recorded decisions.
+        # They run on the answering thread, so they only hand the events on; a failing one is logged.
+        self.observers: list[Callable[[list[DecisionEvent]], None]] = []
+        self.audit_refusals = 0  # requests answered UNAVAILABLE because the audit log refused them
         # A session's approvals end with it: nobody is left to act on them.
         registry.on_end(lambda record: self.end_pending("the session ended", record.session))
 
@@ -452,6 +471,7 @@ class Core:
         """Append the decisions' records, then answer each decision with `answer` and each error with
         `refuse`, in order. A record the log refuses (it cannot be encoded) fails its own request and
         the others are appended without it; with `all_or_none` it fails every request."""
+        started = time.perf_counter_ns() if self.observers else 0
         while True:
             try:
                 receipts = self.sink.append_many([d.record for d in decided if type(d) is _Decided])
@@ -467,15 +487,41 @@ class Core:
                 self._withdraw([decided[position]], "its audit record was refused")
                 decided = [*decided[:position], rejected, *decided[position + 1 :]]
             except AuditUnavailable as exc:
+                self.audit_refusals += 1
                 self._withdraw(decided, "audit failed")  # never leave an approval open for an answer nobody received
                 unavailable = ApiError(
                     _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
                 )
                 return [refuse(unavailable if type(d) is _Decided else d) for d in decided]
+        if self.observers:
+            self._observe(decided, receipts, (time.perf_counter_ns() - started) // 1000)
         if len(receipts) == len(decided):  # nothing refused: the usual case
             return list(map(answer, decided, receipts))
         receipt = iter(receipts)
         return [answer(d, next(receipt)) if type(d) is _Decided else refuse(d) for d in decided]
+
+    def _observe(self, decided: Sequence[_Decided | ApiError], receipts: Sequence[Receipt], record_us: int) -> None:
+        recorded = [d for d in decided if type(d) is _Decided]
+        events = [
+            DecisionEvent(
+                d.entry.key,
+                d.derived.decision.verdict,
+                tuple(r.rule for r in d.derived.decision.reasons),
+                d.decision_id,
+                d.record.payload.get("session", ""),
+                d.dry_run,
+                d.eval_us,
+                record_us,
+                d.record.trace,
+                receipt.seq,
+            )
+            for d, receipt in zip(recorded, receipts, strict=True)
+        ]
+        for observer in self.observers:
+            try:
+                observer(events)
+            except Exception:
+                log.exception("a telemetry observer failed; the decisions stand")
 
     def _withdraw(self, decided: Sequence[_Decided | ApiError], why: str) -> None:
         """Close the approvals of decisions whose answers are never sent."""

@@ -1,0 +1,5 @@
+"""Where agents already run: an MCP gateway, a Claude Code hook, framework wrappers, telemetry.
+
+One module per integration; each imports its third-party library (an optional extra of the
+package) only when it is itself imported, so the daemon and the launcher never load them.
+"""
