@@ -31,6 +31,7 @@ import ipaddress
 import logging
 import math
 import os
+import pwd
 import shlex
 import sys
 import time
@@ -62,6 +63,7 @@ class GatewayConfig:
     approval_wait_s: float = DEFAULT_APPROVAL_WAIT_S
     sandbox: bool = False
     launch_socket: str = ""  # for --sandbox: the daemon's launch socket (default: adl-exec's)
+    sandbox_user: str = ""  # for --sandbox from a root gateway: the account the server runs as
     deadline_s: float = 2.0
     upstream_urls: Sequence[str] = ()  # servers reached over streamable HTTP
 
@@ -80,7 +82,20 @@ def server_command(config: GatewayConfig, server: Sequence[str]) -> list[str]:
         raise ValueError("--sandbox needs the daemon's launch socket (--launch-socket or $ADL_ENFORCER_ADDR)")
     if ":" not in launch:
         launch = f"unix:{launch}"
+    # The daemon runs a sandboxed server as its caller and never as root: a root gateway launches
+    # it as --sandbox-user (setpriv, from util-linux, switches before adl-exec starts).
+    switch: list[str] = []
+    if config.sandbox_user:
+        entry = (
+            pwd.getpwuid(int(config.sandbox_user))
+            if config.sandbox_user.isdigit()
+            else pwd.getpwnam(config.sandbox_user)
+        )
+        switch = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups"]
+    elif os.geteuid() == 0:
+        raise ValueError("--sandbox from a root gateway needs --sandbox-user: the daemon never runs a server as root")
     return [
+        *switch,
         sys.executable,
         "-m",
         "enforcer.cli.exec",
@@ -280,6 +295,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sandbox", action="store_true", help="start the server under adl-exec for the same agent")
     parser.add_argument("--launch-socket", default="", help="with --sandbox: the daemon's launch socket")
     parser.add_argument(
+        "--sandbox-user",
+        default="",
+        metavar="USER",
+        help="with --sandbox, when the gateway runs as root: the account (name or uid) the server is "
+        "launched as; it must be allowed the agent in the daemon's agent_callers",
+    )
+    parser.add_argument(
         "--upstream", action="append", default=[], metavar="URL", help="a server reached over streamable HTTP"
     )
     parser.add_argument(
@@ -327,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         approval_wait_s=args.approval_wait,
         sandbox=args.sandbox,
         launch_socket=args.launch_socket,
+        sandbox_user=args.sandbox_user,
         upstream_urls=args.upstream,
     )
     if args.http:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..daemon_helpers import TOOLS, RunningDaemon, daemon  # noqa: F401 (fixture)
+from ..sandbox_helpers import AGENT_UID
 
 AGENT = "Gateway"
 
@@ -239,8 +241,25 @@ def test_gateway_starts_the_server_under_adl_exec(daemon: RunningDaemon, tmp_pat
     """--sandbox: the server's own file access is the agent's, not the gateway's."""
     box = daemon.box
     server = box.ref / "files_server.py"
-    server.write_text(BOXED_SERVER)
-    runtime = sorted({sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])})
+    # The server runs as the agent identity, which cannot reach every interpreter's home (a
+    # pyenv's under /root): the system's python3, with this environment's packages on its path.
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python3 for the sandboxed server")
+    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    server.write_text(f"import sys\nsys.path.insert(0, {site!r})\n" + BOXED_SERVER)
+    runtime = sorted({sys.prefix, str(Path(__file__).resolve().parents[2])})
+    # Only the baseline's library trees may hold loadable C extensions (every other mount is
+    # noexec): the operator lists a virtual environment's there, as this daemon's baseline does.
+    from enforcer import data
+
+    baseline = tmp_path / "baseline.yaml"
+    text = data.RUNTIME_BASELINE.read_text()
+    assert "\nlibrary_trees:\n" in text
+    baseline.write_text(text.replace("\nlibrary_trees:\n", f"\nlibrary_trees:\n  - {site}\n", 1))
+    daemon.stop()
+    daemon.extra_env["ADL_ENFORCER_BASELINE"] = str(baseline)
+    daemon.start()
     permissions = {
         "filesystem": {
             "allowed_paths": [
@@ -250,7 +269,7 @@ def test_gateway_starts_the_server_under_adl_exec(daemon: RunningDaemon, tmp_pat
             ],
         },
         "execution": {
-            "allowed_commands": [sys.executable, os.path.realpath(sys.executable), "python3"],
+            "allowed_commands": [system_python, os.path.realpath(system_python)],
             "allow_shell": False,
         },
         "resource_limits": {"max_memory_mb": 512, "max_cpu_percent": 100, "max_duration_sec": 120},
@@ -271,8 +290,10 @@ def test_gateway_starts_the_server_under_adl_exec(daemon: RunningDaemon, tmp_pat
                 "--sandbox",
                 "--launch-socket",
                 str(daemon.launch),
+                "--sandbox-user",  # the daemon launches no agent for a root caller
+                str(AGENT_UID),
                 "--",
-                sys.executable,
+                system_python,
                 str(server),
             ],
         )
