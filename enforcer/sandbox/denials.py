@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,7 +243,11 @@ class SessionDenials:
         self.lost_before = lost_before
 
     @staticmethod
-    def start(appender: Any, policy: Policy, session: str, stage_pid: int | None, cgroup_group: str) -> SessionDenials:
+    def start(
+        appender: Any, policy: Policy, session: str, roots: Callable[[], Iterable[int]] | None, cgroup_group: str
+    ) -> SessionDenials:
+        """`roots`: the session's init and agent host pids once launched (Stage.session_pids);
+        without it, only the session's cgroup identifies its processes."""
         if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
             # Enforcement is unchanged; only the recording of the kernel's denials is off (and says so).
             return SessionDenials(None, None, "turned off with ADL_ENFORCER_KERNEL_AUDIT")
@@ -251,7 +255,7 @@ class SessionDenials:
             changed = kernel_audit.ensure_enabled()
             lost_before = kernel_audit.status()["lost"]
             log = DenialLog(appender, policy, session)
-            reader = kernel_audit.Reader(kernel_audit.Attribution(session, stage_pid or -1, cgroup_group), log)
+            reader = kernel_audit.Reader(kernel_audit.Attribution(session, roots or tuple, cgroup_group), log)
         except OSError as exc:
             why = f"kernel denials are not recorded: {exc}"
             print(f"adl-exec: warning: {why}", file=sys.stderr)
