@@ -2,10 +2,10 @@
 policy that would have allowed what the run did, and print its diff against the start policy.
 
 What changes for a learning run, and only for it: Landlock grants reading, writing and executing
-everything and no mount is made noexec (denied paths stay masked; seccomp, namespaces, cgroups and the egress filter stay as
-they are), and fanotify records what the session's processes open, execute and write. It says so
-on stderr before and after the run and in the launch record (the filesystem layer's status is
-"learning"). Refused with --production and with --daemon.
+everything and no mount is made noexec (denied paths stay masked; seccomp, namespaces, cgroups and
+the egress filter stay as they are), and fanotify records what the session's processes open,
+execute and write. It says so on stderr before and after the run and in the launch record (the
+filesystem layer's status is "learning"). Refused with --production and with --daemon.
 """
 
 from __future__ import annotations

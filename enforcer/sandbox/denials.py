@@ -257,9 +257,11 @@ class SessionDenials:
             log = DenialLog(appender, policy, session)
             reader = kernel_audit.Reader(kernel_audit.Attribution(session, roots or tuple, cgroup_group), log)
         except OSError as exc:
-            why = f"kernel denials are not recorded: {exc}"
-            print(f"adl-exec: warning: {why}", file=sys.stderr)
+            why = exc.strerror if isinstance(exc, kernel_audit.KernelAuditUnavailable) and exc.strerror else str(exc)
+            print(f"adl-exec: kernel denials: unavailable ({why}); they are not recorded", file=sys.stderr)
             return SessionDenials(None, None, why)
+        for change in changed:  # host-wide: said where the operator sees it, not only in the log
+            print(f"adl-exec: note: {change} on this host, to record kernel denials; it stays on", file=sys.stderr)
         if changed:
             log._append(
                 records.DECISION,
@@ -293,10 +295,15 @@ class SessionDenials:
 def report_lines(summary: dict[str, Any]) -> list[str]:
     """adl-exec --report: a few lines on the session's kernel denials."""
     if not summary.get("available"):
-        return [f"kernel denials: not read ({summary.get('why')})"]
+        return [f"kernel denials: unavailable ({summary.get('why')})"]
+    lines = []
+    if summary.get("reader_error"):
+        lines.append(f"kernel denials: the reader failed ({summary['reader_error']}): the count is incomplete")
+    if summary.get("landlock"):
+        lines.append(f"kernel denials: Landlock {summary['landlock']}")
     if not summary["denials"]:
-        return ["kernel denials: none"]
-    lines = [f"kernel denials: {summary['denials']} ({summary['recorded']} recorded one by one in the audit log)"]
+        return [*lines, "kernel denials: none"]
+    lines.append(f"kernel denials: {summary['denials']} ({summary['recorded']} recorded one by one in the audit log)")
     for item in summary["top"][:5]:
         what = item.get("path") or (f"port {item['port']}" if item.get("port") else item.get("syscall"))
         lines.append(f"  {item['count']:>6} x {item.get('access')} {what} by {item.get('command')}: {item.get('hint')}")

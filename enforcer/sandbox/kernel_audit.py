@@ -314,6 +314,25 @@ def ensure_enabled() -> list[str]:
     return changed
 
 
+def describe(landlock_abi: int) -> str:
+    """What a launch from this process would do about kernel denials, for --explain (reads the
+    kernel's audit status only; changes nothing)."""
+    try:
+        current = status()
+    except OSError as exc:
+        return f"unavailable here ({exc.strerror or exc}): sessions run, their kernel denials are not recorded"
+    if current["enabled"]:
+        what = "recorded in the audit log (kernel auditing is on)"
+    else:
+        what = (
+            "recorded in the audit log; kernel auditing is OFF on this host and the launch turns it ON for "
+            "the whole host (left on; recorded in the audit log)"
+        )
+    if landlock_abi < 7:
+        what += f"; Landlock ABI {landlock_abi} does not report its denials (7 does): seccomp's only"
+    return what
+
+
 def open_multicast() -> socket.socket:
     """A socket on the read-only log group, with a large receive buffer so bursts are not lost."""
     try:

@@ -130,6 +130,8 @@ def run_session(
     else:
         outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
     denials = kernel_denials.finish()
+    if denials.get("available") and plan.landlock.abi < 7:
+        denials["landlock"] = f"ABI {plan.landlock.abi} does not report its denials (7 does): seccomp's only"
     if on_denials is not None:
         on_denials(denials)
     end_ns = time.time_ns()
