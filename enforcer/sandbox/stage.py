@@ -107,6 +107,7 @@ class Stage:
         self.pid = pid
         self._stage_pid = pid
         self.agent_pid: int | None = None  # the process that becomes the agent, as the host sees it
+        self._started = False
         self._sock = sock
         self._status = status_read
         self._announced = False
@@ -151,14 +152,16 @@ class Stage:
             data += chunk
         if len(data) != pidns.PID.size:
             raise StageError("the launch stage is gone before the agent's process announced itself")
-        (self.agent_pid,) = pidns.PID.unpack(data)
+        (pid,) = pidns.PID.unpack(data)
+        self.agent_pid = pid if pid > 0 else None
+        self._started = True
 
     def session_pids(self) -> tuple[int, ...]:
         """Host pids that are the session's for its whole life: its init and the agent's process
         (the same one without a PID namespace). Empty before the launch."""
-        if self.agent_pid is None:
+        if not self._started:
             return ()
-        return (self.pid, self.agent_pid)
+        return (self.pid,) if self.agent_pid is None else (self.pid, self.agent_pid)
 
     def agent_status(self) -> int | None:
         """The agent's wait status as init reported it (None if init died first). Call once init
@@ -288,8 +291,12 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     except OSError as exc:
         pidns.announce(status_fd, os.getpid())  # no namespace: the launcher waits for this process
         join_error = join_error or exc
-    with contextlib.suppress(OSError):  # the launcher attributes the agent's kernel denials by it
-        sock.sendall(pidns.PID.pack(pidns.host_pid()))
+    try:
+        agent_pid = pidns.host_pid()
+    except (OSError, ValueError, IndexError):
+        agent_pid = 0  # unknown: the session's cgroup is then the only way to attribute its denials
+    with contextlib.suppress(OSError):  # the launcher waits for it before it sends the order
+        sock.sendall(pidns.PID.pack(agent_pid))
     if compile_ahead:
         _compile_while_idle(sock)
     try:
