@@ -51,7 +51,9 @@ class Learner:
         for layer in plan.layers:
             if layer.name in ("filesystem", "execution"):
                 layer.status = "learning"  # type: ignore[assignment]
-                layer.details.insert(0, "LEARN MODE: observed with fanotify, NOT restricted (Landlock grants all)")
+                layer.details.insert(
+                    0, "LEARN MODE: observed with fanotify, NOT restricted (Landlock grants all, no mount is noexec)"
+                )
         if not explain_only:
             everything = landlock.handled_fs(plan.landlock.abi)
             plan.landlock.rules.append(("/", everything))
