@@ -29,6 +29,12 @@ caller; the workspace must be usable by that user). A layer that cannot be enfor
 refuse, unless you accept it with --accept-unenforced DOMAIN ({", ".join(DOMAINS)}); the
 acceptance is printed and audited.
 
+Kernel denials (Landlock, seccomp) are read from the kernel's audit subsystem and recorded in the
+audit log. When kernel auditing is off on the host, adl-exec TURNS IT ON for the whole host (and
+leaves it on: other sessions may be reading), says so on stderr and records it; --explain tells
+beforehand. Where it cannot be used, the session runs and "kernel denials: unavailable (why)" is
+printed. ADL_ENFORCER_KERNEL_AUDIT=off: neither read nor turned on.
+
 examples:
   adl-exec --adl policies/examples/coding-agent.adl.json --explain -- python3 agent.py
   adl-exec --adl policies/examples/coding-agent.adl.json --user nobody --report -- cat /tmp/adl-demo/workspace/notes.txt

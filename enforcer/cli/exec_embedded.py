@@ -150,6 +150,14 @@ def _safe_refusal(writer: AuditWriter, policy: Policy | None, session: str, reas
         print(f"adl-exec: warning: refusal not audited: {exc}", file=sys.stderr)
 
 
+def _kernel_denials_plan(plan: sessions.LaunchPlan) -> str:
+    if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
+        return "not recorded (turned off with ADL_ENFORCER_KERNEL_AUDIT)"
+    from ..sandbox import kernel_audit
+
+    return kernel_audit.describe(plan.landlock.abi)
+
+
 def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool, agent: dict[str, object]) -> None:
     from ..explain import policy_summary, render_policy
 
@@ -164,6 +172,7 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool, age
                     "accepted_unenforced": plan.accepted_unenforced,
                     "refusals": plan.refusals,
                     "identity": agent,
+                    "kernel_denials": _kernel_denials_plan(plan),
                 },
                 indent=2,
             )
@@ -179,5 +188,6 @@ def _print_explain(policy: Policy, plan: sessions.LaunchPlan, as_json: bool, age
         print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
         for line in layer.details:
             print(f"      {line}")
+    print(f"kernel denials: {_kernel_denials_plan(plan)}")
     for refusal in [*plan.refusals, *([agent["refused"]] if "refused" in agent else [])]:
         print(f"a launch would be refused: {refusal}")

@@ -2,10 +2,10 @@
 policy that would have allowed what the run did, and print its diff against the start policy.
 
 What changes for a learning run, and only for it: Landlock grants reading, writing and executing
-everything (denied paths stay masked; seccomp, namespaces, cgroups and the egress filter stay as
-they are), and fanotify records what the session's processes open, execute and write. It says so
-on stderr before and after the run and in the launch record (the filesystem layer's status is
-"learning"). Refused with --production and with --daemon.
+everything and no mount is made noexec (denied paths stay masked; seccomp, namespaces, cgroups and
+the egress filter stay as they are), and fanotify records what the session's processes open,
+execute and write. It says so on stderr before and after the run and in the launch record (the
+filesystem layer's status is "learning"). Refused with --production and with --daemon.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ..sandbox import cgroups, fanotify, landlock
 from ..sandbox.plan import LaunchPlan, PlanError
 
 BANNER = (
-    "adl-exec: LEARN MODE: files are observed, NOT restricted, for this run (Landlock grants everything;"
+    "adl-exec: LEARN MODE: files are observed, NOT restricted, for this run (Landlock grants everything,"
+    " no mount is noexec;"
     " denied paths stay masked, seccomp, namespaces, cgroups and the egress filter stay enforced)."
     " Run only code you would run without a sandbox."
 )
@@ -50,13 +51,18 @@ class Learner:
         for layer in plan.layers:
             if layer.name in ("filesystem", "execution"):
                 layer.status = "learning"  # type: ignore[assignment]
-                layer.details.insert(0, "LEARN MODE: observed with fanotify, NOT restricted (Landlock grants all)")
+                layer.details.insert(
+                    0, "LEARN MODE: observed with fanotify, NOT restricted (Landlock grants all, no mount is noexec)"
+                )
         if not explain_only:
             everything = landlock.handled_fs(plan.landlock.abi)
             plan.landlock.rules.append(("/", everything))
+            plan.exec_mounts = None  # the noexec mounts would stop what is to be learned from running
             print(BANNER, file=sys.stderr)
+            # The group adl-exec prepared the session's cgroup in (exec.py validated it).
+            group = os.environ.get("ADL_ENFORCER_CGROUP_GROUP") or cgroups.GROUP
             try:
-                learner.observer = fanotify.Observer(f"/{cgroups.GROUP}/{session}")
+                learner.observer = fanotify.Observer(f"/{group}/{session}")
             except OSError as exc:
                 raise PlanError(f"--learn needs fanotify (root, CAP_SYS_ADMIN): {exc}") from None
         return learner

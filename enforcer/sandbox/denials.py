@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,7 +243,11 @@ class SessionDenials:
         self.lost_before = lost_before
 
     @staticmethod
-    def start(appender: Any, policy: Policy, session: str, stage_pid: int | None, cgroup_group: str) -> SessionDenials:
+    def start(
+        appender: Any, policy: Policy, session: str, roots: Callable[[], Iterable[int]] | None, cgroup_group: str
+    ) -> SessionDenials:
+        """`roots`: the session's init and agent host pids once launched (Stage.session_pids);
+        without it, only the session's cgroup identifies its processes."""
         if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
             # Enforcement is unchanged; only the recording of the kernel's denials is off (and says so).
             return SessionDenials(None, None, "turned off with ADL_ENFORCER_KERNEL_AUDIT")
@@ -251,11 +255,13 @@ class SessionDenials:
             changed = kernel_audit.ensure_enabled()
             lost_before = kernel_audit.status()["lost"]
             log = DenialLog(appender, policy, session)
-            reader = kernel_audit.Reader(kernel_audit.Attribution(session, stage_pid or -1, cgroup_group), log)
+            reader = kernel_audit.Reader(kernel_audit.Attribution(session, roots or tuple, cgroup_group), log)
         except OSError as exc:
-            why = f"kernel denials are not recorded: {exc}"
-            print(f"adl-exec: warning: {why}", file=sys.stderr)
+            why = exc.strerror if isinstance(exc, kernel_audit.KernelAuditUnavailable) and exc.strerror else str(exc)
+            print(f"adl-exec: kernel denials: unavailable ({why}); they are not recorded", file=sys.stderr)
             return SessionDenials(None, None, why)
+        for change in changed:  # host-wide: said where the operator sees it, not only in the log
+            print(f"adl-exec: note: {change} on this host, to record kernel denials; it stays on", file=sys.stderr)
         if changed:
             log._append(
                 records.DECISION,
@@ -289,10 +295,15 @@ class SessionDenials:
 def report_lines(summary: dict[str, Any]) -> list[str]:
     """adl-exec --report: a few lines on the session's kernel denials."""
     if not summary.get("available"):
-        return [f"kernel denials: not read ({summary.get('why')})"]
+        return [f"kernel denials: unavailable ({summary.get('why')})"]
+    lines = []
+    if summary.get("reader_error"):
+        lines.append(f"kernel denials: the reader failed ({summary['reader_error']}): the count is incomplete")
+    if summary.get("landlock"):
+        lines.append(f"kernel denials: Landlock {summary['landlock']}")
     if not summary["denials"]:
-        return ["kernel denials: none"]
-    lines = [f"kernel denials: {summary['denials']} ({summary['recorded']} recorded one by one in the audit log)"]
+        return [*lines, "kernel denials: none"]
+    lines.append(f"kernel denials: {summary['denials']} ({summary['recorded']} recorded one by one in the audit log)")
     for item in summary["top"][:5]:
         what = item.get("path") or (f"port {item['port']}" if item.get("port") else item.get("syscall"))
         lines.append(f"  {item['count']:>6} x {item.get('access')} {what} by {item.get('command')}: {item.get('hint')}")

@@ -8,10 +8,12 @@ is off and says so; it never turns it off again, as other sessions may be listen
 
 Records of one event share the serial in `audit(SECONDS.MILLIS:SERIAL)` and end with AUDIT_EOE
 when the event ran in a syscall context (Landlock's AUDIT_LANDLOCK_ACCESS + AUDIT_SYSCALL, or
-AUDIT_SECCOMP). Events are attributed to a session on the host side: by the Landlock domain id (the
-AUDIT_LANDLOCK_DOMAIN record names the pid that created the domain, the session's stage), else by
-the session's cgroup as read from /proc/PID/cgroup while the process still exists. Pids in audit
-records are those of the initial PID namespace, so a PID namespace for the agent changes nothing.
+AUDIT_SECCOMP). Events are attributed to a session on the host side (pids in audit records are
+those of the initial PID namespace): by the Landlock domain id (the AUDIT_LANDLOCK_DOMAIN record
+names the pid that created the domain: the agent's process, which announced its host pid before it
+ran anything), by the denying pid or its parent (AUDIT_SYSCALL's ppid) being one of the session's,
+else by the session's cgroup as read from /proc/PID/cgroup while the process still exists. A pid
+that still exists counts as the session's only while it is in the session's cgroup: pids are reused.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 NETLINK_AUDIT = 9
@@ -120,6 +122,7 @@ class Denial:
     syscall: int | None = None
     domain: str | None = None  # landlock domain id
     domain_creator: int | None = None  # pid that created the domain, when this event first named it
+    ppid: int | None = None  # the denying process's parent, from the event's AUDIT_SYSCALL record
     code: int | None = None  # seccomp return action
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -160,6 +163,7 @@ def denials_of(records: list[Record]) -> list[Denial]:
                     syscall=_int(syscall.get("syscall")),
                     domain=domain,
                     domain_creator=creators.get(domain),
+                    ppid=_int(syscall.get("ppid")),
                     extra=extra,
                 )
             )
@@ -178,6 +182,7 @@ def denials_of(records: list[Record]) -> list[Denial]:
                     f.get("exe"),
                     syscall=_int(f.get("syscall")),
                     code=code,
+                    ppid=_int(syscall.get("ppid")) if syscall.get("pid") == f.get("pid") else None,
                 )
             )
     return found
@@ -309,6 +314,25 @@ def ensure_enabled() -> list[str]:
     return changed
 
 
+def describe(landlock_abi: int) -> str:
+    """What a launch from this process would do about kernel denials, for --explain (reads the
+    kernel's audit status only; changes nothing)."""
+    try:
+        current = status()
+    except OSError as exc:
+        return f"unavailable here ({exc.strerror or exc}): sessions run, their kernel denials are not recorded"
+    if current["enabled"]:
+        what = "recorded in the audit log (kernel auditing is on)"
+    else:
+        what = (
+            "recorded in the audit log; kernel auditing is OFF on this host and the launch turns it ON for "
+            "the whole host (left on; recorded in the audit log)"
+        )
+    if landlock_abi < 7:
+        what += f"; Landlock ABI {landlock_abi} does not report its denials (7 does): seccomp's only"
+    return what
+
+
 def open_multicast() -> socket.socket:
     """A socket on the read-only log group, with a large receive buffer so bursts are not lost."""
     try:
@@ -350,40 +374,47 @@ def cgroup_of(pid: int) -> str | None:
 
 class Attribution:
     """Which denials belong to one session: its Landlock domains (learned from the domain's creator
-    pid or from a member's cgroup) and its cgroup directory name."""
+    pid) and its processes: `roots()` (the session's init and agent process, known from the launch
+    on), the pids learned from their denials, and the members of its cgroup directory."""
 
-    def __init__(self, session: str, stage_pid: int, group: str) -> None:
+    def __init__(self, session: str, roots: Callable[[], Iterable[int]], group: str) -> None:
         self.marker = f"/{group}/{session}"
-        self.stage_pid = stage_pid
+        self.roots = roots
         self.domains: set[str] = set()
-        self.pids: set[int] = {stage_pid}
+        self.pids: set[int] = set()
         self.foreign_domains: set[str] = set()
 
-    def in_cgroup(self, pid: int) -> bool:
+    def in_cgroup(self, pid: int) -> bool | None:
+        """None once the process is gone."""
         text = cgroup_of(pid)
         if text is None:
-            return False
+            return None
         return any(line.endswith(self.marker) or self.marker + "/" in line for line in text.splitlines())
+
+    def is_member(self, pid: int | None) -> bool:
+        if pid is None or pid <= 0:
+            return False
+        now = self.in_cgroup(pid)
+        if now is not None:
+            return now  # a remembered pid now in another cgroup was reused
+        return pid in self.pids or pid in set(self.roots())
 
     def owns(self, denial: Denial) -> bool:
         for known in (self.pids, self.domains, self.foreign_domains):
             if len(known) > _MAX_REMEMBERED:  # a fork loop cannot grow them without bound
                 known.clear()
-                self.pids.add(self.stage_pid)
         domain = denial.domain
         if domain is not None:
             if domain in self.domains:
                 return True
             if domain in self.foreign_domains:
                 return False
-            if denial.domain_creator is not None and (
-                denial.domain_creator in self.pids or self.in_cgroup(denial.domain_creator)
-            ):
+            if denial.domain_creator is not None and self.is_member(denial.domain_creator):
                 self.domains.add(domain)
                 return True
         pid = denial.pid
-        if pid is not None and (pid in self.pids or self.in_cgroup(pid)):
-            self.pids.add(pid)
+        if self.is_member(pid) or (pid is not None and self.in_cgroup(pid) is None and self.is_member(denial.ppid)):
+            self.pids.add(pid)  # type: ignore[arg-type]
             if domain is not None:
                 self.domains.add(domain)
             return True

@@ -121,6 +121,21 @@ def _fail(what: str) -> LandlockError:
     return LandlockError(err, f"landlock {what}: {os.strerror(err)}")
 
 
+def _open_as_agent(path: str) -> int:
+    """Rules are added once the process is the agent's identity, so a rule names only what that
+    identity can reach by its path: a grant it cannot reach is an operator's mistake, refused."""
+    try:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except PermissionError as exc:
+        raise LandlockError(
+            exc.errno,
+            f"the policy grants {path}, which the agent's identity (uid {os.geteuid()}) cannot reach "
+            f"({exc.strerror}): grant a path it can reach, or run the agent as an identity that can",
+        ) from None
+    except OSError as exc:
+        raise LandlockError(exc.errno, f"the policy grants {path}, which cannot be opened: {exc.strerror}") from None
+
+
 def restrict(plan: LandlockPlan) -> None:
     """Build the ruleset and restrict the calling thread (and its future children). Sets
     no_new_privs, which Landlock requires without CAP_SYS_ADMIN and the sandbox wants anyway."""
@@ -132,7 +147,7 @@ def restrict(plan: LandlockPlan) -> None:
         for path, rights in plan.rules:
             if not rights:
                 continue
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fd = _open_as_agent(path)
             try:
                 rule = _PathBeneathAttr(rights, fd)
                 if (

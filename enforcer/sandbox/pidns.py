@@ -31,6 +31,7 @@ from .namespaces import CLONE_NEWPID, unshare
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what the launcher passes on
 PR_SET_PDEATHSIG = 1
 _STATUS = struct.Struct("i")
+PID = struct.Struct("i")  # the agent's host pid, on the order socket
 
 
 def fork_init(status_fd: int) -> None:
@@ -69,6 +70,16 @@ def _start_init(stage: int, status_fd: int) -> None:
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # init gone: the session goes
+
+
+def host_pid() -> int:
+    """This process's pid in the PID namespace of the mounted /proc: the launcher's (the agent
+    mounts its own /proc later), which is what the launcher and the kernel audit records see."""
+    with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    return int(os.readlink("/proc/self"))
 
 
 def announce(status_fd: int, pid: int) -> None:

@@ -102,7 +102,10 @@ def run_session(
     )
     network: dict[str, Any] | None = None
     # Host side, before the agent starts: the reader's socket buffers its denials until read.
-    kernel_denials = SessionDenials.start(writer, policy, session, prepared and prepared.stage.pid, cgroup_group)
+    roots = prepared.stage.session_pids if prepared is not None else None
+    # The group the prepared stage joined, whatever this call's default says.
+    joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
+    kernel_denials = SessionDenials.start(writer, policy, session, roots, joined)
     if plan.egress is not None:
         from ..egress import process as egress  # dnspython and the filter: only for sessions with a network
 
@@ -127,6 +130,8 @@ def run_session(
     else:
         outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
     denials = kernel_denials.finish()
+    if denials.get("available") and plan.landlock.abi < 7:
+        denials["landlock"] = f"ABI {plan.landlock.abi} does not report its denials (7 does): seccomp's only"
     if on_denials is not None:
         on_denials(denials)
     end_ns = time.time_ns()

@@ -106,6 +106,8 @@ class Stage:
     def __init__(self, pid: int, sock: socket.socket, status_read: int) -> None:
         self.pid = pid
         self._stage_pid = pid
+        self.agent_pid: int | None = None  # the process that becomes the agent, as the host sees it
+        self._started = False
         self._sock = sock
         self._status = status_read
         self._announced = False
@@ -129,6 +131,7 @@ class Stage:
         fds = [0, 1, 2, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
         try:
             self._adopt_init()
+            self._learn_agent_pid()
             send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
             self._sock.shutdown(socket.SHUT_WR)
             answer = b""
@@ -140,6 +143,25 @@ class Stage:
             self._sock.close()
         if answer:
             raise StageError(answer.decode(errors="replace").strip())
+
+    def _learn_agent_pid(self) -> None:
+        """The future agent announces its host pid before it reads its order, so the pid is known
+        before anything of the agent's can run."""
+        data = b""
+        while len(data) < pidns.PID.size and (chunk := self._sock.recv(pidns.PID.size - len(data))):
+            data += chunk
+        if len(data) != pidns.PID.size:
+            raise StageError("the launch stage is gone before the agent's process announced itself")
+        (pid,) = pidns.PID.unpack(data)
+        self.agent_pid = pid if pid > 0 else None
+        self._started = True
+
+    def session_pids(self) -> tuple[int, ...]:
+        """Host pids that are the session's for its whole life: its init and the agent's process
+        (the same one without a PID namespace). Empty before the launch."""
+        if not self._started:
+            return ()
+        return (self.pid,) if self.agent_pid is None else (self.pid, self.agent_pid)
 
     def agent_status(self) -> int | None:
         """The agent's wait status as init reported it (None if init died first). Call once init
@@ -269,6 +291,12 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     except OSError as exc:
         pidns.announce(status_fd, os.getpid())  # no namespace: the launcher waits for this process
         join_error = join_error or exc
+    try:
+        agent_pid = pidns.host_pid()
+    except (OSError, ValueError, IndexError):
+        agent_pid = 0  # unknown: the session's cgroup is then the only way to attribute its denials
+    with contextlib.suppress(OSError):  # the launcher waits for it before it sends the order
+        sock.sendall(pidns.PID.pack(agent_pid))
     if compile_ahead:
         _compile_while_idle(sock)
     try:

@@ -183,8 +183,8 @@ works("rename a harmless tree", lambda: os.rename(ws + "/build-tmp", ws + "/buil
     outcome(result, blocked=2, works=1)
     assert not (dotdirs.ws / ".aws").exists() and not (dotdirs.ws / "outer/.aws").exists()
     assert (dotdirs.ws / "build/sub/out.txt").read_text() == "ok"
-    denials = [r["payload"]["path"] for r in result.records if r["intent"] == "adl.enforcer.decision"]
-    assert f"{ws}/.aws/credentials" in denials, denials
+    guard = [r["payload"] for r in result.records if r["payload"].get("enforced_by", "").startswith("creation guard")]
+    assert f"{ws}/.aws/credentials" in [d["path"] for d in guard], guard
 
 
 def test_a_symbolic_link_cannot_alias_a_denied_directory_name(dotdirs: Sandbox) -> None:

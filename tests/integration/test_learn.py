@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from ..netlab import NetLab, needs_nft
-from ..sandbox_helpers import Sandbox, needs_root
+from ..sandbox_helpers import Sandbox, give_to_agent, needs_root
 
 pytestmark = [needs_root, needs_nft]
 
@@ -30,9 +29,9 @@ def agent_code(ws: Path, ca: str) -> str:
         f"ws = pathlib.Path({str(ws)!r})\n"
         "print(sorted(p.read_text().strip() for p in ws.glob('*.txt') if p.name != 'secret.txt'))\n"
         "(ws / 'report.md').write_text('written by the agent')\n"
-        f"tests = subprocess.run([{sys.executable!r}, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', str(ws)],\n"
+        "tests = subprocess.run(['python3', '-B', '-m', 'unittest', 'discover', '-s', str(ws)],\n"
         "                       capture_output=True, text=True)\n"
-        "print('pytest', tests.returncode, tests.stdout.strip().splitlines()[-1:])\n"
+        "print('tests', tests.returncode, tests.stderr.strip().splitlines()[-1:])\n"
         "git = subprocess.run(['git', '-C', str(ws), 'status', '--short'], capture_output=True, text=True)\n"
         "print('git', git.returncode, git.stdout.count('\\n'))\n"
         "for host in ('api.example.test', 'other.example.test'):\n"
@@ -47,8 +46,12 @@ def test_learn_then_run_clean_then_one_grant_less_is_exactly_one_denial(net_sand
     ws = box.ws
     for name in ("a.txt", "b.txt"):
         (ws / name).write_text(name)
-    (ws / "test_agent.py").write_text("def test_ok():\n    assert 1 + 1 == 2\n")
+    # The agent's own interpreter runs them: the agent's identity cannot reach a private one.
+    (ws / "test_agent.py").write_text(
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n        self.assertEqual(1 + 1, 2)\n"
+    )
     subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    give_to_agent(ws)  # git refuses a repository its user does not own
     ca = str(netlab.ca_dir / "lab-ca.pem")
     permissions = json.loads(json.dumps(box.permissions))
     # The start policy: the agent's command, the lab's CA and one host; no workspace, no git.
@@ -63,7 +66,6 @@ def test_learn_then_run_clean_then_one_grant_less_is_exactly_one_denial(net_sand
     permissions["network"]["allowed_hosts"] = ["api.example.test"]
     permissions["resource_limits"]["max_duration_sec"] = 60
     permissions["extensions"] = {"adl-enforcer.runtime": {"presets": ["python", "git", "tmp"]}}
-    permissions["execution"]["allowed_commands"].append(sys.executable)  # the interpreter that has pytest
     start = box.policy(permissions=permissions)
     learned_path = box.root / "learned.adl.json"
     code = agent_code(ws, ca)
@@ -72,7 +74,7 @@ def test_learn_then_run_clean_then_one_grant_less_is_exactly_one_denial(net_sand
     assert learned_run.code == 0, learned_run.err
     assert "LEARN MODE" in learned_run.err and f"+++ {learned_path}" in learned_run.out
     assert "git 0" in learned_run.out and "api.example.test 0" in learned_run.out
-    assert "pytest 0 ['1 passed" in learned_run.out, learned_run.out
+    assert "tests 0 ['OK']" in learned_run.out, learned_run.out
     assert "other.example.test 6" in learned_run.out  # the start policy's denial stays while learning
     layers = {layer["name"]: layer for layer in learned_run.record("launch")["payload"]["layers"]}
     assert layers["filesystem"]["status"] == "learning"
@@ -89,7 +91,7 @@ def test_learn_then_run_clean_then_one_grant_less_is_exactly_one_denial(net_sand
     clean = box.python(code, policy=learned_path)
     assert clean.code == 0, clean.err
     assert "git 0" in clean.out and "other.example.test 0" in clean.out, clean.out + clean.err
-    assert "pytest 0 ['1 passed" in clean.out, clean.out + clean.err
+    assert "tests 0 ['OK']" in clean.out, clean.out + clean.err
     # none but device ioctls (isatty on /dev/null), which no policy grants
     refused = [d for d in landlock_denials(clean.records) if d["access"] != "ioctl"]
     assert refused == [], refused

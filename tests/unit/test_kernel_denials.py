@@ -95,3 +95,72 @@ def test_a_denied_path_in_the_policy_is_named_not_suggested() -> None:
     [record] = out.records
     assert record["access"] == "write" and record["rules"] == ["fs.mode_not_allowed"]
     assert record["reasons"][0]["pointer"] == "/permissions/filesystem/allowed_paths/0"
+
+
+def _gone_pid() -> int:
+    """A pid no process has (a child that was reaped)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def _denial(pid: int, *, ppid: int | None = None, domain: str | None = None, creator: int | None = None) -> ka.Denial:
+    return ka.Denial("landlock", 0.0, 1, pid, "cat", "/usr/bin/cat", domain=domain, domain_creator=creator, ppid=ppid)
+
+
+def test_the_agent_s_domain_is_the_session_s_after_its_processes_are_gone() -> None:
+    agent, child = _gone_pid(), _gone_pid()
+    who = ka.Attribution("session-x", lambda: (agent,), "adl-test")
+    assert who.owns(_denial(agent, domain="d1", creator=agent))  # the agent's own, exited
+    assert who.owns(_denial(child, domain="d1"))  # a short-lived child: its domain is known
+    assert not who.owns(_denial(child, domain="d2", creator=child))  # a domain someone else made
+    assert not who.owns(_denial(child, domain="d2"))
+
+
+def test_a_gone_process_is_the_session_s_through_its_parent_and_never_by_default() -> None:
+    agent, child, stranger = _gone_pid(), _gone_pid(), _gone_pid()
+    who = ka.Attribution("session-x", lambda: (agent,), "adl-test")
+    assert not who.owns(_denial(stranger, ppid=1))
+    assert not who.owns(_denial(stranger))
+    assert who.owns(_denial(child, ppid=agent))  # seccomp: no domain, the parent tells
+    assert who.owns(_denial(child))  # learned
+
+
+def test_a_remembered_pid_now_alive_in_another_cgroup_is_not_the_session_s() -> None:
+    import os
+
+    # This process stands for a host process that was given a pid the session used before.
+    reused = os.getpid()
+    who = ka.Attribution("session-x", lambda: (reused,), "adl-test")
+    assert not who.owns(_denial(reused))
+    assert not who.owns(_denial(reused, domain="d3", creator=reused))
+    assert not who.owns(_denial(_gone_pid(), ppid=reused))
+
+
+def test_unavailable_kernel_auditing_is_said_not_silent(monkeypatch: Any, capsys: Any) -> None:
+    from enforcer.sandbox.denials import SessionDenials
+
+    def refuse() -> dict[str, int]:
+        raise ka.KernelAuditUnavailable(1, "AUDIT_GET: Operation not permitted")
+
+    monkeypatch.setattr(ka, "status", refuse)
+    monkeypatch.delenv("ADL_ENFORCER_KERNEL_AUDIT", raising=False)
+    denials = SessionDenials.start(None, None, "session-x", None, "adl-test")  # type: ignore[arg-type]
+    assert "kernel denials: unavailable (AUDIT_GET: Operation not permitted)" in capsys.readouterr().err
+    summary = denials.finish()
+    assert summary == {"available": False, "why": "AUDIT_GET: Operation not permitted"}
+    assert report_lines(summary) == ["kernel denials: unavailable (AUDIT_GET: Operation not permitted)"]
+    assert ka.describe(7).startswith("unavailable here (AUDIT_GET: Operation not permitted)")
+
+
+def test_explain_says_that_a_launch_turns_host_auditing_on(monkeypatch: Any) -> None:
+    off = {"mask": 0, "enabled": 0, "failure": 1, "pid": 0, "rate_limit": 0, "backlog_limit": 64, "lost": 0}
+    monkeypatch.setattr(ka, "status", lambda: {**off, "backlog": 0})
+    assert "kernel auditing is OFF on this host and the launch turns it ON for the whole host" in ka.describe(7)
+    assert "Landlock ABI 6 does not report its denials" in ka.describe(6)
+    monkeypatch.setattr(ka, "status", lambda: {**off, "enabled": 1, "backlog": 0})
+    assert ka.describe(7) == "recorded in the audit log (kernel auditing is on)"
