@@ -65,6 +65,7 @@ class Loaded:
     baseline: Baseline
     status: str  # hit | miss | off
     warning: str | None = None  # why the cache was not used, when that needs the operator
+    adl_bytes: bytes = b""  # the ADL document's bytes the policy was compiled from
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def load(
             warning, directory = f"compiled-policy cache not used: {exc}", None
         else:
             if found is not None:
-                return Loaded(found[0], found[1], "hit")
+                return Loaded(found[0], found[1], "hit", adl_bytes=inputs.adl)
     policy, baseline, valid = _compile(
         inputs, adl_path, aaif_path, regions_path, baseline_path, production, home_region, now
     )
@@ -128,7 +129,7 @@ def load(
             warning = f"compiled-policy cache not used: {exc}"
         except OSError:
             pass  # a cache that cannot be written costs the next launch a compile, nothing else
-    return Loaded(policy, baseline, "miss" if directory is not None else "off", warning)
+    return Loaded(policy, baseline, "miss" if directory is not None else "off", warning, inputs.adl)
 
 
 def _read(path: Path) -> bytes:

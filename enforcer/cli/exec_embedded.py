@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import paths, policy_cache
 from ..audit import AuditUnavailable, AuditWriter, records
 from ..audit.events import agent_of
-from ..documents import PolicyFileError, read_document
+from ..documents import PolicyFileError
 from ..policy.errors import DocumentRejected
 from ..policy.model import Policy
 from ..sandbox import identity, runtime_presets
@@ -34,6 +34,19 @@ def _identity(spec: str | None) -> tuple[int | None, int | None]:
     return chosen.uid, chosen.gid
 
 
+def _parsed(data: bytes, path: Path) -> dict:
+    """The ADL document as a mapping: JSON directly, YAML through the loader."""
+    try:
+        document = json.loads(data)
+    except ValueError:
+        from ..documents import document_from_bytes
+
+        return document_from_bytes(data, str(path), "adl")
+    if not isinstance(document, dict):
+        raise PolicyFileError(f"{path}: not an ADL document")
+    return document
+
+
 def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None) -> int:
     """Compile, plan, audit and run; `prepared` is the stage forked ahead (None with --explain)."""
     policy: Policy | None = None
@@ -54,9 +67,9 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
         if loaded.warning:
             print(f"adl-exec: warning: {loaded.warning}", file=sys.stderr)
         policy = loaded.policy
-        # The presets a document asks for and learn mode read the document itself (parsed, not
-        # validated again: the policy compiled from the same file was).
-        adl_document = read_document(args.adl, "adl")
+        # The presets a document asks for and learn mode read the document itself: the very bytes
+        # the policy was compiled from, parsed without the validation code a warm launch skips.
+        adl_document = _parsed(loaded.adl_bytes, args.adl)
         baseline, presets_applied = runtime_presets.extend(loaded.baseline, adl_document)
         uid, gid = _identity(args.user) if not args.explain else (None, None)
         plan = build_plan(

@@ -42,6 +42,8 @@ from .registry import SessionLimit, SessionRegistry
 from .spawner import SpawnerHandle, WithCaller
 from .store import AgentEntry, PolicyStore
 
+# How long a launch at an agent's max_concurrent waits for a session that is ending (registry.py).
+ENDING_SESSION_WAIT_S = 1.0
 log = logging.getLogger("adl-enforcerd")
 MAX_ARGV = 4096
 DEFAULT_PIDS_MAX = 512
@@ -405,6 +407,7 @@ class LaunchServer:
                 caller.gid,
                 tuple(argv),
                 int(time.time() * 1000),
+                wait_s=ENDING_SESSION_WAIT_S,
             )
         except SessionLimit as exc:
             self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)

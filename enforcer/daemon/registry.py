@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ class SessionRecord:
 class SessionRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
         self._sessions: dict[str, SessionRecord] = {}
         self._on_end: list[Callable[[SessionRecord], None]] = []
 
@@ -37,11 +39,26 @@ class SessionRegistry:
         self._on_end.append(callback)
 
     def register(
-        self, agent: str, max_concurrent: int | None, uid: int, gid: int, argv: tuple[str, ...], now_ms: int
+        self,
+        agent: str,
+        max_concurrent: int | None,
+        uid: int,
+        gid: int,
+        argv: tuple[str, ...],
+        now_ms: int,
+        wait_s: float = 0.0,
     ) -> SessionRecord:
-        """Count and register in one step, so two launches cannot both take the last slot."""
+        """Count and register in one step, so two launches cannot both take the last slot. A full
+        agent waits up to `wait_s` for a slot: a session's supervisor tells its client that it ended
+        a moment before the daemon hears of it, and the client may launch again at once."""
+        deadline = time.monotonic() + wait_s
         with self._lock:
-            running = sum(1 for s in self._sessions.values() if s.agent == agent)
+            while True:
+                running = sum(1 for s in self._sessions.values() if s.agent == agent)
+                left = deadline - time.monotonic()
+                if max_concurrent is None or running < max_concurrent or left <= 0:
+                    break
+                self._ended.wait(left)
             if max_concurrent is not None and running >= max_concurrent:
                 raise SessionLimit(
                     f"agent {agent!r} already runs {running} session(s); max_concurrent is {max_concurrent}"
@@ -66,6 +83,7 @@ class SessionRegistry:
     def end(self, session: str) -> SessionRecord | None:
         with self._lock:
             record = self._sessions.pop(session, None)
+            self._ended.notify_all()
         if record is not None:
             for callback in self._on_end:
                 callback(record)

@@ -243,8 +243,6 @@ class SegmentTrie:
                 stack.extend((wild_child, i + 1) for wild_child in node.wild.match(segment))
         return sorted(found)
 
-
-
     def continues(self, path: str, *, named: bool = False) -> bool:
         """Whether some pattern can still consume segments below `path` (a '**' just entered absorbs
         any number of them); with `named`, only when the last segment was matched by a pattern
@@ -271,6 +269,7 @@ class SegmentTrie:
             if node.wild:
                 stack.extend((wild, i + 1, False) for wild in node.wild.match(segments[i]))
         return False
+
 
 class NameSet:
     """Env-variable or command-name patterns: `*` matches any characters, case-sensitive."""

@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-
 from .. import data
 from ..policy import presets
 from . import landlock
@@ -32,11 +30,14 @@ class Applied:
 
 
 def load_catalog(path: Path | None = None) -> presets.Catalog:
+    from ruamel.yaml import YAML  # only for documents that ask for presets
+    from ruamel.yaml.error import YAMLError
+
     path = path or Path(os.environ.get("ADL_ENFORCER_PRESETS", data.PRESETS))
     try:
         raw = path.read_bytes()
         return presets.parse_catalog(raw, YAML(typ="safe").load(raw), str(path))
-    except (OSError, presets.PresetError) as exc:
+    except (OSError, YAMLError, presets.PresetError) as exc:
         raise PlanError(f"presets: {exc}") from None
 
 

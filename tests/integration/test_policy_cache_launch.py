@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.sandbox_helpers import needs_root
+from tests.sandbox_helpers import AGENT_USER, needs_root
 
 # What validating and compiling documents loads; a warm launch must need none of it.
 VALIDATION = (
@@ -40,7 +40,18 @@ def test_a_warm_cache_launch_imports_no_validator(sandbox):
     }
 
     def launch() -> dict:
-        argv = [sys.executable, "-c", LAUNCHER, "--adl", str(policy), "--", "cat", str(sandbox.ws / "notes.txt")]
+        argv = [
+            sys.executable,
+            "-c",
+            LAUNCHER,
+            "--adl",
+            str(policy),
+            "--user",
+            AGENT_USER,
+            "--",
+            "cat",
+            str(sandbox.ws / "notes.txt"),
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()

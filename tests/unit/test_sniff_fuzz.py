@@ -351,7 +351,7 @@ def test_a_head_that_names_another_host_is_never_taken_for_opaque_bytes(raw: byt
 
 
 def test_an_ssh_banner_is_decided_on_its_whole_line() -> None:
-    """"SSH-" is also an HTTP method token: a line naming an HTTP version is a request, checked by
+    """ "SSH-" is also an HTTP method token: a line naming an HTTP version is a request, checked by
     name; a real banner is ssh once its line is whole."""
     smuggled = sniff(b"SSH- http://other.example.test/ HTTP/1.1\r\nHost: other.example.test\r\n\r\n")
     assert smuggled.protocol == "http" and smuggled.server_name == "other.example.test"
