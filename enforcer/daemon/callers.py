@@ -168,8 +168,8 @@ class RequestClock:
 
 
 class _Pair:
-    def __init__(self, number: int, outer: socket.socket, inner: socket.socket) -> None:
-        self.number, self.outer, self.inner = number, outer, inner
+    def __init__(self, number: int, uid: int, outer: socket.socket, inner: socket.socket) -> None:
+        self.number, self.uid, self.outer, self.inner = number, uid, outer, inner
         # Bytes read from one side that the other has not taken yet, by the side they go to.
         self.backlog: dict[socket.socket, bytes] = {outer: b"", inner: b""}
         self.clock = RequestClock()
@@ -187,10 +187,15 @@ class CallerRelay:
         max_connections: int = 4096,
         request_s: float = 10.0,
         sink: Any = None,
+        max_unfinished_per_uid: int = 4,
     ) -> None:
         self.public, self.internal, self.table = public, internal, table
         self.sink = sink  # where accept() errors are recorded
         self.request_s = request_s
+        # The deadline frees held threads only until the caller opens the same unfinished requests
+        # again: a uid (root aside) may have this many open at once over all its connections.
+        self.max_unfinished_per_uid = max_unfinished_per_uid
+        self._unfinished: dict[int, int] = {}  # uid -> requests begun and not finished
         self.cut = 0  # connections closed for a request unfinished past request_s
         self._max_pairs = max_connections
         self._pairs: dict[int, _Pair] = {}  # by number, in the order accepted
@@ -347,7 +352,7 @@ class CallerRelay:
                 continue
             outer.setblocking(False)
             inner.setblocking(False)
-            pair = _Pair(number, outer, inner)
+            pair = _Pair(number, uid, outer, inner)
             self._pairs[number] = pair
             assert self._selector is not None
             self._selector.register(outer, selectors.EVENT_READ, pair)
@@ -367,10 +372,13 @@ class CallerRelay:
         if not data:
             self._close(pair)
             return
+        before = len(pair.clock.open)
         if source is pair.outer:
             pair.clock.feed(data, time.monotonic())
         else:  # every byte, or the frame boundaries are lost
             pair.clock.feed_server(data)
+        if len(pair.clock.open) != before and self._count_unfinished(pair, len(pair.clock.open) - before):
+            return
         try:
             sent = target.send(data)
         except BlockingIOError:
@@ -383,6 +391,25 @@ class CallerRelay:
         pair.backlog[target] = data[sent:]
         self._interest(pair, target)
         self._interest(pair, source)
+
+    def _count_unfinished(self, pair: _Pair, delta: int) -> bool:
+        """Add a change in the pair's unfinished requests to its uid's count; true when that put the
+        uid over its bound and the pair (whose request did it) was closed."""
+        total = self._unfinished.get(pair.uid, 0) + delta
+        if total > 0:
+            self._unfinished[pair.uid] = total
+        else:
+            self._unfinished.pop(pair.uid, None)
+        if delta <= 0 or pair.uid == 0 or total <= self.max_unfinished_per_uid:
+            return False
+        self.cut += 1
+        log.warning(
+            "API connection of uid %d closed: more than %d unfinished requests at once",
+            pair.uid,
+            self.max_unfinished_per_uid,
+        )
+        self._close(pair)
+        return True
 
     def _cut_late(self, now: float) -> None:
         for pair in [p for p in self._pairs.values() if p.clock.open and p.clock.late(now, self.request_s)]:
@@ -427,7 +454,9 @@ class CallerRelay:
                 self._selector.register(sock, events, pair)
 
     def _close(self, pair: _Pair) -> None:
-        self._pairs.pop(pair.number, None)
+        if self._pairs.pop(pair.number, None) is not None and pair.clock.open:
+            self._count_unfinished(pair, -len(pair.clock.open))
+            pair.clock.open.clear()
         self.table.remove(pair.number)
         assert self._selector is not None
         for sock in (pair.outer, pair.inner):

@@ -111,6 +111,7 @@ class Daemon:
             settings.max_api_connections,
             settings.api_request_s,
             self.sink,
+            max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made

@@ -837,3 +837,64 @@ def test_unfinished_api_requests_are_cut_at_the_whole_request_deadline(daemon_ro
             never.set()
             for channel in attackers:
                 channel.close()
+
+
+REOPENING_ATTACKER = """
+import contextlib, sys, time
+import grpc
+
+def nothing():
+    time.sleep(60)  # the request message never comes
+    return
+    yield b""
+
+while True:  # as soon as the relay cuts them, open the same unfinished calls again
+    channels = [grpc.insecure_channel("unix:" + sys.argv[1]) for _ in range(3)]
+    calls = [c.stream_unary("/enforcer.v1.Enforcer/Explain").future(nothing()) for c in channels for _ in range(100)]
+    for call in calls:
+        with contextlib.suppress(grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
+            call.result(timeout=30)
+    for c in channels:
+        c.close()
+"""
+
+
+def test_a_caller_reopening_unfinished_requests_cannot_starve_the_sync_methods(daemon_root: Path) -> None:
+    """The whole-request deadline frees the sync server's threads only until the caller opens the
+    same unfinished calls again: one uid re-opening 300 of them whenever its connections are cut
+    held every thread nearly all the time (health answered none of its probes). A uid may have only
+    a quarter of the workers' worth of requests unfinished at once."""
+    script = daemon_root / "reopening.py"
+    script.write_text(REOPENING_ATTACKER)
+    with running(daemon_root) as daemon:
+        attacker = subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                sys.executable,
+                str(script),
+                str(daemon.api),
+            ],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            time.sleep(1.5)
+            assert attacker.poll() is None, attacker.stderr.read() if attacker.stderr else ""
+            probes = answered = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 12:
+                probes += 1
+                answered += daemon.health() == "SERVING"
+                time.sleep(0.2)
+            print(f"\nhealth answered {answered} of {probes} probes while one uid re-opened unfinished calls")
+            assert answered >= 0.9 * probes, (answered, probes)
+            assert "more than 4 unfinished requests at once" in daemon.log.read_text()
+            check = daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=2)
+            assert check.decision == pb.ALLOW
+        finally:
+            attacker.kill()
+            attacker.wait()
