@@ -321,6 +321,8 @@ def build_plan(
             [
                 "identity: --user, else the sudo caller, else the daemon's caller (uid or gid 0 refused)",
                 "own PID namespace under an init; own /proc (hidepid=2), its mount tables masked",
+                "own IPC namespace: no System V or POSIX message queue, semaphore or shared memory of the "
+                "host or another session",
             ],
         )
     )
