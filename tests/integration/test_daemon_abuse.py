@@ -315,6 +315,56 @@ def test_sixty_four_waits_leave_health_and_check_answering_and_sigterm_ends_them
         )
 
 
+# A hostile member of the socket group: the agents' test identity (the daemon's socket group).
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+
+WAITER = """
+import sys, time
+import grpc
+from enforcer.v1 import enforcer_pb2 as pb
+from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
+channel = grpc.insecure_channel("unix:" + sys.argv[1])
+stub = pb_grpc.EnforcerStub(channel)
+request = pb.CheckRequest(agent="Slow", tool=pb.ToolCall(name="pay", arguments_json='{"amount": 500}'))
+approval = stub.Check(request, timeout=5).approval_id
+waits = [
+    stub.WaitApproval.future(pb.WaitApprovalRequest(approval_id=approval, wait_ms=60_000), timeout=70)
+    for _ in range(int(sys.argv[2]))
+]
+print("waiting", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_uid_cannot_take_every_approval_wait(daemon_root: Path) -> None:
+    """The waits are bounded (max_approval_waits) so that they cannot take the threads that answer;
+    one uid waiting on its own approval from 300 calls took all 256 of them, and every other agent's
+    WaitApproval was refused at once (RESOURCE_EXHAUSTED: its client's answer is a DENY). A uid gets a
+    quarter of them."""
+    script = daemon_root / "waiter.py"
+    script.write_text(WAITER)
+    with running(daemon_root) as daemon:
+        hog = subprocess.Popen(
+            [*AS_NOBODY, str(script), str(daemon.api), "300"],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert hog.stdout is not None and hog.stdout.readline() == "waiting\n", hog.stderr
+            time.sleep(1.5)  # every wait has reached the daemon
+            stub = daemon.enforcer()
+            mine = _ask(stub, "Fast")
+            assert mine.decision == pb.ASK and mine.approval_id
+            started = time.monotonic()
+            answer = stub.WaitApproval(pb.WaitApprovalRequest(approval_id=mine.approval_id, wait_ms=500), timeout=5)
+            assert answer.decision == pb.ASK and time.monotonic() - started >= 0.4  # it waited, undecided
+        finally:
+            hog.kill()
+            hog.wait()
+
+
 FLOOD = """
 import json, sys
 import grpc
@@ -868,15 +918,7 @@ def test_a_caller_reopening_unfinished_requests_cannot_starve_the_sync_methods(d
     script.write_text(REOPENING_ATTACKER)
     with running(daemon_root) as daemon:
         attacker = subprocess.Popen(
-            [
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                sys.executable,
-                str(script),
-                str(daemon.api),
-            ],
+            [*AS_NOBODY, str(script), str(daemon.api)],
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
