@@ -34,6 +34,7 @@ from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups
 
 log = logging.getLogger("adl-enforcerd")
 CHUNK = 1 << 16
+SLOW_S = 0.5  # a request unfinished this long counts towards its uid's bound (CallerRelay)
 ROOT = Caller(pid=0, uid=0, gid=0, groups=())
 
 
@@ -193,9 +194,9 @@ class CallerRelay:
         self.sink = sink  # where accept() errors are recorded
         self.request_s = request_s
         # The deadline frees held threads only until the caller opens the same unfinished requests
-        # again: a uid (root aside) may have this many open at once over all its connections.
+        # again: a uid (root aside) may have this many unfinished for longer than SLOW_S at once,
+        # over all its connections. Requests still arriving at any real speed finish well within it.
         self.max_unfinished_per_uid = max_unfinished_per_uid
-        self._unfinished: dict[int, int] = {}  # uid -> requests begun and not finished
         self.cut = 0  # connections closed for a request unfinished past request_s
         self._max_pairs = max_connections
         self._pairs: dict[int, _Pair] = {}  # by number, in the order accepted
@@ -372,13 +373,10 @@ class CallerRelay:
         if not data:
             self._close(pair)
             return
-        before = len(pair.clock.open)
         if source is pair.outer:
             pair.clock.feed(data, time.monotonic())
         else:  # every byte, or the frame boundaries are lost
             pair.clock.feed_server(data)
-        if len(pair.clock.open) != before and self._count_unfinished(pair, len(pair.clock.open) - before):
-            return
         try:
             sent = target.send(data)
         except BlockingIOError:
@@ -392,26 +390,8 @@ class CallerRelay:
         self._interest(pair, target)
         self._interest(pair, source)
 
-    def _count_unfinished(self, pair: _Pair, delta: int) -> bool:
-        """Add a change in the pair's unfinished requests to its uid's count; true when that put the
-        uid over its bound and the pair (whose request did it) was closed."""
-        total = self._unfinished.get(pair.uid, 0) + delta
-        if total > 0:
-            self._unfinished[pair.uid] = total
-        else:
-            self._unfinished.pop(pair.uid, None)
-        if delta <= 0 or pair.uid == 0 or total <= self.max_unfinished_per_uid:
-            return False
-        self.cut += 1
-        log.warning(
-            "API connection of uid %d closed: more than %d unfinished requests at once",
-            pair.uid,
-            self.max_unfinished_per_uid,
-        )
-        self._close(pair)
-        return True
-
     def _cut_late(self, now: float) -> None:
+        self._cut_slow_uids(now)
         for pair in [p for p in self._pairs.values() if p.clock.open and p.clock.late(now, self.request_s)]:
             caller = self.table.of(f"unix-abstract:{self.table.prefix}{pair.number}")
             self.cut += 1
@@ -421,6 +401,27 @@ class CallerRelay:
                 self.request_s,
             )
             self._close(pair)  # the server cancels its calls: their threads are free again
+
+    def _cut_slow_uids(self, now: float) -> None:
+        """Close the connections holding slow requests of every uid with more than its bound of them."""
+        slow: dict[int, list[tuple[_Pair, int]]] = {}
+        for pair in self._pairs.values():
+            if pair.clock.open and pair.uid != 0:
+                n = sum(1 for began in pair.clock.open.values() if now - began > SLOW_S)
+                if n:
+                    slow.setdefault(pair.uid, []).append((pair, n))
+        for uid, held in slow.items():
+            if sum(n for _, n in held) <= self.max_unfinished_per_uid:
+                continue
+            self.cut += len(held)
+            log.warning(
+                "API connections of uid %d closed: more than %d requests unfinished after %.1f s at once",
+                uid,
+                self.max_unfinished_per_uid,
+                SLOW_S,
+            )
+            for pair, _ in held:
+                self._close(pair)
 
     def _flush(self, pair: _Pair, target: socket.socket) -> None:
         data = pair.backlog[target]
@@ -454,9 +455,7 @@ class CallerRelay:
                 self._selector.register(sock, events, pair)
 
     def _close(self, pair: _Pair) -> None:
-        if self._pairs.pop(pair.number, None) is not None and pair.clock.open:
-            self._count_unfinished(pair, -len(pair.clock.open))
-            pair.clock.open.clear()
+        self._pairs.pop(pair.number, None)
         self.table.remove(pair.number)
         assert self._selector is not None
         for sock in (pair.outer, pair.inner):

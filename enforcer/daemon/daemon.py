@@ -408,6 +408,11 @@ class Daemon:
             if self._bound.get(path) == (st.st_dev, st.st_ino):
                 path.unlink()
 
+    def _uid_of(self, peer: bytes | str) -> int | None:
+        """The uid of an API call's caller (None: not a relayed connection of this daemon's)."""
+        caller = self.callers.of(peer)
+        return None if caller is None else caller.uid
+
     def _socket_gid(self) -> int | None:
         if self.settings.socket_group is None:
             return None
@@ -447,6 +452,7 @@ class Daemon:
                     with_peers=True,
                     large_bytes=LARGE_REQUEST_BYTES,
                     refused_bytes=limit,
+                    large_owner=self._uid_of,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)
