@@ -315,8 +315,25 @@ def test_sixty_four_waits_leave_health_and_check_answering_and_sigterm_ends_them
         )
 
 
-# A hostile member of the socket group: the agents' test identity (the daemon's socket group).
-AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+def hostile(script: Path, *args: str) -> subprocess.Popen[str]:
+    """Run `script` as a hostile member of the socket group (the agents' test identity, which the
+    test daemons let Check as every agent) and wait for the line it prints once its attack is on."""
+    errors = script.with_suffix(".err")
+    with errors.open("w") as sink:  # a file: a pipe nobody reads could stall the attacker
+        proc = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(script), *args],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )
+    assert proc.stdout is not None
+    if proc.stdout.readline() != "attacking\n":
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the attacker did not start: {errors.read_text()}")
+    return proc
+
 
 WAITER = """
 import sys, time
@@ -331,7 +348,7 @@ waits = [
     stub.WaitApproval.future(pb.WaitApprovalRequest(approval_id=approval, wait_ms=60_000), timeout=70)
     for _ in range(int(sys.argv[2]))
 ]
-print("waiting", flush=True)
+print("attacking", flush=True)
 time.sleep(60)
 """
 
@@ -344,15 +361,8 @@ def test_one_uid_cannot_take_every_approval_wait(daemon_root: Path) -> None:
     script = daemon_root / "waiter.py"
     script.write_text(WAITER)
     with running(daemon_root) as daemon:
-        hog = subprocess.Popen(
-            [*AS_NOBODY, str(script), str(daemon.api), "300"],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        hog = hostile(script, str(daemon.api), "300")
         try:
-            assert hog.stdout is not None and hog.stdout.readline() == "waiting\n", hog.stderr
             time.sleep(1.5)  # every wait has reached the daemon
             stub = daemon.enforcer()
             mine = _ask(stub, "Fast")
@@ -383,7 +393,7 @@ def loop():
 
 for _ in range(40):
     threading.Thread(target=loop, daemon=True).start()
-print("flooding", flush=True)
+print("attacking", flush=True)
 time.sleep(120)
 """
 
@@ -397,15 +407,8 @@ def test_one_uids_large_checks_leave_room_for_anothers(daemon_root: Path) -> Non
     with running(daemon_root) as daemon:
         stub = daemon.enforcer()
         mine = tool_request("Sandboxed", "read_note", {"name": "n", "text": "y" * 6000})
-        hog = subprocess.Popen(
-            [*AS_NOBODY, str(script), str(daemon.api)],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        hog = hostile(script, str(daemon.api))
         try:
-            assert hog.stdout is not None and hog.stdout.readline() == "flooding\n", hog.stderr
             time.sleep(3)  # the queue is full of the flood's requests
             took, refused = [], []
             for _ in range(20):
@@ -957,6 +960,7 @@ def nothing():
     return
     yield b""
 
+print("attacking", flush=True)
 while True:  # as soon as the relay cuts them, open the same unfinished calls again
     channels = [grpc.insecure_channel("unix:" + sys.argv[1]) for _ in range(3)]
     calls = [c.stream_unary("/enforcer.v1.Enforcer/Explain").future(nothing()) for c in channels for _ in range(100)]
@@ -976,15 +980,10 @@ def test_a_caller_reopening_unfinished_requests_cannot_starve_the_sync_methods(d
     script = daemon_root / "reopening.py"
     script.write_text(REOPENING_ATTACKER)
     with running(daemon_root) as daemon:
-        attacker = subprocess.Popen(
-            [*AS_NOBODY, str(script), str(daemon.api)],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        attacker = hostile(script, str(daemon.api))
         try:
             time.sleep(1.5)
-            assert attacker.poll() is None, attacker.stderr.read() if attacker.stderr else ""
+            assert attacker.poll() is None
             probes = answered = 0
             started = time.monotonic()
             while time.monotonic() - started < 12:
