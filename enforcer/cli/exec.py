@@ -23,7 +23,7 @@ DEFAULT_BASELINE = data.RUNTIME_BASELINE
 
 EPILOG = f"""\
 Every layer is enforced by the kernel: Landlock (files, executables), a private mount namespace
-(denied files masked), an empty network namespace, its own PID namespace and /proc, seccomp,
+(denied files masked), an empty network namespace, its own PID and IPC namespaces and /proc, seccomp,
 cgroups (memory, CPU, pids, wall clock), no capabilities, never host root (--user, else the sudo
 caller; the workspace must be usable by that user). A layer that cannot be enforced makes adl-exec
 refuse, unless you accept it with --accept-unenforced DOMAIN ({", ".join(DOMAINS)}); the

@@ -34,6 +34,7 @@ from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups
 
 log = logging.getLogger("adl-enforcerd")
 CHUNK = 1 << 16
+SLOW_S = 0.5  # a request unfinished this long counts towards its uid's bound (CallerRelay)
 ROOT = Caller(pid=0, uid=0, gid=0, groups=())
 
 
@@ -168,8 +169,8 @@ class RequestClock:
 
 
 class _Pair:
-    def __init__(self, number: int, outer: socket.socket, inner: socket.socket) -> None:
-        self.number, self.outer, self.inner = number, outer, inner
+    def __init__(self, number: int, uid: int, outer: socket.socket, inner: socket.socket) -> None:
+        self.number, self.uid, self.outer, self.inner = number, uid, outer, inner
         # Bytes read from one side that the other has not taken yet, by the side they go to.
         self.backlog: dict[socket.socket, bytes] = {outer: b"", inner: b""}
         self.clock = RequestClock()
@@ -187,10 +188,15 @@ class CallerRelay:
         max_connections: int = 4096,
         request_s: float = 10.0,
         sink: Any = None,
+        max_unfinished_per_uid: int = 4,
     ) -> None:
         self.public, self.internal, self.table = public, internal, table
         self.sink = sink  # where accept() errors are recorded
         self.request_s = request_s
+        # The deadline frees held threads only until the caller opens the same unfinished requests
+        # again: a uid (root aside) may have this many unfinished for longer than SLOW_S at once,
+        # over all its connections. Requests still arriving at any real speed finish well within it.
+        self.max_unfinished_per_uid = max_unfinished_per_uid
         self.cut = 0  # connections closed for a request unfinished past request_s
         self._max_pairs = max_connections
         self._pairs: dict[int, _Pair] = {}  # by number, in the order accepted
@@ -347,7 +353,7 @@ class CallerRelay:
                 continue
             outer.setblocking(False)
             inner.setblocking(False)
-            pair = _Pair(number, outer, inner)
+            pair = _Pair(number, uid, outer, inner)
             self._pairs[number] = pair
             assert self._selector is not None
             self._selector.register(outer, selectors.EVENT_READ, pair)
@@ -385,6 +391,7 @@ class CallerRelay:
         self._interest(pair, source)
 
     def _cut_late(self, now: float) -> None:
+        self._cut_slow_uids(now)
         for pair in [p for p in self._pairs.values() if p.clock.open and p.clock.late(now, self.request_s)]:
             caller = self.table.of(f"unix-abstract:{self.table.prefix}{pair.number}")
             self.cut += 1
@@ -394,6 +401,27 @@ class CallerRelay:
                 self.request_s,
             )
             self._close(pair)  # the server cancels its calls: their threads are free again
+
+    def _cut_slow_uids(self, now: float) -> None:
+        """Close the connections holding slow requests of every uid with more than its bound of them."""
+        slow: dict[int, list[tuple[_Pair, int]]] = {}
+        for pair in self._pairs.values():
+            if pair.clock.open and pair.uid != 0:
+                n = sum(1 for began in pair.clock.open.values() if now - began > SLOW_S)
+                if n:
+                    slow.setdefault(pair.uid, []).append((pair, n))
+        for uid, held in slow.items():
+            if sum(n for _, n in held) <= self.max_unfinished_per_uid:
+                continue
+            self.cut += len(held)
+            log.warning(
+                "API connections of uid %d closed: more than %d requests unfinished after %.1f s at once",
+                uid,
+                self.max_unfinished_per_uid,
+                SLOW_S,
+            )
+            for pair, _ in held:
+                self._close(pair)
 
     def _flush(self, pair: _Pair, target: socket.socket) -> None:
         data = pair.backlog[target]

@@ -78,7 +78,7 @@ class Settings(EgressSettings):
         default=256,
         ge=1,
         le=4096,
-        description="WaitApproval calls waiting at once; they get threads of their own, beyond `workers`",
+        description="WaitApproval calls waiting at once, a quarter per uid; they get threads beyond `workers`",
     )
     max_pids: int = Field(
         default=4096, ge=1, description="the largest pids_max a caller may ask for; larger launches are refused"

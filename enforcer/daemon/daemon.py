@@ -111,6 +111,7 @@ class Daemon:
             settings.max_api_connections,
             settings.api_request_s,
             self.sink,
+            max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
         self._telemetry: list[Any] = []  # what enforcer.integrations.telemetry opened (off by default)
@@ -419,6 +420,11 @@ class Daemon:
             if self._bound.get(path) == (st.st_dev, st.st_ino):
                 path.unlink()
 
+    def _uid_of(self, peer: bytes | str) -> int | None:
+        """The uid of an API call's caller (None: not a relayed connection of this daemon's)."""
+        caller = self.callers.of(peer)
+        return None if caller is None else caller.uid
+
     def _socket_gid(self) -> int | None:
         if self.settings.socket_group is None:
             return None
@@ -458,6 +464,7 @@ class Daemon:
                     with_peers=True,
                     large_bytes=LARGE_REQUEST_BYTES,
                     refused_bytes=limit,
+                    large_owner=self._uid_of,
                 )
             except InlineUnavailable as exc:
                 log.warning("Check and CheckBatch are served by the gRPC worker threads (slower): %s", exc)

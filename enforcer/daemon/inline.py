@@ -43,7 +43,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -92,6 +92,7 @@ class InlineUnary:
         large_bytes: int = 0,
         large_queue: int = 32,
         refused_bytes: int | None = None,
+        large_owner: Callable[[Any], Hashable] | None = None,
     ) -> None:
         try:
             from grpc._cython import cygrpc
@@ -115,7 +116,13 @@ class InlineUnary:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._large_bytes = large_bytes
         self._refused_bytes = refused_bytes if refused_bytes is not None else float("inf")
-        self._large: queue.Queue[tuple[str, Any, bytes | None] | None] = queue.Queue(large_queue)
+        self._large: queue.Queue[tuple[str, Any, bytes | None, Hashable] | None] = queue.Queue(large_queue)
+        # `large_owner(peer)` names whose a call is (a uid): each owner holds a quarter of the queue
+        # at most, so one caller's large requests cannot leave everyone else's refused.
+        self._large_owner = large_owner
+        self._large_per_owner = max(1, large_queue // 4)
+        self._large_of: dict[Hashable, int] = {}
+        self._large_lock = threading.Lock()
         self._large_thread = threading.Thread(target=self._serve_large, name=f"{name}-large", daemon=True)
         self._served_lock = threading.Lock()
         self._wanted_nice = nice
@@ -221,10 +228,9 @@ class InlineUnary:
         large = self._large_bytes
         for method, call, request in arrived:
             if large and request is not None and large < len(request) <= self._refused_bytes:
-                try:
-                    self._large.put_nowait((method, call, request))
-                except queue.Full:
-                    detail = f"too many requests over {large} bytes are waiting; try again later"
+                refused = self._queue_large(method, call, request)
+                if refused is not None:
+                    detail = f"too many {refused}requests over {large} bytes are waiting; try again later"
                     self._send(call, (grpc.StatusCode.RESOURCE_EXHAUSTED, detail, None))
                 continue
             by_method.setdefault(method, []).append((call, request))
@@ -232,8 +238,34 @@ class InlineUnary:
 
     def _serve_large(self) -> None:
         while (item := self._large.get()) is not None:
-            method, call, request = item
-            self._handle({method: [(call, request)]})
+            method, call, request, owner = item
+            try:
+                self._handle({method: [(call, request)]})
+            finally:
+                with self._large_lock:
+                    left = self._large_of[owner] - 1
+                    if left:
+                        self._large_of[owner] = left
+                    else:
+                        del self._large_of[owner]
+
+    def _queue_large(self, method: str, call: Any, request: bytes) -> str | None:
+        """Queue a large request for its thread; None, or whose requests fill the queue ("" for all)."""
+        owner = None
+        if self._large_owner is not None:
+            try:
+                owner = self._large_owner(call.peer())
+            except Exception:  # a caller that cannot be named shares one quarter with the others like it
+                owner = None
+        with self._large_lock:
+            if self._large_owner is not None and self._large_of.get(owner, 0) >= self._large_per_owner:
+                return "of this caller's "
+            try:
+                self._large.put_nowait((method, call, request, owner))
+            except queue.Full:
+                return ""
+            self._large_of[owner] = self._large_of.get(owner, 0) + 1
+        return None
 
     def _handle(self, by_method: dict[str, list[tuple[Any, bytes | None]]]) -> None:
         for method, calls in by_method.items():

@@ -702,6 +702,10 @@ class EnforcerService:
         # The server has this many threads beyond its workers: waits never take the ones that answer.
         self._waits = threading.BoundedSemaphore(max_waits)
         self.max_waits = max_waits
+        # One uid gets a quarter of the waits: it cannot leave every other agent's WaitApproval refused.
+        self.max_waits_per_uid = max(1, max_waits // 4)
+        self._waits_of: dict[int, int] = {}
+        self._waits_lock = threading.Lock()
 
     def _who(self, context: grpc.ServicerContext) -> Caller:
         return ROOT if self.admin else self.core.who(context.peer())
@@ -740,15 +744,28 @@ class EnforcerService:
         if remaining is not None:
             wait_s = min(wait_s, max(remaining - 0.05, 0))
         if wait_s > 0:
-            if not self._waits.acquire(blocking=False):
-                raise ApiError(
-                    _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
-                )
+            with self._waits_lock:
+                if self._waits_of.get(who.uid, 0) >= self.max_waits_per_uid:
+                    raise ApiError(
+                        _STATUS.RESOURCE_EXHAUSTED,
+                        f"{self.max_waits_per_uid} WaitApproval calls of uid {who.uid} are already waiting; retry",
+                    )
+                if not self._waits.acquire(blocking=False):
+                    raise ApiError(
+                        _STATUS.RESOURCE_EXHAUSTED, f"{self.max_waits} WaitApproval calls are already waiting; retry"
+                    )
+                self._waits_of[who.uid] = self._waits_of.get(who.uid, 0) + 1
             try:
                 # Only the approval's own caller cancels it by leaving; anyone else merely stops waiting.
                 owner = bool(approval.session) or (approval.uid is not None and who.uid == approval.uid)
                 approval = self._wait_while_connected(request.approval_id, wait_s, context, owner) or approval
             finally:
+                with self._waits_lock:
+                    left = self._waits_of[who.uid] - 1
+                    if left:
+                        self._waits_of[who.uid] = left
+                    else:
+                        del self._waits_of[who.uid]
                 self._waits.release()
         return self.core.approval_response(approval)
 

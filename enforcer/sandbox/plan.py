@@ -321,10 +321,12 @@ def build_plan(
             [
                 "identity: --user, else the sudo caller, else the daemon's caller (uid or gid 0 refused)",
                 "own PID namespace under an init; own /proc (hidepid=2), its mount tables masked",
+                "own IPC namespace: no System V or POSIX message queue, semaphore or shared memory of the "
+                "host or another session",
             ],
         )
     )
-    residual = _residual(policy, baseline)
+    residual = _residual(policy)
     layers.append(Layer("not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable"))
     layers[-1].details.extend(residual)
 
@@ -367,7 +369,7 @@ def build_plan(
     )
 
 
-def _residual(policy: Policy, baseline: Baseline) -> list[str]:
+def _residual(policy: Policy) -> list[str]:
     """Known gaps, stated precisely rather than left implicit."""
     gaps = [
         "name probing: path lookup, stat, access and readlink are not Landlock rights; the agent can learn "
@@ -379,11 +381,6 @@ def _residual(policy: Policy, baseline: Baseline) -> list[str]:
             "late host files: a file matching denied_paths that another process creates inside a readable "
             "grant after launch is readable (masks are made at launch, Landlock rules cannot match names; "
             "the agent's own creations are refused by the creation guard)"
-        )
-    if baseline.proc_self:
-        gaps.append(
-            "/proc/self/mountinfo (and mounts) list the agent's mount points: masked denied paths, noexec "
-            "binds and the host's mount layout are visible by name"
         )
     gaps.append(
         "an allowed interpreter runs any code it is given (python -c, ctypes); anonymous executable memory "

@@ -85,6 +85,13 @@ IPPROTO_MPTCP = 262  # Landlock's TCP bind/connect rules do not cover it
 # Extended attributes (POSIX ACLs, security labels): no Landlock right covers setting them.
 XATTR_WRITES = ("setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr")
 XATTR_WRITES_AT = {"setxattrat": 463, "removexattrat": 466}  # same number everywhere; libseccomp may not know them
+# Newer calls libseccomp may not know, by their number (the same on every architecture): the mount
+# table by syscall (what masking /proc/<pid>/mountinfo hides: host paths outside the grants and every
+# masked denied path), and open_tree with mount attributes.
+DENIED_BY_NUMBER = {
+    "mount table (statmount, listmount)": {"statmount": 457, "listmount": 458},
+    "mounts": {"open_tree_attr": 467},
+}
 # chmod calls and the argument holding the mode: a setuid or setgid bit is always refused.
 CHMOD_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 S_ISUID, S_ISGID = 0o4000, 0o2000
@@ -104,6 +111,7 @@ class SeccompPlan:
 def describe(plan: SeccompPlan) -> list[str]:
     lines = [f"{why}: {', '.join(calls)}" for why, calls in DENIED_SYSCALLS.items()]
     families = [f for f in DENIED_SOCKET_FAMILIES if plan.deny_unix_sockets or f != "AF_UNIX"]
+    lines += [f"{why}: {', '.join(calls)}" for why, calls in DENIED_BY_NUMBER.items()]
     lines.append(f"sockets: {', '.join(families)}, SOCK_RAW of any family; socketpair(AF_UNIX) stays allowed")
     lines.append("clone with namespace flags; clone3 (flags not inspectable); ioctl TIOCSTI")
     lines.append("MPTCP sockets (IPPROTO_MPTCP: EPROTONOSUPPORT, programs fall back to TCP)")
@@ -191,6 +199,9 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
     for calls in DENIED_SYSCALLS.values():
         for name in calls:
             f.add_rule(eperm, name)
+    for numbers in DENIED_BY_NUMBER.values():
+        for number in numbers.values():
+            f.add_rule(eperm, number)
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # ENOSYS makes glibc fall back to clone
     for bit in _bits(CLONE_NEW_NAMESPACES):
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, bit, bit))

@@ -16,7 +16,7 @@ they run on the other core):
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
      and fork into a new PID namespace  (at birth too; pid 2 carries on below)
-  2. unshare mount + network namespaces (needs CAP_SYS_ADMIN); with an egress filter, join the
+  2. unshare mount, IPC and network    (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks, (needs the new mount namespace)
      every mount noexec but the allowed executables and library directories
@@ -373,10 +373,13 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         cwd_path, cwd_stat = os.getcwd(), os.stat(".")
         step = "unshare"
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # Its own IPC namespace: System V queues, semaphores and shared memory and POSIX message
+        # queues are named by keys no Landlock rule or mount sees, and would outlive the session.
+        private = namespaces.CLONE_NEWNS | namespaces.CLONE_NEWIPC
         if netns_fd is None:
-            namespaces.unshare(namespaces.CLONE_NEWNS | namespaces.CLONE_NEWNET)
+            namespaces.unshare(private | namespaces.CLONE_NEWNET)
         else:
-            namespaces.unshare(namespaces.CLONE_NEWNS)
+            namespaces.unshare(private)
             step = "join the egress namespace"
             namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
             os.close(netns_fd)

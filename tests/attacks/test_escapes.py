@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from ..sandbox_helpers import Result, Sandbox, needs_root
 
 pytestmark = needs_root
@@ -315,6 +317,102 @@ check("abstract socket", lambda: connect("\\0adl-test-abstract"))
 """,
         )
     assert out.count("BLOCKED") == 2
+
+
+SYSV_IPC = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT, IPC_RMID = 0o1000, 0
+
+def error(label):
+    err = ctypes.get_errno()
+    return OSError(err, f"{label}: {os.strerror(err)}")
+
+def send(key, text):
+    queue = libc.msgget(key, IPC_CREAT | 0o666)
+    if queue < 0:
+        raise error("msgget")
+    message = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + len(text))
+    ctypes.c_long.from_buffer(message).value = 1
+    message[ctypes.sizeof(ctypes.c_long):] = text
+    if libc.msgsnd(queue, message, len(text), 0o4000) != 0:  # IPC_NOWAIT
+        raise error("msgsnd")
+    return queue
+
+def receive(key):
+    queue = libc.msgget(key, 0)
+    if queue < 0:
+        raise error("msgget")
+    message = ctypes.create_string_buffer(ctypes.sizeof(ctypes.c_long) + 256)
+    n = libc.msgrcv(queue, message, 256, 0, 0o4000)
+    if n < 0:
+        raise error("msgrcv")
+    return message.raw[ctypes.sizeof(ctypes.c_long):ctypes.sizeof(ctypes.c_long) + n]
+
+def read_shm(key):
+    segment = libc.shmget(key, 0, 0)
+    if segment < 0:
+        raise error("shmget")
+    at = libc.shmat(segment, None, 0o10000)  # SHM_RDONLY
+    if at in (None, ctypes.c_void_p(-1).value):
+        raise error("shmat")
+    return ctypes.string_at(at, 32).rstrip(b"\\0")
+
+def remove(key):
+    queue = libc.msgget(key, 0)
+    if queue >= 0:
+        libc.msgctl(queue, IPC_RMID, None)
+    segment = libc.shmget(key, 0, 0)
+    if segment >= 0:
+        libc.shmctl(segment, IPC_RMID, None)
+"""
+
+
+def test_no_system_v_ipc_shared_with_the_host_or_other_sessions(sandbox: Sandbox) -> None:
+    """Message queues and shared memory are named by integer keys, not paths: neither Landlock nor a
+    mount sees them. In the host's IPC namespace an agent reads a host queue or segment left open to
+    all, and leaves one behind that outlives its session: a channel to the next session (of any
+    agent, whatever that one's grants), past every filesystem and network rule."""
+    import secrets
+
+    host: dict[str, object] = {}
+    exec(SYSV_IPC, host)  # the same helpers, on the host's side
+    key_in, key_out, key_shm = (secrets.randbits(30) | 1 for _ in range(3))
+    send, receive, remove = host["send"], host["receive"], host["remove"]
+    libc = host["libc"]
+    segment = libc.shmget(key_shm, 4096, 0o1000 | 0o666)  # type: ignore[attr-defined]
+    assert segment >= 0
+    at = libc.shmat(segment, None, 0)  # type: ignore[attr-defined]
+    ctypes_mod = host["ctypes"]
+    ctypes_mod.memmove(at, b"HOST-SHM-SECRET", 15)  # type: ignore[attr-defined]
+    try:
+        send(key_in, b"HOST-QUEUE-SECRET")  # type: ignore[operator]
+        out = blocked(
+            sandbox,
+            TRY
+            + SYSV_IPC
+            + f"""
+def leak(read):
+    data = read()
+    print("READ", data)
+    if b"SECRET" in data:
+        return
+    raise OSError(errno.ENOENT, "no such object")
+check("host queue", lambda: leak(lambda: receive({key_in})))
+check("host shared memory", lambda: leak(lambda: read_shm({key_shm})))
+send({key_out}, b"LEFT-BY-THE-AGENT")
+print("SENT")
+""",
+        )
+        assert out.count("BLOCKED") == 2 and "SENT" in out, out
+        with pytest.raises(OSError):  # nothing the agent made is left in the host's namespace
+            print("host received", receive(key_out))  # type: ignore[operator]
+        assert receive(key_in) == b"HOST-QUEUE-SECRET"  # type: ignore[operator]  # the host's own is intact
+    finally:
+        libc.shmdt(ctypes_mod.c_void_p(at))  # type: ignore[attr-defined]
+        for key in (key_in, key_out, key_shm):
+            remove(key)  # type: ignore[operator]
 
 
 def test_fork_bomb_hits_the_pids_limit(sandbox: Sandbox) -> None:

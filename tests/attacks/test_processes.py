@@ -172,6 +172,35 @@ def test_proc_shows_the_session_only(sandbox: Sandbox) -> None:
     assert "NSpid ['2']" in result.out, result.out
 
 
+def test_no_mount_table_through_statmount_or_listmount(sandbox: Sandbox) -> None:
+    """listmount and statmount (Linux 6.8+) give what the masked /proc mount tables would: every
+    mount point, masked denied paths and host paths outside the grants included."""
+    result = attempt(
+        sandbox,
+        """
+        import ctypes, struct
+        libc = ctypes.CDLL(None, use_errno=True)
+        def call(label, number, *args):
+            def fn():
+                if libc.syscall(number, *args) < 0:
+                    raise OSError(ctypes.get_errno(), label)
+            check(label, fn)
+        ROOT, POINT = 0xFFFFFFFFFFFFFFFF, 0x10  # LSMT_ROOT; STATMOUNT_MNT_POINT
+        ids = (ctypes.c_uint64 * 64)()
+        call("listmount", 458, struct.pack("=IIQQQ", 32, 0, ROOT, 0, 0), ids, ctypes.c_size_t(64), ctypes.c_uint(0))
+        out = ctypes.create_string_buffer(4096)
+        own = struct.pack("=IIQQQ", 32, 0, ids[0] or 1, POINT, 0)
+        call("statmount", 457, own, out, ctypes.c_size_t(4096), ctypes.c_uint(0))
+        call("open_tree_attr", 467, -100, b"/", ctypes.c_uint(1), None, ctypes.c_size_t(0))
+        print("LEAK" if b"secret.txt" in out.raw else "no names", flush=True)
+        """,
+    )
+    assert result.code == 0, result.err
+    assert "ESCAPED" not in result.out and result.out.count("BLOCKED") == 3, result.out + result.err
+    assert "BLOCKED listmount EPERM" in result.out and "BLOCKED statmount EPERM" in result.out, result.out
+    assert "no names" in result.out, result.out
+
+
 def test_control_reading_the_agents_own_proc_entries(sandbox: Sandbox) -> None:
     result = attempt(
         sandbox,

@@ -315,6 +315,118 @@ def test_sixty_four_waits_leave_health_and_check_answering_and_sigterm_ends_them
         )
 
 
+def hostile(script: Path, *args: str) -> subprocess.Popen[str]:
+    """Run `script` as a hostile member of the socket group (the agents' test identity, which the
+    test daemons let Check as every agent) and wait for the line it prints once its attack is on."""
+    errors = script.with_suffix(".err")
+    with errors.open("w") as sink:  # a file: a pipe nobody reads could stall the attacker
+        proc = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(script), *args],
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )
+    assert proc.stdout is not None
+    if proc.stdout.readline() != "attacking\n":
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the attacker did not start: {errors.read_text()}")
+    return proc
+
+
+WAITER = """
+import sys, time
+import grpc
+from enforcer.v1 import enforcer_pb2 as pb
+from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
+channel = grpc.insecure_channel("unix:" + sys.argv[1])
+stub = pb_grpc.EnforcerStub(channel)
+request = pb.CheckRequest(agent="Slow", tool=pb.ToolCall(name="pay", arguments_json='{"amount": 500}'))
+approval = stub.Check(request, timeout=5).approval_id
+waits = [
+    stub.WaitApproval.future(pb.WaitApprovalRequest(approval_id=approval, wait_ms=60_000), timeout=70)
+    for _ in range(int(sys.argv[2]))
+]
+print("attacking", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_uid_cannot_take_every_approval_wait(daemon_root: Path) -> None:
+    """The waits are bounded (max_approval_waits) so that they cannot take the threads that answer;
+    one uid waiting on its own approval from 300 calls took all 256 of them, and every other agent's
+    WaitApproval was refused at once (RESOURCE_EXHAUSTED: its client's answer is a DENY). A uid gets a
+    quarter of them."""
+    script = daemon_root / "waiter.py"
+    script.write_text(WAITER)
+    with running(daemon_root) as daemon:
+        hog = hostile(script, str(daemon.api), "300")
+        try:
+            time.sleep(1.5)  # every wait has reached the daemon
+            stub = daemon.enforcer()
+            mine = _ask(stub, "Fast")
+            assert mine.decision == pb.ASK and mine.approval_id
+            started = time.monotonic()
+            answer = stub.WaitApproval(pb.WaitApprovalRequest(approval_id=mine.approval_id, wait_ms=500), timeout=5)
+            assert answer.decision == pb.ASK and time.monotonic() - started >= 0.4  # it waited, undecided
+        finally:
+            hog.kill()
+            hog.wait()
+
+
+LARGE_FLOOD = """
+import json, sys, threading, time
+import grpc
+from enforcer.v1 import enforcer_pb2 as pb
+from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
+arguments = {"name": "n", "blob": ["x" * 200_000] * 4 + [list(range(2000))]}  # 0.8 MB, within every limit
+request = pb.CheckRequest(agent="Sandboxed", tool=pb.ToolCall(name="read_note", arguments_json=json.dumps(arguments)))
+
+def loop():
+    stub = pb_grpc.EnforcerStub(grpc.insecure_channel("unix:" + sys.argv[1]))
+    while True:
+        try:
+            stub.Check(request, timeout=30)
+        except grpc.RpcError:
+            pass
+
+for _ in range(40):
+    threading.Thread(target=loop, daemon=True).start()
+print("attacking", flush=True)
+time.sleep(120)
+"""
+
+
+def test_one_uids_large_checks_leave_room_for_anothers(daemon_root: Path) -> None:
+    """Checks over 4 KiB wait for their own thread in a queue of 32: one uid sending 0.8 MB Checks
+    from 40 threads kept it full, and another caller's 6 KB Checks were refused (16 of 20
+    RESOURCE_EXHAUSTED, a DENY for its client). Each uid holds a quarter of the queue."""
+    script = daemon_root / "large.py"
+    script.write_text(LARGE_FLOOD)
+    with running(daemon_root) as daemon:
+        stub = daemon.enforcer()
+        mine = tool_request("Sandboxed", "read_note", {"name": "n", "text": "y" * 6000})
+        hog = hostile(script, str(daemon.api))
+        try:
+            time.sleep(3)  # the queue is full of the flood's requests
+            took, refused = [], []
+            for _ in range(20):
+                started = time.monotonic()
+                try:
+                    assert stub.Check(mine, timeout=10).agent == "Sandboxed"  # decided (its arguments: DENY)
+                    took.append(time.monotonic() - started)
+                except grpc.RpcError as exc:
+                    refused.append(exc.code().name)
+            assert hog.poll() is None
+        finally:
+            hog.kill()
+            hog.wait()
+        assert refused == [], refused
+        print(f"\nlarge Checks beside a flood of 0.8 MB ones: 20 answered, slowest {max(took):.2f} s")
+        assert max(took) < 5, took
+
+
 FLOOD = """
 import json, sys
 import grpc
@@ -837,3 +949,52 @@ def test_unfinished_api_requests_are_cut_at_the_whole_request_deadline(daemon_ro
             never.set()
             for channel in attackers:
                 channel.close()
+
+
+REOPENING_ATTACKER = """
+import contextlib, sys, time
+import grpc
+
+def nothing():
+    time.sleep(60)  # the request message never comes
+    return
+    yield b""
+
+print("attacking", flush=True)
+while True:  # as soon as the relay cuts them, open the same unfinished calls again
+    channels = [grpc.insecure_channel("unix:" + sys.argv[1]) for _ in range(3)]
+    calls = [c.stream_unary("/enforcer.v1.Enforcer/Explain").future(nothing()) for c in channels for _ in range(100)]
+    for call in calls:
+        with contextlib.suppress(grpc.RpcError, grpc.FutureCancelledError, grpc.FutureTimeoutError):
+            call.result(timeout=30)
+    for c in channels:
+        c.close()
+"""
+
+
+def test_a_caller_reopening_unfinished_requests_cannot_starve_the_sync_methods(daemon_root: Path) -> None:
+    """The whole-request deadline frees the sync server's threads only until the caller opens the
+    same unfinished calls again: one uid re-opening 300 of them whenever its connections are cut
+    held every thread nearly all the time (health answered 3 of 12 probes). A uid may have only a
+    quarter of the workers' worth of requests unfinished for over half a second at once."""
+    script = daemon_root / "reopening.py"
+    script.write_text(REOPENING_ATTACKER)
+    with running(daemon_root) as daemon:
+        attacker = hostile(script, str(daemon.api))
+        try:
+            time.sleep(1.5)
+            assert attacker.poll() is None
+            probes = answered = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 12:
+                probes += 1
+                answered += daemon.health() == "SERVING"
+                time.sleep(0.2)
+            print(f"\nhealth answered {answered} of {probes} probes while one uid re-opened unfinished calls")
+            assert answered >= 0.9 * probes, (answered, probes)
+            assert "more than 4 requests unfinished after 0.5 s at once" in daemon.log.read_text()
+            check = daemon.enforcer().Check(tool_request("Sandboxed", "read_note", {"name": "n"}), timeout=2)
+            assert check.decision == pb.ALLOW
+        finally:
+            attacker.kill()
+            attacker.wait()
