@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(plain, indent=2) if args.json else tomli_w.dumps(plain), end="\n" if args.json else "")
         return 0
     logging.basicConfig(level=args.log_level, format="adl-enforcerd: %(levelname)s %(message)s", stream=sys.stderr)
+    _place_in_cgroup_leaf(settings.cgroup_group)
     # The spawner is forked first, while this process has no threads and no gRPC.
     handle = spawner.start(_spawner_config(settings))
     # Taken after the fork, so that the spawner and its supervisors (which may outlive this process
@@ -112,6 +113,32 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(settings, handle)
     finally:
         instance.release()
+
+
+def _place_in_cgroup_leaf(group: str) -> None:
+    """cgroup v2 with delegation: this process into a leaf, the sessions' groups beside it (see
+    cgroups.place_in_leaf). Before the spawner is forked, so that it starts in the leaf too."""
+    from ..sandbox import cgroups
+
+    log = logging.getLogger("adl-enforcerd")
+    try:
+        placed = cgroups.place_in_leaf(group=group)
+    except OSError as exc:
+        log.error("cgroup v2: %s; launches whose policy sets resource limits will be refused", exc)
+        return
+    if placed is not None:
+        log.info(
+            "cgroup v2, delegated: daemon in %s, sessions below %s with %s",
+            placed.leaf,
+            placed.base / group,
+            ", ".join(placed.controllers) or "no controller",
+        )
+    elif cgroups.detect() == "v2":
+        log.warning(
+            "cgroup v2: this daemon's cgroup is not delegated to it (systemd: Delegate=yes), so it stays "
+            "there: launches whose policy sets resource limits are refused unless the session groups below "
+            "it get their controllers"
+        )
 
 
 def _serve(settings: Settings, handle: spawner.SpawnerHandle) -> int:

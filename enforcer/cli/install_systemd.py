@@ -126,8 +126,9 @@ next:
 
 CGROUP_NOTES = {
     "v1": "cgroup v1 controllers: sessions get memory, cpu and pids cgroups below the unit's (Delegate=yes).",
-    "v2": "WARNING cgroup v2: the daemon sits in its delegated cgroup, where v2 cannot enable controllers for "
-    "session cgroups; launches whose policy sets resource limits will be refused (docs/install.md, cgroups).",
+    "v2": "cgroup v2: at start the daemon moves itself into daemon/ in its delegated cgroup (Delegate=yes) "
+    "and creates the session cgroups beside it with memory, cpu and pids. Its log at start names them, or "
+    "says why not: then launches whose policy sets resource limits are refused (docs/install.md, cgroups).",
     "none": "no usable cgroup hierarchy (memory, cpu, pids) on this host: sessions will be refused.",
     "not checked": "cgroups: not checked (--root is not /); Delegate=yes serves v1 and v2 hosts.",
 }

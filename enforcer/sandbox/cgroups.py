@@ -4,6 +4,11 @@ cgroup v2 (the norm) and v1 (these machines: memory/cpu/pids on v1, cgroup2 moun
 /sys/fs/cgroup/unified with only kill/freeze/events) sit behind one interface, chosen at run time.
 Sessions are created below the enforcer's own cgroup in each hierarchy, so limits imposed on the
 enforcer still bind its agents.
+
+On a pure v2 host a delegated cgroup (systemd's Delegate=yes) cannot both hold the daemon's
+processes and give controllers to the session groups below it ("no internal processes"), so at
+start adl-enforcerd moves its processes into the leaf <own>/daemon (place_in_leaf) and the session
+groups are made beside that leaf. systemd 254's `DelegateSubgroup=daemon` starts it there already.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 
 CPU_PERIOD_US = 100_000
 GROUP = "adl-enforcer"
+LEAF = "daemon"  # v2: the daemon's own processes, beside its session groups
+CONTROLLERS = ("memory", "cpu", "pids")
 
 
 class CgroupError(OSError):
@@ -126,13 +133,26 @@ class CgroupV2(Cgroup):
 
     def apply(self, limits: Limits) -> None:
         if limits.memory_bytes is not None:
-            _write(self.path / "memory.max", str(limits.memory_bytes))
-            _write(self.path / "memory.swap.max", "0")
+            self._set("memory", "memory.max", str(limits.memory_bytes))
+            self._set("memory", "memory.swap.max", "0")
         if limits.cpu_percent is not None:
             quota = max(int(CPU_PERIOD_US * limits.cpu_percent / 100), 1000)
-            _write(self.path / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+            self._set("cpu", "cpu.max", f"{quota} {CPU_PERIOD_US}")
         if limits.pids_max is not None:
-            _write(self.path / "pids.max", str(limits.pids_max))
+            self._set("pids", "pids.max", str(limits.pids_max))
+
+    def _set(self, controller: str, name: str, value: str) -> None:
+        try:
+            _write(self.path / name, value)
+        except OSError as exc:  # cgroupfs answers EACCES, not ENOENT, for a file it does not have
+            if (self.path / name).exists() or controller in _controllers(self.path):
+                raise
+            raise CgroupError(
+                errno.ENOTSUP,
+                f"the {controller} controller is not enabled for {self.path}, so the policy's limit cannot be set: "
+                f"on cgroup v2 the enforcer needs a cgroup delegated to it with {controller} "
+                "(systemd: Delegate=yes in its unit, see docs/install.md)",
+            ) from exc
 
     def counters(self) -> Counters:
         return Counters(
@@ -204,7 +224,7 @@ def _session_dirs(
     own = _own_paths(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
     kind = detect(root)
     if kind == "v2":
-        return kind, root / own.get("", "/").lstrip("/") / group / session, [], None
+        return kind, _v2_base(root, own.get("", "/")) / group / session, [], None
     if kind == "v1":
         v1 = [root / c / own.get(c, "/").lstrip("/") / group / session for c in ("memory", "cpu", "pids")]
         unified = None
@@ -260,6 +280,94 @@ def _enable_controllers(parent: Path, base: Path) -> None:
     for level in (parent, base):
         control = level / "cgroup.subtree_control"
         if control.exists():
-            for c in ("memory", "cpu", "pids"):
+            for c in CONTROLLERS:
                 with contextlib.suppress(OSError):  # apply() reports a limit file that is missing
                     _write(control, f"+{c}")
+
+
+def _controllers(directory: Path) -> set[str]:
+    try:
+        return set((directory / "cgroup.controllers").read_text().split())
+    except FileNotFoundError:
+        return set()
+
+
+def delegated(directory: Path) -> bool:
+    """Whether the cgroup is marked as delegated, as systemd marks a Delegate=yes unit's (its own test:
+    trusted.delegate, else user.delegate). Only root can set the trusted one."""
+    for name in ("trusted.delegate", "user.delegate"):
+        try:
+            return os.getxattr(directory, name) == b"1"
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.EOPNOTSUPP, errno.ENOENT):
+                raise
+    return False
+
+
+def _v2_base(root: Path, own: str) -> Path:
+    """The v2 directory the session groups go below: this process's own cgroup, or the delegated
+    cgroup whose leaf it is (the daemon and every process it forks live in that leaf)."""
+    directory = root / own.lstrip("/")
+    if directory.name == LEAF and directory.parent != root and delegated(directory.parent):
+        return directory.parent
+    return directory
+
+
+@dataclass(frozen=True)
+class Placement:
+    leaf: Path  # holds the daemon's processes
+    base: Path  # the session groups are made here, beside the leaf
+    controllers: tuple[str, ...]  # enabled for them in base's cgroup.subtree_control
+
+
+def place_in_leaf(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: str | None = None, group: str = GROUP
+) -> Placement | None:
+    """On a pure cgroup v2 host whose cgroup for this process is delegated, move every process of
+    that cgroup into its leaf LEAF and enable the controllers for the session groups beside it.
+    None where there is nothing to do: v1 or hybrid hierarchies, or a cgroup not delegated (whose
+    sessions then get no controllers: launches needing limits are refused)."""
+    own = _own_paths(proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
+    if detect(root) != "v2" or set(own) != {""}:
+        return None
+    directory = root / own[""].lstrip("/")
+    if directory == root:
+        return None  # the root cgroup may hold processes and is the host's, not ours
+    if directory.name == LEAF and directory.parent != root and delegated(directory.parent):
+        base = directory.parent  # started in the leaf already (systemd's DelegateSubgroup=daemon)
+    elif delegated(directory):
+        base = directory
+    else:
+        return None
+    if group == LEAF:
+        raise CgroupError(errno.EINVAL, f"the session cgroup group may not be named {LEAF!r}: that is the daemon's")
+    return Placement(base / LEAF, base, move_into_leaf(base))
+
+
+def move_into_leaf(base: Path, leaf: str = LEAF, rounds: int = 100) -> tuple[str, ...]:
+    """Move every process of cgroup `base` into `base/leaf`, then enable in `base` the controllers it
+    has of memory, cpu and pids. Returns those enabled. A process forked meanwhile is moved in a
+    later round; one still there after `rounds` is an error, as is a controller that cannot be enabled."""
+    target = base / leaf
+    target.mkdir(exist_ok=True)
+    for _ in range(rounds):
+        pids = (base / "cgroup.procs").read_text().split()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                _write(target / "cgroup.procs", pid)
+            except ProcessLookupError:
+                continue  # gone meanwhile
+    else:
+        if (base / "cgroup.procs").read_text().split():
+            raise CgroupError(errno.EBUSY, f"processes still in {base} after moving them into {target}")
+    enabled = []
+    for controller in CONTROLLERS:
+        if controller in _controllers(base):
+            try:
+                _write(base / "cgroup.subtree_control", f"+{controller}")
+            except OSError as exc:
+                raise CgroupError(exc.errno, f"cannot enable {controller} for the sessions in {base}: {exc}") from exc
+            enabled.append(controller)
+    return tuple(enabled)
