@@ -25,20 +25,11 @@ from pydantic import ConfigDict
 
 from ..client import AsyncClient, Client, Result
 from . import guard
-from .guard import OnAsk, adecide, decide, describe
+from .guard import OnAsk, adecide, decide
 
 
-class ToolDenied(ToolException):
-    """LangChain's tool error, with the daemon's decision."""
-
-    def __init__(self, tool: str, result: Result) -> None:
-        super().__init__(describe(tool, result))
-        self.tool = tool
-        self.result = result
-
-    @property
-    def decision_id(self) -> str:
-        return self.result.decision_id
+class ToolDenied(guard.ToolDenied, ToolException):
+    """LangChain's tool error, with the daemon's decision (the decorator's ToolDenied too)."""
 
 
 class GuardedTool(BaseTool):
