@@ -114,7 +114,7 @@ class Daemon:
             max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
-        self._telemetry: list[Any] = []  # what enforcer.integrations.telemetry opened (off by default)
+        self._telemetry: list[Any] = []  # what enforcer.daemon.telemetry opened (off by default)
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
@@ -141,7 +141,7 @@ class Daemon:
         self.reload()
         if self.settings.metrics_listen or self.settings.otel:
             try:
-                from ..integrations import telemetry
+                from . import telemetry
 
                 self._telemetry = telemetry.install(self)
             except (ImportError, OSError, ValueError) as exc:
@@ -223,7 +223,7 @@ class Daemon:
             self._unlink_own(path)
         self._relay.internal.unlink(missing_ok=True)
         if self._telemetry:
-            from ..integrations import telemetry
+            from . import telemetry
 
             telemetry.close(self._telemetry)
         with contextlib.suppress(OSError):

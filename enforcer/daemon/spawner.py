@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .framing import FrameError, recv_frame, send_frame
+from ..framing import FrameError, recv_frame, send_frame
 
 if TYPE_CHECKING:
     from ..sandbox.stage import Prepared
@@ -127,8 +127,8 @@ def start(config: dict[str, Any]) -> SpawnerHandle:
 def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
     # Imported and compiled here, once, so each supervisor forks with the launcher loaded and the
     # seccomp programs built (its stage is forked on the launch path and would build its own).
+    from .. import session as sessions  # noqa: F401
     from ..sandbox import seccomp
-    from ..sandbox import session as sessions  # noqa: F401
 
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
@@ -374,12 +374,12 @@ def _supervise_prepared(
 ) -> int:
     from datetime import UTC, datetime
 
+    from .. import session as sessions
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..documents import PolicyFileError, load_regions, schema_set
-    from ..egress.settings import EgressSettings
+    from ..egress_settings import EgressSettings
     from ..policy import CompileOptions, DocumentRejected, compile_policy
     from ..sandbox import runtime_presets
-    from ..sandbox import session as sessions
     from ..sandbox.launcher import LaunchError
     from ..sandbox.plan import PlanError, build_plan, load_baseline
     from ..v1 import enforcer_pb2 as pb

@@ -30,13 +30,13 @@ import psutil
 
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
+from ..egress_settings import EgressSettings
 from ..policy import Policy
 from ..sandbox import namespaces
 from ..sandbox.stage import close_all_but
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
 from .filter import ConnectionFilter
-from .settings import EgressSettings
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38

@@ -25,7 +25,7 @@ from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
 if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with a network layer load it
-    from ..egress.settings import EgressSettings
+    from ..egress_settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DEFAULT_PIDS_MAX = 512
@@ -392,7 +392,7 @@ def _residual(policy: Policy) -> list[str]:
 def _egress_from_environment() -> EgressSettings:
     from pydantic import ValidationError
 
-    from ..egress.settings import EgressSettings
+    from ..egress_settings import EgressSettings
 
     try:
         return EgressSettings()

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..daemon.framing import FrameError, recv_frame, send_frame
+from ..framing import FrameError, recv_frame, send_frame
 from . import cgroups, pidns
 
 if TYPE_CHECKING:

@@ -128,7 +128,7 @@ import logging, os, resource, socket, sys, threading, time
 from pathlib import Path
 from enforcer.audit import WriterSettings
 from enforcer.daemon.auditsink import AuditSink
-from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.framing import recv_frame, send_frame
 from enforcer.daemon.launch import LaunchLimits, LaunchServer
 from enforcer.daemon.registry import SessionRegistry
 from enforcer.v1 import enforcer_pb2 as pb
@@ -601,7 +601,7 @@ def _id(name: str, flag: str) -> str:
 
 RAW_LAUNCH = """
 import json, os, socket, sys
-from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.framing import recv_frame, send_frame
 from enforcer.v1 import enforcer_pb2 as pb
 spec = json.loads(sys.argv[2])
 request = pb.LaunchRequest(environ={"PATH": "/usr/bin:/bin"}, **spec)
