@@ -28,7 +28,7 @@ from enforcer.v1 import enforcer_pb2 as pb
 from ..daemon_helpers import FAST_AAIF, REPO, RunningDaemon, tool_request
 from ..sandbox_helpers import Sandbox, agent_tmp_dir
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")
+pytestmark = [pytest.mark.daemon, pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")]
 
 SLOW_AAIF = {
     **FAST_AAIF,
