@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", group):
         parser.error(f"ADL_ENFORCER_CGROUP_GROUP={group!r}: expected a directory name ([A-Za-z0-9_.-])")
     session = new_session_id()
-    # Now, while this process is small: the imports below take ~250 ms, on the other core.
+    # Now, while this process is small: the stage runs on the other core while the imports below run.
     prepared = None if args.explain else prepare(session, cgroup_group=group)
     try:
         from .exec_embedded import run_embedded

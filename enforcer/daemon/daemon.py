@@ -45,7 +45,8 @@ SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
 # Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
-# the usual Check is well under 1 KiB, and one this size with PII at every turn takes a few ms.
+# the usual Check is far smaller, and deciding one this size with PII at every turn would hold up
+# every request that arrived with it.
 LARGE_REQUEST_BYTES = 4096
 
 

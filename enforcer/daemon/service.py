@@ -249,8 +249,8 @@ class Core:
         self.callers = callers or CallerTable()
         self.agent_callers = agent_callers or {}
         self._allowed: dict[tuple[int, Caller, str], bool] = {}  # (generation, caller, agent) -> may act
-        # Decision ids: a random per-instance prefix and a counter. Unique across restarts, and a
-        # getrandom() call per Check measured 17 us on these machines.
+        # Decision ids: a random per-instance prefix and a counter. Unique across restarts without
+        # a getrandom() call on every Check's path.
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
         self._id_counter = itertools.count(1)
         self._derived: dict[int, _Derived] = {}  # by id() of a shared decision

@@ -328,12 +328,12 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any], he
 
     signal.signal(signal.SIGUSR1, terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-    # The session's cgroup and stage first: the stage's cgroup join (up to ~16 ms on v1) then
-    # overlaps compiling the policy below. Only then does this process move into its helpers'
+    # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
+    # then overlaps compiling the policy below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config["cgroup_group"])
     made.append(prepared)
-    # The move (up to ~16 ms on v1, an RCU grace period) overlaps compiling the policy too.
+    # The move (an RCU grace period on v1) overlaps compiling the policy too.
     joining = _Join(helper_joins)
     try:
         return _supervise_prepared(order, config, session, client, prepared, terminated, joining)

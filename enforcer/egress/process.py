@@ -167,8 +167,8 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
     synthetic = SyntheticAddresses()
     stub = DnsStub(policy, resolver, synthetic)
-    # Connection handlers and their relays run on pooled threads: starting a thread per connection
-    # cost ~100 us twice, a tenth of the setup latency the filter may add.
+    # Connection handlers and their relays run on pooled threads: starting two threads per
+    # connection would be a noticeable part of the setup latency the filter adds.
     workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
     handlers = Counter()
     connections = ConnectionFilter(

@@ -24,7 +24,7 @@ from .cgroups import Limits
 from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
-if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with a network layer load it
+if TYPE_CHECKING:  # pydantic-settings is slow to import: only plans with a network layer load it
     from ..egress_settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
