@@ -38,7 +38,7 @@ examples:
   adl-exec --learn learned.adl.json --adl start.adl.json -- python3 agent.py
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
-Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see README).
+Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see docs/adl-exec.md).
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
