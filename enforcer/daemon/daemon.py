@@ -32,10 +32,11 @@ from .arguments import ArgumentLimits
 from .auditsink import AuditSink
 from .callers import CallerRelay, CallerTable
 from .config import Settings, as_plain
+from .core import Core
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .registry import SessionRegistry
-from .service import AdminService, Core, EnforcerService, handlers, inline_handlers
+from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
 from .store import PolicyStore, ReloadResult
 

@@ -18,8 +18,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .core import DecisionEvent
 from .registry import SessionRecord
-from .service import DecisionEvent
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from enforcer.audit import WriterSettings
 from enforcer.daemon.approvals import Approvals
 from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.core import Core
 from enforcer.daemon.otel import DecisionSpans
 from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.service import Core
 from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions
 from enforcer.v1 import enforcer_pb2 as pb
