@@ -13,7 +13,7 @@ from .. import session as sessions
 from ..audit import AuditUnavailable, AuditWriter, records
 from ..audit.events import agent_of
 from ..documents import PolicyFileError
-from ..policy.errors import DocumentRejected
+from ..policy.errors import Refusal
 from ..policy.model import Policy
 from ..sandbox import identity, runtime_presets
 from ..sandbox.launcher import LaunchError
@@ -86,7 +86,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             plan, presets_applied, uid=uid, gid=gid, explain_only=args.explain
         )
         learner = Learner.begin(args, adl_document, plan, session_id, args.explain)
-    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
+    except (Refusal, OSError) as exc:
         reason = str(exc)
         if not args.explain:
             _audit_refusal(args, policy, session_id, reason, command)

@@ -376,9 +376,10 @@ def _supervise_prepared(
 
     from .. import session as sessions
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
-    from ..documents import PolicyFileError, load_regions, schema_set
+    from ..documents import load_regions, schema_set
     from ..egress_settings import EgressSettings
-    from ..policy import CompileOptions, DocumentRejected, compile_policy
+    from ..policy import CompileOptions, compile_policy
+    from ..policy.errors import Refusal
     from ..sandbox import runtime_presets
     from ..sandbox.launcher import LaunchError
     from ..sandbox.plan import PlanError, build_plan, load_baseline
@@ -425,7 +426,7 @@ def _supervise_prepared(
         )
         mask_daemon_files(plan, Path(config["audit_dir"]), Path(config["audit_key"]))
         remove_session_tmp = runtime_presets.finish_plan(plan, presets_applied, uid=uid, gid=gid, explain_only=False)
-    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
+    except (Refusal, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):
             sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
         writer.close()

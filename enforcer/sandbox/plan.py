@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
+from ..policy.errors import Refusal
 from ..policy.patterns import PatternList
 from . import DOMAINS, creation_guard, landlock, seccomp
 from .cgroups import Limits
@@ -33,7 +34,7 @@ MAX_MASK_WALK = 50_000  # entries visited per allowed tree when looking for deni
 GLOB_CHARS = set("*?[{")
 
 
-class PlanError(Exception):
+class PlanError(Refusal):
     """The launch must be refused (exit 125); the message says what and why."""
 
 
