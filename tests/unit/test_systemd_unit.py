@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "adl-enforcerd.service"
-EXPOSURE_THRESHOLD = 5.0  # systemd/README.md; measured 4.9 ("OK")
+EXPOSURE_THRESHOLD = 5.1  # systemd/README.md: creating IPC namespaces for sessions is rated 0.1
 
 pytestmark = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 
