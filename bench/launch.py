@@ -49,8 +49,8 @@ from pathlib import Path
 from enforcer.documents import load_policy
 from enforcer.sandbox import launcher
 from enforcer.sandbox.plan import build_plan, load_baseline
-from enforcer.sandbox.session import host_features
 from enforcer.sandbox.stage import Prepared, new_session_id, prepare
+from enforcer.session import host_features
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT = 65534  # nobody/nogroup: the agent never runs as root

@@ -20,7 +20,7 @@ def main() -> None:
     from enforcer.documents import load_policy
     from enforcer.sandbox import launcher
     from enforcer.sandbox.plan import build_plan, load_baseline
-    from enforcer.sandbox.session import host_features
+    from enforcer.session import host_features
 
     policy = load_policy(Path(sys.argv[1]))
     baseline = load_baseline(Path(sys.argv[2]))

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from . import data
-from .policy.errors import DocumentRejected, Finding
+from .policy.errors import DocumentRejected, Finding, Refusal
 from .policy.model import CompileOptions, Policy
 from .policy.regions import RegionMap, RegionMapError
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 DEFAULT_REGIONS = data.REGIONS
 
 
-class PolicyFileError(Exception):
+class PolicyFileError(Refusal):
     """A file could not be read or parsed; `findings` holds structured errors when there are any."""
 
     def __init__(self, path: str, message: str, findings: list[Finding] | None = None) -> None:

@@ -24,6 +24,25 @@ NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 SHARED_SPEC = REPO.parent / "shared" / "spec"
 
 
+# The slow classes of tests carry markers (registered in pyproject.toml) so that a developer can leave
+# them out (-m 'not root', -m 'not network and not daemon'); scripts/test.sh selects nothing and runs
+# them all. Applied here from what a test uses, so that a new test is marked without remembering to.
+ROOT_FIXTURES = {"agent_tmp_path", "sandbox", "daemon", "netlab", "net_sandbox"}
+NETWORK_FIXTURES = {"netlab", "net_sandbox"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        skips_without_root = any("root" in str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif"))
+        if skips_without_root or fixtures & ROOT_FIXTURES:
+            item.add_marker(pytest.mark.root)
+        if "daemon" in fixtures:
+            item.add_marker(pytest.mark.daemon)
+        if fixtures & NETWORK_FIXTURES:
+            item.add_marker(pytest.mark.network)
+
+
 @pytest.fixture(scope="session")
 def spec() -> Path:
     if not SHARED_SPEC.is_dir():

@@ -3,8 +3,8 @@ chain members `seq`, `prev` and `hash`. Pure: no I/O.
 
 Canonical form is compact JSON, UTF-8, members sorted (orjson with OPT_SORT_KEYS). It equals RFC 8785
 for the records the enforcer writes except for member names outside the Basic Multilingual Plane,
-which JCS orders by UTF-16 units. The rfc8785 package is not used here because it is about 20
-times slower and every decision is logged; the session evidence record, which others verify, is JCS.
+which JCS orders by UTF-16 units. The rfc8785 package is not used here because it is much slower
+and every decision is logged; the session evidence record, which others verify, is JCS.
 
 hash = SHA-256 over the canonical record without its `hash` member; `prev` (inside that record) is
 the previous record's hash, so each hash covers the whole history before it.

@@ -7,19 +7,15 @@ before the policy code is imported, so the launch path never forks a process of 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from .. import data
 from ..sandbox import DOMAINS, cgroups
 from ..version import version_action
-
-EXIT_REFUSED = 125
-DEFAULT_BASELINE = data.RUNTIME_BASELINE
+from .exec_common import DEFAULT_BASELINE, EXIT_REFUSED
 
 EPILOG = f"""\
 Every layer is enforced by the kernel: Landlock (files, executables), a private mount namespace
@@ -42,7 +38,7 @@ examples:
   adl-exec --learn learned.adl.json --adl start.adl.json -- python3 agent.py
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
-Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see README).
+Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see docs/adl-exec.md).
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
@@ -138,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", group):
         parser.error(f"ADL_ENFORCER_CGROUP_GROUP={group!r}: expected a directory name ([A-Za-z0-9_.-])")
     session = new_session_id()
-    # Now, while this process is small: the imports below take ~250 ms, on the other core.
+    # Now, while this process is small: the stage runs on the other core while the imports below run.
     prepared = None if args.explain else prepare(session, cgroup_group=group)
     try:
         from .exec_embedded import run_embedded
@@ -147,34 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if prepared is not None:
             prepared.discard()
-
-
-def refuse(message: str) -> int:
-    print(f"adl-exec: refused: {message}", file=sys.stderr)
-    return EXIT_REFUSED
-
-
-def print_report(report: dict[str, Any], as_json: bool) -> None:
-    """--report: the session's typed outcome on stderr (embedded and daemon mode alike)."""
-    if as_json:
-        print(json.dumps(report), file=sys.stderr)
-        return
-    extra = f", signal {report['signal']}" if report["signal"] else ""
-    if report["creations_refused"]:
-        extra += f", {report['creations_refused']} denied name(s) not created"
-    print(
-        f"adl-exec: {report['session']} ended: {report['reason']} (exit code {report['exit_code']}{extra}, "
-        f"{report['duration_ms']} ms)",
-        file=sys.stderr,
-    )
-    if report.get("kernel_denials"):
-        from ..sandbox.denials import report_lines
-
-        for line in report_lines(report["kernel_denials"]):
-            print(f"adl-exec: {line}", file=sys.stderr)
-    if report.get("audit_dir"):
-        where = f"{report['audit_dir']} (adl-audit search --session {report['session']})"
-        print(f"adl-exec: audit log: {where}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ import os
 import socket
 import sys
 
-from ..daemon.framing import FrameError, recv_frame, send_frame
 from ..documents import PolicyFileError, read_document
+from ..framing import FrameError, recv_frame, send_frame
 from ..v1 import enforcer_pb2 as pb
-from .exec import EXIT_REFUSED, print_report, refuse
+from .exec_common import EXIT_REFUSED, print_report, refuse
 
 
 def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:

@@ -9,17 +9,17 @@ import sys
 from pathlib import Path
 
 from .. import paths, policy_cache
+from .. import session as sessions
 from ..audit import AuditUnavailable, AuditWriter, records
 from ..audit.events import agent_of
 from ..documents import PolicyFileError
-from ..policy.errors import DocumentRejected
+from ..policy.errors import Refusal
 from ..policy.model import Policy
 from ..sandbox import identity, runtime_presets
-from ..sandbox import session as sessions
 from ..sandbox.launcher import LaunchError
 from ..sandbox.plan import PlanError, build_plan
 from ..sandbox.stage import Prepared
-from .exec import DEFAULT_BASELINE, print_report, refuse
+from .exec_common import DEFAULT_BASELINE, print_report, refuse
 from .exec_learn import Learner
 
 
@@ -86,7 +86,7 @@ def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, 
             plan, presets_applied, uid=uid, gid=gid, explain_only=args.explain
         )
         learner = Learner.begin(args, adl_document, plan, session_id, args.explain)
-    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
+    except (Refusal, OSError) as exc:
         reason = str(exc)
         if not args.explain:
             _audit_refusal(args, policy, session_id, reason, command)

@@ -1,9 +1,7 @@
-"""Where the API process runs. Its Python work is serialised by the interpreter lock. With grpcio's
-sync server, where every RPC hands work between gRPC's threads, keeping all of them on one CPU made
-Check 1.6x faster under load on these 2-core machines (no cross-CPU wake-ups); with Check on the
-inline loop (inline.py) "one" and "all" measure the same under load, and at 1 caller "all" made
-Check's round trip x1.56-1.60 the echo's against x1.40-1.47 with "one". The spawner, and so every
-session, is forked before this is applied and keeps the CPUs it was given."""
+"""Where the API process runs. Its Python work is serialised by the interpreter lock, and every RPC
+hands work between gRPC's threads: keeping all of them on one CPU saves the cross-CPU wake-ups, so
+"one" is the default (bench/RESULTS.md has the comparison). The spawner, and so every session, is
+forked before this is applied and keeps the CPUs it was given."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .framing import peer_credentials
+from ..framing import peer_credentials
 from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups, record_accept_error
 
 log = logging.getLogger("adl-enforcerd")

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .. import data, paths
-from ..egress.settings import EgressSettings
+from ..egress_settings import EgressSettings
 from . import affinity
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")

@@ -32,10 +32,11 @@ from .arguments import ArgumentLimits
 from .auditsink import AuditSink
 from .callers import CallerRelay, CallerTable
 from .config import Settings, as_plain
+from .core import Core
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .registry import SessionRegistry
-from .service import AdminService, Core, EnforcerService, handlers, inline_handlers
+from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
 from .store import PolicyStore, ReloadResult
 
@@ -45,7 +46,8 @@ SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
 # Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
-# the usual Check is well under 1 KiB, and one this size with PII at every turn takes a few ms.
+# the usual Check is far smaller, and deciding one this size with PII at every turn would hold up
+# every request that arrived with it.
 LARGE_REQUEST_BYTES = 4096
 
 
@@ -114,7 +116,7 @@ class Daemon:
             max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
-        self._telemetry: list[Any] = []  # what enforcer.integrations.telemetry opened (off by default)
+        self._telemetry: list[Any] = []  # what enforcer.daemon.telemetry opened (off by default)
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
         self._launch: LaunchServer | None = None
@@ -141,7 +143,7 @@ class Daemon:
         self.reload()
         if self.settings.metrics_listen or self.settings.otel:
             try:
-                from ..integrations import telemetry
+                from . import telemetry
 
                 self._telemetry = telemetry.install(self)
             except (ImportError, OSError, ValueError) as exc:
@@ -223,7 +225,7 @@ class Daemon:
             self._unlink_own(path)
         self._relay.internal.unlink(missing_ok=True)
         if self._telemetry:
-            from ..integrations import telemetry
+            from . import telemetry
 
             telemetry.close(self._telemetry)
         with contextlib.suppress(OSError):

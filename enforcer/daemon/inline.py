@@ -3,16 +3,16 @@
 grpcio's sync server hands every call between its polling thread and a pool thread several times
 (new call, request message, sent status), each a wake-up and an interpreter-lock hand-over. For a
 method that never blocks, such as Check, those hand-offs cost more than deciding and auditing
-together: on these 2-core machines a bare echo served this way went from 4,615 to 8,153 calls/s
-at 16 callers (bench/check.py prints both stacks). So the hot methods are registered on the
+together (bench/check.py compares both stacks; bench/RESULTS.md has the figures). So the hot
+methods are registered on the
 server's core and served by one thread that polls a completion queue of its own and runs the
 handler where the request arrives. Everything else (streaming, health, reflection, methods that
 wait) stays with the sync server.
 
 Requests that have arrived together are handled together: after a blocking poll the loop takes
 whatever else is already queued (up to MAX_BATCH requests) without waiting, hands each method its
-requests in one call, then sends every answer. Under load that is 6-10 requests a turn; a handler can
-then share work between them (Check appends all their audit records with one write), and the
+requests in one call, then sends every answer. Under load that is several requests a turn; a handler
+can then share work between them (Check appends all their audit records with one write), and the
 answers leave in one burst. Nobody waits for a batch to fill: an idle loop answers one at once.
 
 A request larger than `large_bytes` is not handled on the loop: deciding it may take much longer
@@ -28,13 +28,12 @@ lacks what it needs; the caller then leaves those methods to the sync server's h
 answers, lower throughput) and says so.
 
 The loop can run at a lower nice value than the process's other threads. gRPC's I/O threads wake
-for every request; at the same nice value each wake-up preempted the loop in the middle of a batch
-(3.4-4.5 context switches per Check at 16 callers, all on one CPU). At nice -10 they wait until the
-loop blocks, and then read every socket that is ready in one go: about 2 switches per Check, and
-Check's share of the echo's calls/s went from 70-77% to 71-85% (bench/RESULTS.md). Every thread
+for every request; at the same nice value each wake-up preempts the loop in the middle of a batch.
+At nice -10 they wait until the loop blocks, and then read every socket that is ready in one go:
+fewer context switches per Check (bench/RESULTS.md, "The inline loop at nice -10"). Every thread
 keeps its share of the CPU, and the I/O threads still preempt other processes on wake-up.
-SCHED_BATCH for the I/O threads cut as many switches, but a batch thread never preempts on wake-up:
-with a busy process on the same CPU, Check's p50 went from 0.5 to 4 ms, so it is not used.
+SCHED_BATCH for the I/O threads would cut as many switches, but a batch thread never preempts on
+wake-up: with a busy process on the same CPU, Check's latency grows several-fold, so it is not used.
 """
 
 from __future__ import annotations

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from ..audit import AuditUnavailable, records
+from ..framing import MAX_FRAME, FrameError, peer_credentials, send_frame
 from ..policy import Policy
 from ..sandbox import DOMAINS
-from ..sandbox.session import record_refusal
+from ..session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
-from .framing import MAX_FRAME, FrameError, peer_credentials, send_frame
 from .registry import SessionLimit, SessionRegistry
 from .spawner import SpawnerHandle, WithCaller
 from .store import AgentEntry, PolicyStore

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .framing import FrameError, recv_frame, send_frame
+from ..framing import FrameError, recv_frame, send_frame
 
 if TYPE_CHECKING:
     from ..sandbox.stage import Prepared
@@ -127,8 +127,8 @@ def start(config: dict[str, Any]) -> SpawnerHandle:
 def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
     # Imported and compiled here, once, so each supervisor forks with the launcher loaded and the
     # seccomp programs built (its stage is forked on the launch path and would build its own).
+    from .. import session as sessions  # noqa: F401
     from ..sandbox import seccomp
-    from ..sandbox import session as sessions  # noqa: F401
 
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
@@ -328,12 +328,12 @@ def _supervise(order: dict[str, Any], fds: list[int], config: dict[str, Any], he
 
     signal.signal(signal.SIGUSR1, terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-    # The session's cgroup and stage first: the stage's cgroup join (up to ~16 ms on v1) then
-    # overlaps compiling the policy below. Only then does this process move into its helpers'
+    # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
+    # then overlaps compiling the policy below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config["cgroup_group"])
     made.append(prepared)
-    # The move (up to ~16 ms on v1, an RCU grace period) overlaps compiling the policy too.
+    # The move (an RCU grace period on v1) overlaps compiling the policy too.
     joining = _Join(helper_joins)
     try:
         return _supervise_prepared(order, config, session, client, prepared, terminated, joining)
@@ -374,12 +374,13 @@ def _supervise_prepared(
 ) -> int:
     from datetime import UTC, datetime
 
+    from .. import session as sessions
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
-    from ..documents import PolicyFileError, load_regions, schema_set
-    from ..egress.settings import EgressSettings
-    from ..policy import CompileOptions, DocumentRejected, compile_policy
+    from ..documents import load_regions, schema_set
+    from ..egress_settings import EgressSettings
+    from ..policy import CompileOptions, compile_policy
+    from ..policy.errors import Refusal
     from ..sandbox import runtime_presets
-    from ..sandbox import session as sessions
     from ..sandbox.launcher import LaunchError
     from ..sandbox.plan import PlanError, build_plan, load_baseline
     from ..v1 import enforcer_pb2 as pb
@@ -425,7 +426,7 @@ def _supervise_prepared(
         )
         mask_daemon_files(plan, Path(config["audit_dir"]), Path(config["audit_key"]))
         remove_session_tmp = runtime_presets.finish_plan(plan, presets_applied, uid=uid, gid=gid, explain_only=False)
-    except (PolicyFileError, DocumentRejected, PlanError, OSError) as exc:
+    except (Refusal, OSError) as exc:
         with contextlib.suppress(AuditUnavailable):
             sessions.record_refusal(recorder, policy, session, str(exc), order["argv"])
         writer.close()

@@ -16,8 +16,9 @@ from typing import Any
 
 from ..audit import Masker
 from ..audit.events import agent_of
-from ..documents import PolicyFileError, read_document
-from ..policy import CompileOptions, DocumentRejected, Policy, compile_policy
+from ..documents import read_document
+from ..policy import CompileOptions, Policy, compile_policy
+from ..policy.errors import Refusal
 from ..policy.specs import SchemaSet
 
 ADL_SUFFIXES = (".adl.json", ".adl.yaml", ".adl.yml")
@@ -147,7 +148,7 @@ class PolicyStore:
             adl = read_document(adl_path, "adl")
             aaif = read_document(aaif_path, "aaif") if aaif_path else None
             policy = compile_policy(adl, aaif, self.schemas, now or datetime.now(UTC), self.options)
-        except (PolicyFileError, DocumentRejected, OSError) as exc:
+        except (Refusal, OSError) as exc:
             findings = getattr(exc, "findings", None) or []
             detail = str(exc) if not findings else "; ".join(f"{f.code} {f.detail}" for f in findings[:5])
             kept = " (previous version kept)" if previous is not None else ""

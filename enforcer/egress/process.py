@@ -30,13 +30,13 @@ import psutil
 
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
+from ..egress_settings import EgressSettings
 from ..policy import Policy
 from ..sandbox import namespaces
 from ..sandbox.stage import close_all_but
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
 from .filter import ConnectionFilter
-from .settings import EgressSettings
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -167,8 +167,8 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
     resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
     synthetic = SyntheticAddresses()
     stub = DnsStub(policy, resolver, synthetic)
-    # Connection handlers and their relays run on pooled threads: starting a thread per connection
-    # cost ~100 us twice, a tenth of the setup latency the filter may add.
+    # Connection handlers and their relays run on pooled threads: starting two threads per
+    # connection would be a noticeable part of the setup latency the filter adds.
     workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
     handlers = Counter()
     connections = ConnectionFilter(

@@ -13,7 +13,7 @@ from concurrent.futures import Executor
 
 CHUNK = 1 << 20
 _PIPE_SIZE = 1 << 20
-_FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket (200 ms for a small request)
+_FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:

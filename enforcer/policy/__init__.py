@@ -4,7 +4,7 @@ No sockets, threads or clocks: callers pass `now` and read policy files themselv
 the core does is of the published JSON Schemas (specs.py), once per file and cached.
 
 The names below load on first use (PEP 562): importing one leaf module, such as `patterns` in the
-launch stage, must not compile the whole core (its schema and condition libraries cost ~250 ms).
+launch stage, must not compile the whole core (its schema and condition libraries are heavy).
 """
 
 from __future__ import annotations

@@ -117,7 +117,12 @@ def pointer(*parts: str | int) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-class DocumentRejected(Exception):
+class Refusal(Exception):
+    """What makes a load or a launch refuse: the documents, the files they are in or the plan built
+    from them. Launchers and the policy store catch this one base; its message says what and why."""
+
+
+class DocumentRejected(Refusal):
     """Raised by the compile entry points when a document has errors; carries all of them."""
 
     def __init__(self, findings: list[Finding]) -> None:

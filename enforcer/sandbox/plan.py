@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
+from ..policy.errors import Refusal
 from ..policy.patterns import PatternList
 from . import DOMAINS, creation_guard, landlock, seccomp
 from .cgroups import Limits
 from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
-if TYPE_CHECKING:  # pydantic-settings costs ~100 ms to import: only plans with a network layer load it
-    from ..egress.settings import EgressSettings
+if TYPE_CHECKING:  # pydantic-settings is slow to import: only plans with a network layer load it
+    from ..egress_settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DEFAULT_PIDS_MAX = 512
@@ -33,7 +34,7 @@ MAX_MASK_WALK = 50_000  # entries visited per allowed tree when looking for deni
 GLOB_CHARS = set("*?[{")
 
 
-class PlanError(Exception):
+class PlanError(Refusal):
     """The launch must be refused (exit 125); the message says what and why."""
 
 
@@ -392,7 +393,7 @@ def _residual(policy: Policy) -> list[str]:
 def _egress_from_environment() -> EgressSettings:
     from pydantic import ValidationError
 
-    from ..egress.settings import EgressSettings
+    from ..egress_settings import EgressSettings
 
     try:
         return EgressSettings()

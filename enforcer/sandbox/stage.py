@@ -8,7 +8,7 @@ they run on the other core):
 - the **guardian**, which is told the session's cgroup and removes it (killing everything in it)
   when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
-  cgroups waits for an RCU grace period: 12-16 ms measured here, now off the launch path), then
+  cgroups waits for an RCU grace period: this keeps that wait off the launch path), then
   forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
   pid 2 (pidns.py). Pid 2 waits for its `StageOrder`, applies the rest of the sandbox to itself in
   a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..daemon.framing import FrameError, recv_frame, send_frame
+from ..framing import FrameError, recv_frame, send_frame
 from . import cgroups, pidns
 
 if TYPE_CHECKING:
@@ -336,8 +336,8 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
 
 
 def _compile_while_idle(sock: socket.socket) -> None:
-    """Compile every seccomp variant until the order arrives (about 1 ms each with cold caches):
-    adl-exec gives the stage ~250 ms of idle time."""
+    """Compile every seccomp variant until the order arrives: the stage is idle while adl-exec
+    imports the policy code, and a compiled filter is then ready when the order names it."""
     from . import seccomp
 
     for plan in seccomp.variants():

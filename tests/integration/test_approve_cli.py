@@ -17,7 +17,10 @@ from enforcer.v1 import enforcer_pb2 as pb
 
 from ..daemon_helpers import RunningDaemon
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)")
+pytestmark = [
+    pytest.mark.daemon,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)"),
+]
 
 
 def approve_cli(daemon: RunningDaemon, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,10 @@ from enforcer.v1 import enforcer_pb2 as pb
 
 from ..daemon_helpers import RunningDaemon, tool_request
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)")
+pytestmark = [
+    pytest.mark.daemon,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)"),
+]
 
 
 def by_decision_id(d: RunningDaemon, decision_id: str) -> dict:

@@ -28,7 +28,7 @@ from enforcer.v1 import enforcer_pb2 as pb
 from ..daemon_helpers import FAST_AAIF, REPO, RunningDaemon, tool_request
 from ..sandbox_helpers import Sandbox, agent_tmp_dir
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")
+pytestmark = [pytest.mark.daemon, pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")]
 
 SLOW_AAIF = {
     **FAST_AAIF,
@@ -128,7 +128,7 @@ import logging, os, resource, socket, sys, threading, time
 from pathlib import Path
 from enforcer.audit import WriterSettings
 from enforcer.daemon.auditsink import AuditSink
-from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.framing import recv_frame, send_frame
 from enforcer.daemon.launch import LaunchLimits, LaunchServer
 from enforcer.daemon.registry import SessionRegistry
 from enforcer.v1 import enforcer_pb2 as pb
@@ -601,7 +601,7 @@ def _id(name: str, flag: str) -> str:
 
 RAW_LAUNCH = """
 import json, os, socket, sys
-from enforcer.daemon.framing import recv_frame, send_frame
+from enforcer.framing import recv_frame, send_frame
 from enforcer.v1 import enforcer_pb2 as pb
 spec = json.loads(sys.argv[2])
 request = pb.LaunchRequest(environ={"PATH": "/usr/bin:/bin"}, **spec)

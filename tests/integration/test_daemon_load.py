@@ -17,7 +17,11 @@ from ..daemon_helpers import RunningDaemon, tool_request
 CLIENTS = 16
 SECONDS = float(os.environ.get("ADL_ENFORCER_LOAD_SECONDS", "60"))
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.daemon,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root"),
+]
 
 
 def test_sixteen_clients_for_a_minute(daemon: RunningDaemon, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ..daemon_helpers import RunningDaemon
 from ..netlab import NetLab, needs_nft, payloads
 from ..sandbox_helpers import Sandbox, needs_root
@@ -144,6 +146,7 @@ def test_residency_names_the_region(net_sandbox: Sandbox, netlab: NetLab) -> Non
     }
 
 
+@pytest.mark.daemon
 def test_daemon_launches_get_the_same_filter(agent_tmp_path: Path, netlab: NetLab) -> None:
     tmp_path = agent_tmp_path
     box = Sandbox(tmp_path / "box")

@@ -273,8 +273,8 @@ def test_a_failing_sandbox_step_is_reported_and_nothing_runs(sandbox: Sandbox) -
     from enforcer.documents import load_policy
     from enforcer.sandbox import launcher
     from enforcer.sandbox.plan import build_plan, load_baseline
-    from enforcer.sandbox.session import host_features
     from enforcer.sandbox.stage import new_session_id
+    from enforcer.session import host_features
 
     marker = sandbox.ws / "ran"
     plan = build_plan(

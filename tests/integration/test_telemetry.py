@@ -25,10 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from enforcer.audit import WriterSettings
 from enforcer.daemon.approvals import Approvals
 from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.core import Core
+from enforcer.daemon.otel import DecisionSpans
 from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.service import Core
 from enforcer.daemon.store import PolicyStore
-from enforcer.integrations.otel import DecisionSpans
 from enforcer.policy import CompileOptions
 from enforcer.v1 import enforcer_pb2 as pb
 
@@ -124,6 +124,7 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.daemon
 def test_the_daemon_serves_metrics_when_asked(tmp_path: Path) -> None:
     d = RunningDaemon(tmp_path, Sandbox(tmp_path / "box"))
     d.write_agents()
@@ -167,6 +168,7 @@ def test_without_telemetry_settings_nothing_is_imported() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.daemon
 def test_an_unreachable_collector_never_delays_a_decision(tmp_path: Path) -> None:
     d = RunningDaemon(tmp_path, Sandbox(tmp_path / "box"))
     d.write_agents()
@@ -188,6 +190,7 @@ def test_an_unreachable_collector_never_delays_a_decision(tmp_path: Path) -> Non
     assert stop_s < 5, f"the daemon took {stop_s:.1f} s to stop"  # spans flushed for 2 s at most
 
 
+@pytest.mark.daemon
 def test_a_metrics_endpoint_that_cannot_listen_stops_the_daemon(tmp_path: Path) -> None:
     d = RunningDaemon(tmp_path, Sandbox(tmp_path / "box"))
     d.write_agents()

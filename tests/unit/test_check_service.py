@@ -21,13 +21,15 @@ from hypothesis import strategies as st
 from enforcer.audit import Receipt, WriterSettings, records
 from enforcer.audit.events import decision_payload
 from enforcer.audit.verify import verify_directory
-from enforcer.daemon import service as service_module
+from enforcer.daemon import core as core_module
 from enforcer.daemon.approvals import Approvals
 from enforcer.daemon.arguments import ArgumentError, ArgumentLimits, parse_arguments
 from enforcer.daemon.auditsink import AuditSink
 from enforcer.daemon.callers import ROOT
+from enforcer.daemon.core import Core
+from enforcer.daemon.messages import ApiError, to_action
 from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.service import ApiError, Core, EnforcerService, inline_handlers, to_action
+from enforcer.daemon.service import EnforcerService, inline_handlers
 from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions, decide
 from enforcer.v1 import enforcer_pb2 as pb
@@ -212,14 +214,14 @@ def test_a_request_that_cannot_be_recorded_or_decided_fails_alone(core: Core, mo
     assert "audit record cannot be written" in answers[1][1]
     assert core.sink.healthy and len(_decision_records(core)) == 2
 
-    real_decide = service_module.decide
+    real_decide = core_module.decide
 
     def failing(policy: Any, action: Any, **kw: Any) -> Any:
         if getattr(action, "name", "") == "run_tests":
             raise RecursionError("deep inside")
         return real_decide(policy, action, **kw)
 
-    monkeypatch.setattr(service_module, "decide", failing)
+    monkeypatch.setattr(core_module, "decide", failing)
     broken = _tool("Coding Agent", "run_tests", {}).SerializeToString()
     answers = check([good, broken, good])
     assert [code for code, _, _ in answers] == [grpc.StatusCode.OK, grpc.StatusCode.INTERNAL, grpc.StatusCode.OK]

@@ -17,8 +17,8 @@ import pytest
 
 from enforcer.egress import netns
 from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
-from enforcer.egress.settings import EgressSettings, parse_endpoint, system_resolver
 from enforcer.egress.sniff import Malformed, protocol_name, sniff
+from enforcer.egress_settings import EgressSettings, parse_endpoint, system_resolver
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from ..audit import AuditWriter, Masker, records
-from ..audit.events import agent_of
-from ..audit.evidence import EvidenceEvent, build_evidence
-from ..audit.records import format_ts
-from ..egress import netns
-from ..policy import Policy
-from . import cgroups, identity, landlock, launcher
-from .denials import SessionDenials
-from .plan import HostFeatures, LaunchPlan
-from .stage import Prepared
+from .audit import AuditWriter, Masker, records
+from .audit.events import agent_of
+from .audit.evidence import EvidenceEvent, build_evidence
+from .audit.records import format_ts
+from .egress import netns
+from .policy import Policy
+from .sandbox import cgroups, identity, landlock, launcher
+from .sandbox.denials import SessionDenials
+from .sandbox.plan import HostFeatures, LaunchPlan
+from .sandbox.stage import Prepared
 
 # Outcome reason -> (evidence cause, action, outcome)
 _EVIDENCE = {
@@ -107,7 +107,7 @@ def run_session(
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
     kernel_denials = SessionDenials.start(writer, policy, session, roots, joined)
     if plan.egress is not None:
-        from ..egress import process as egress  # dnspython and the filter: only for sessions with a network
+        from .egress import process as egress  # dnspython and the filter: only for sessions with a network
 
         try:
             filter_process = egress.start(

@@ -18,8 +18,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ..daemon.registry import SessionRecord
-from ..daemon.service import DecisionEvent
+from .core import DecisionEvent
+from .registry import SessionRecord
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..daemon.service import DecisionEvent
+from .core import DecisionEvent
 
 # Decisions take microseconds and the audit append milliseconds: buckets cover both.
 BUCKETS = (0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0)

@@ -1,0 +1,42 @@
+"""What adl-exec's launch paths share (embedded, daemon): the refusal exit code, the default
+baseline and the --report output. Kept apart from enforcer/cli/exec.py so that neither path imports
+the entry point that imports it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from .. import data
+
+EXIT_REFUSED = 125
+DEFAULT_BASELINE = data.RUNTIME_BASELINE
+
+
+def refuse(message: str) -> int:
+    print(f"adl-exec: refused: {message}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """--report: the session's typed outcome on stderr (embedded and daemon mode alike)."""
+    if as_json:
+        print(json.dumps(report), file=sys.stderr)
+        return
+    extra = f", signal {report['signal']}" if report["signal"] else ""
+    if report["creations_refused"]:
+        extra += f", {report['creations_refused']} denied name(s) not created"
+    print(
+        f"adl-exec: {report['session']} ended: {report['reason']} (exit code {report['exit_code']}{extra}, "
+        f"{report['duration_ms']} ms)",
+        file=sys.stderr,
+    )
+    if report.get("kernel_denials"):
+        from ..sandbox.denials import report_lines
+
+        for line in report_lines(report["kernel_denials"]):
+            print(f"adl-exec: {line}", file=sys.stderr)
+    if report.get("audit_dir"):
+        where = f"{report['audit_dir']} (adl-audit search --session {report['session']})"
+        print(f"adl-exec: audit log: {where}", file=sys.stderr)
