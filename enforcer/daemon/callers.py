@@ -29,8 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..framing import peer_credentials
-from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, peer_groups, record_accept_error
+from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, caller_of, record_accept_error
 
 log = logging.getLogger("adl-enforcerd")
 CHUNK = 1 << 16
@@ -321,13 +320,10 @@ class CallerRelay:
                 self.accept_errors += 1
                 record_accept_error(self.sink, "api", exc, self.accept_errors)
                 return False
-            try:
-                pid, uid, gid = peer_credentials(outer)
-                caller = Caller(pid, uid, gid, peer_groups(outer))
-            except OSError as exc:
-                log.warning("API connection without credentials: %s", exc)
-                outer.close()
+            caller = caller_of(outer, "API")
+            if caller is None:
                 continue
+            uid = caller.uid
             # One uid gets a quarter of the connections at most: it cannot shut the others out.
             if len(self._pairs) >= self._max_pairs or self.table.connections_of(uid) >= max(1, self._max_pairs // 4):
                 log.warning(

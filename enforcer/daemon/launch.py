@@ -95,6 +95,18 @@ def peer_groups(sock: socket.socket) -> tuple[int, ...]:
             size *= 4
 
 
+def caller_of(conn: socket.socket, what: str) -> Caller | None:
+    """Who is at the other end of an accepted unix connection, as the kernel names it; None (the
+    connection closed, logged) when the kernel gives no credentials."""
+    try:
+        pid, uid, gid = peer_credentials(conn)
+        return Caller(pid, uid, gid, peer_groups(conn))
+    except OSError as exc:
+        log.warning("%s connection without credentials: %s", what, exc)
+        conn.close()
+        return None
+
+
 def _matches(rule: str, caller: Caller) -> bool:
     kind, _, name = rule.partition(":")
     try:
@@ -258,12 +270,8 @@ class LaunchServer:
                     raise
                 self._accept_failed(exc)
                 return False
-            try:
-                pid, uid, gid = peer_credentials(conn)
-                caller = Caller(pid, uid, gid, peer_groups(conn))
-            except OSError as exc:
-                log.warning("launch connection without credentials: %s", exc)
-                conn.close()
+            caller = caller_of(conn, "launch")
+            if caller is None:
                 continue
             if len(self._pending) >= self._max_pending:
                 # The oldest goes: a real caller sends its request at once, so the oldest is the
