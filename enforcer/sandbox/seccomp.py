@@ -112,7 +112,14 @@ def describe(plan: SeccompPlan) -> list[str]:
     lines = [f"{why}: {', '.join(calls)}" for why, calls in DENIED_SYSCALLS.items()]
     families = [f for f in DENIED_SOCKET_FAMILIES if plan.deny_unix_sockets or f != "AF_UNIX"]
     lines += [f"{why}: {', '.join(calls)}" for why, calls in DENIED_BY_NUMBER.items()]
-    lines.append(f"sockets: {', '.join(families)}, SOCK_RAW of any family; socketpair(AF_UNIX) stays allowed")
+    lines.append(
+        f"sockets: {', '.join(families)}, SOCK_RAW of any family"
+        + (
+            "; socketpair(AF_UNIX, SOCK_DGRAM) (EAFNOSUPPORT); stream and seqpacket socketpairs stay allowed"
+            if plan.deny_unix_sockets
+            else ""
+        )
+    )
     lines.append("clone with namespace flags; clone3 (flags not inspectable); ioctl TIOCSTI")
     lines.append("MPTCP sockets (IPPROTO_MPTCP: EPROTONOSUPPORT, programs fall back to TCP)")
     lines.append(f"extended attributes and ACLs: {', '.join(XATTR_WRITES + tuple(XATTR_WRITES_AT))} (EOPNOTSUPP)")
@@ -209,6 +216,15 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
         if name == "AF_UNIX" and not plan.deny_unix_sockets:
             continue
         f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.MASKED_EQ, MASK32, family))
+    if plan.deny_unix_sockets:
+        # A datagram socketpair can still sendto() or connect() to any pathname socket; stream and
+        # seqpacket pairs are connected for good and cannot address anything else.
+        f.add_rule(
+            sc.ERRNO(errno.EAFNOSUPPORT),
+            "socketpair",
+            sc.Arg(0, sc.MASKED_EQ, MASK32, socket.AF_UNIX),
+            sc.Arg(1, sc.MASKED_EQ, 0xF, socket.SOCK_DGRAM),
+        )
     for sock_type in (socket.SOCK_RAW, 10):  # 10: SOCK_PACKET
         f.add_rule(eperm, "socket", sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
     f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, TIOCSTI))
