@@ -43,6 +43,8 @@ for kind, name in ((socket.SOCK_STREAM, "stream"), (socket.SOCK_SEQPACKET, "seqp
     c, d = socket.socketpair(socket.AF_UNIX, kind)
     c.sendall(b"ping")
     print("PAIR", name, d.recv(4).decode())
+import asyncio  # its event loop wakes itself through a stream socketpair
+print("ASYNCIO", asyncio.run(asyncio.sleep(0, result="runs")))
 """
 
 
@@ -92,3 +94,4 @@ def test_a_socketpair_cannot_reach_a_host_unix_socket(sandbox: Sandbox) -> None:
     assert got == [], got
     # control: the connected socketpairs still work
     assert "PAIR stream ping" in result.out and "PAIR seqpacket ping" in result.out, result.out + result.err
+    assert "ASYNCIO runs" in result.out, result.out + result.err
