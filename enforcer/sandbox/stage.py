@@ -42,6 +42,7 @@ import errno
 import functools
 import os
 import pickle
+import resource
 import secrets
 import select
 import signal
@@ -401,6 +402,10 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         namespaces.loopback_up()
         step = "proc"
         namespaces.mount_proc(os.getpid())
+        step = "core dumps"
+        # The kernel writes a core file itself, past the creation guard and the denied patterns;
+        # a hard limit of 0 cannot be raised again without privileges.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         step = "drop privileges"
         namespaces.drop_agent_privileges(order.uid, order.gid)
         rules = replace(order.landlock, rules=list(order.landlock.rules))
