@@ -92,6 +92,17 @@ DENIED_BY_NUMBER = {
     "mount table (statmount, listmount)": {"statmount": 457, "listmount": 458},
     "mounts": {"open_tree_attr": 467},
 }
+# ioctls that change inode flags or make a file read-only for good: they need only ownership and a
+# descriptor opened for reading, and no Landlock right covers them (EOPNOTSUPP, as for xattrs).
+INODE_FLAG_IOCTLS = {
+    "FS_IOC_SETFLAGS": 0x40086602,
+    "FS_IOC32_SETFLAGS": 0x40046602,
+    "FS_IOC_FSSETXATTR": 0x401C5820,
+    "FS_IOC_SETVERSION": 0x40087602,
+    "FS_IOC32_SETVERSION": 0x40047602,
+    "FS_IOC_SET_ENCRYPTION_POLICY": 0x800C6613,
+    "FS_IOC_ENABLE_VERITY": 0x40806685,
+}
 # chmod calls and the argument holding the mode: a setuid or setgid bit is always refused.
 CHMOD_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 S_ISUID, S_ISGID = 0o4000, 0o2000
@@ -124,6 +135,7 @@ def describe(plan: SeccompPlan) -> list[str]:
     lines.append("MPTCP sockets (IPPROTO_MPTCP: EPROTONOSUPPORT, programs fall back to TCP)")
     lines.append(f"extended attributes and ACLs: {', '.join(XATTR_WRITES + tuple(XATTR_WRITES_AT))} (EOPNOTSUPP)")
     lines.append("chmod family with a setuid or setgid bit (EPERM)")
+    lines.append(f"inode flags and fs-verity ioctls: {', '.join(INODE_FLAG_IOCTLS)} (EOPNOTSUPP)")
     metadata = ", ".join(METADATA)
     if plan.guard_metadata:
         lines.append(
@@ -228,6 +240,8 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
     for sock_type in (socket.SOCK_RAW, 10):  # 10: SOCK_PACKET
         f.add_rule(eperm, "socket", sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
     f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, TIOCSTI))
+    for request in INODE_FLAG_IOCTLS.values():
+        f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, request))
     f.add_rule(sc.ERRNO(errno.EPROTONOSUPPORT), "socket", sc.Arg(2, sc.MASKED_EQ, MASK32, IPPROTO_MPTCP))
     for name in XATTR_WRITES:
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), name)
