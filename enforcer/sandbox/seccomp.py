@@ -103,6 +103,7 @@ INODE_FLAG_IOCTLS = {
     "FS_IOC_SET_ENCRYPTION_POLICY": 0x800C6613,
     "FS_IOC_ENABLE_VERITY": 0x40806685,
 }
+INODE_FLAG_CALLS = {"file_setattr": 469}  # FS_IOC_FSSETXATTR by path; by number, as for XATTR_WRITES_AT
 # chmod calls and the argument holding the mode: a setuid or setgid bit is always refused.
 CHMOD_MODE_ARG = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2}
 S_ISUID, S_ISGID = 0o4000, 0o2000
@@ -135,7 +136,7 @@ def describe(plan: SeccompPlan) -> list[str]:
     lines.append("MPTCP sockets (IPPROTO_MPTCP: EPROTONOSUPPORT, programs fall back to TCP)")
     lines.append(f"extended attributes and ACLs: {', '.join(XATTR_WRITES + tuple(XATTR_WRITES_AT))} (EOPNOTSUPP)")
     lines.append("chmod family with a setuid or setgid bit (EPERM)")
-    lines.append(f"inode flags and fs-verity ioctls: {', '.join(INODE_FLAG_IOCTLS)} (EOPNOTSUPP)")
+    lines.append(f"inode flags and fs-verity: {', '.join((*INODE_FLAG_IOCTLS, *INODE_FLAG_CALLS))} (EOPNOTSUPP)")
     metadata = ", ".join(METADATA)
     if plan.guard_metadata:
         lines.append(
@@ -242,6 +243,8 @@ def _build(plan: SeccompPlan) -> sc.SyscallFilter:
     f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, TIOCSTI))
     for request in INODE_FLAG_IOCTLS.values():
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), "ioctl", sc.Arg(1, sc.MASKED_EQ, MASK32, request))
+    for number in INODE_FLAG_CALLS.values():
+        f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), number)
     f.add_rule(sc.ERRNO(errno.EPROTONOSUPPORT), "socket", sc.Arg(2, sc.MASKED_EQ, MASK32, IPPROTO_MPTCP))
     for name in XATTR_WRITES:
         f.add_rule(sc.ERRNO(errno.EOPNOTSUPP), name)
