@@ -71,8 +71,8 @@ class Result:
 
 def _describe(exc: Exception) -> str:
     if isinstance(exc, grpc.RpcError):
-        code = exc.code()  # type: ignore[attr-defined]
-        return f"{code.name if code else 'UNKNOWN'}: {exc.details()}"  # type: ignore[attr-defined]
+        code = exc.code()
+        return f"{code.name if code else 'UNKNOWN'}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -318,7 +318,7 @@ def _write_entry(
 ) -> None:
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
-    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_mapping}  # type: ignore[attr-defined]
+    pickler.dispatch_table = {**copyreg.dispatch_table, MappingProxyType: _reduce_mapping}
     pickler.dump(value)
     payload = buffer.getvalue()
     header = b"".join(

@@ -87,7 +87,7 @@ class Filters:
     until_ns: int | None = None
 
     def matches(self, record: dict[str, Any]) -> bool:
-        payload = record.get("payload") if isinstance(record.get("payload"), dict) else {}
+        payload: dict[str, Any] = record["payload"] if isinstance(record.get("payload"), dict) else {}
         if self.seq and not any(lo <= record.get("seq", -1) <= hi for lo, hi in self.seq):
             return False
         if self.since_ns is not None or self.until_ns is not None:
@@ -104,7 +104,7 @@ class Filters:
             (self.host, [payload.get("host")], True),
             (self.path, [payload.get("path")], True),
             (self.type, [records.kind_of(record)], True),
-            (self.rule, payload.get("rules") if isinstance(payload.get("rules"), list) else [], True),
+            (self.rule, rules if isinstance(rules := payload.get("rules"), list) else [], True),
         )
         return all(not wanted or _any_match(wanted, values, glob) for wanted, values, glob in checks)
 
@@ -143,7 +143,7 @@ def _target(payload: dict[str, Any]) -> str:
 
 
 def one_line(record: dict[str, Any]) -> str:
-    payload = record.get("payload") if isinstance(record.get("payload"), dict) else {}
+    payload: dict[str, Any] = record["payload"] if isinstance(record.get("payload"), dict) else {}
     ts = str(record.get("ts", ""))
     short_ts = ts[:23] + "Z" if len(ts) > 23 else ts
     kind = records.kind_of(record)
@@ -172,7 +172,7 @@ def summarise(matching: Iterable[dict[str, Any]], top: int = 10) -> dict[str, An
     total = 0
     for record in matching:
         total += 1
-        payload = record.get("payload") if isinstance(record.get("payload"), dict) else {}
+        payload: dict[str, Any] = record["payload"] if isinstance(record.get("payload"), dict) else {}
         kind = records.kind_of(record)
         decision = payload.get("decision")
         if isinstance(decision, str):

@@ -181,11 +181,11 @@ def _decide(approve: bool) -> Callable[[Admin, argparse.Namespace], int]:
         try:
             result = admin.decide(args.approval_id, approve, approver, args.note or "")
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
+            code = exc.code()
             if code == grpc.StatusCode.NOT_FOUND:
                 return _not_pending(args)
             if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
-                detail = exc.details()  # type: ignore[attr-defined]
+                detail = exc.details()
                 _print(args, {"error": code.name.lower(), "detail": detail}, "")
                 if not args.json:
                     print(f"adl-approve: refused: {detail}", file=sys.stderr)
@@ -282,8 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(admin, args))
     except grpc.RpcError as exc:
-        code = exc.code()  # type: ignore[attr-defined]
-        detail = exc.details()  # type: ignore[attr-defined]
+        code = exc.code()
+        detail = exc.details()
         if args.json:
             print(json.dumps({"error": code.name.lower() if code else "unknown", "detail": detail}))
         else:

@@ -43,7 +43,7 @@ def _parsed(data: bytes, path: Path) -> dict:
 
         return document_from_bytes(data, str(path), "adl")
     if not isinstance(document, dict):
-        raise PolicyFileError(f"{path}: not an ADL document")
+        raise PolicyFileError(str(path), "not an ADL document")
     return document
 
 

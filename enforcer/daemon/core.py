@@ -8,7 +8,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import grpc
 import orjson
@@ -43,7 +43,7 @@ from .messages import (
     same_error,
     to_action_counted,
 )
-from .registry import SessionRegistry
+from .registry import SessionRecord, SessionRegistry
 from .store import AgentEntry, PolicyStore
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Core:
         self.observers: list[Callable[[list[DecisionEvent]], None]] = []
         self.audit_refusals = 0  # requests answered UNAVAILABLE because the audit log refused them
         # A session's approvals end with it: nobody is left to act on them.
-        registry.on_end(lambda record: self.end_pending("the session ended", record.session))
+        registry.on_end(self._end_session_approvals)
 
     # -- identity -----------------------------------------------------------------------------
 
@@ -205,8 +205,8 @@ class Core:
                 whos.append(self.who(peer))
             except ApiError as exc:
                 whos.append(exc)
-        requests = [w if type(w) is ApiError else r for r, w in zip(requests, whos, strict=True)]
-        callers = [ROOT if type(w) is ApiError else w for w in whos]
+        requests = [w if isinstance(w, ApiError) else r for r, w in zip(requests, whos, strict=True)]
+        callers = [ROOT if isinstance(w, ApiError) else w for w in whos]
         return self._record_and_answer(self._decide_all(requests, callers), self._encoded_answer, error_answer)
 
     def check_batch(self, requests: Sequence[pb.CheckRequest], who: Caller = ROOT) -> list[pb.CheckResponse]:
@@ -244,7 +244,7 @@ class Core:
     ) -> list[_Decided | ApiError]:
         decided: list[_Decided | ApiError] = []
         for request, who in zip(requests, whos, strict=True):
-            if type(request) is ApiError:
+            if isinstance(request, ApiError):
                 decided.append(request)
                 continue
             try:
@@ -286,7 +286,9 @@ class Core:
         entry, session, action, trace, request_id, dry_run, _, who = prepared
         started = time.perf_counter_ns()
         # The decision and the record's masking both need the arguments' PII: searched for once.
-        pii = scan_leaves(action.arguments) if entry.policy.pii_mode != "none" and type(action) is ToolCall else None
+        pii = (
+            scan_leaves(action.arguments) if entry.policy.pii_mode != "none" and isinstance(action, ToolCall) else None
+        )
         decision = decide(entry.policy, action, pii=pii)
         eval_us = (time.perf_counter_ns() - started) // 1000
         decision_id = f"{self._id_prefix}{next(self._id_counter)}"
@@ -334,7 +336,7 @@ class Core:
 
     def _record_and_answer(
         self,
-        decided: list[_Decided | ApiError],
+        decided: Sequence[_Decided | ApiError],
         answer: Callable[[_Decided, Receipt], Any],
         refuse: Callable[[ApiError], Any],
         *,
@@ -346,7 +348,7 @@ class Core:
         started = time.perf_counter_ns() if self.observers else 0
         while True:
             try:
-                receipts = self.sink.append_many([d.record for d in decided if type(d) is _Decided])
+                receipts = self.sink.append_many([d.record for d in decided if isinstance(d, _Decided)])
                 break
             except RecordRejected as exc:
                 rejected = ApiError(
@@ -355,7 +357,7 @@ class Core:
                 if all_or_none:
                     self._withdraw(decided, "its audit record was refused")
                     return [refuse(rejected) for _ in decided]
-                position = [i for i, d in enumerate(decided) if type(d) is _Decided][exc.index]
+                position = [i for i, d in enumerate(decided) if isinstance(d, _Decided)][exc.index]
                 self._withdraw([decided[position]], "its audit record was refused")
                 decided = [*decided[:position], rejected, *decided[position + 1 :]]
             except AuditUnavailable as exc:
@@ -364,16 +366,16 @@ class Core:
                 unavailable = ApiError(
                     _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
                 )
-                return [refuse(unavailable if type(d) is _Decided else d) for d in decided]
+                return [refuse(unavailable if isinstance(d, _Decided) else d) for d in decided]
         if self.observers:
             self._observe(decided, receipts, (time.perf_counter_ns() - started) // 1000)
         if len(receipts) == len(decided):  # nothing refused: the usual case
-            return list(map(answer, decided, receipts))
+            return [answer(cast(_Decided, d), r) for d, r in zip(decided, receipts, strict=True)]
         receipt = iter(receipts)
-        return [answer(d, next(receipt)) if type(d) is _Decided else refuse(d) for d in decided]
+        return [answer(d, next(receipt)) if isinstance(d, _Decided) else refuse(d) for d in decided]
 
     def _observe(self, decided: Sequence[_Decided | ApiError], receipts: Sequence[Receipt], record_us: int) -> None:
-        recorded = [d for d in decided if type(d) is _Decided]
+        recorded = [d for d in decided if isinstance(d, _Decided)]
         events = [
             DecisionEvent(
                 d.entry.key,
@@ -398,7 +400,7 @@ class Core:
     def _withdraw(self, decided: Sequence[_Decided | ApiError], why: str) -> None:
         """Close the approvals of decisions whose answers are never sent."""
         for d in decided:
-            if type(d) is _Decided and d.approval is not None:
+            if isinstance(d, _Decided) and d.approval is not None:
                 self.approvals.resolve(d.approval.approval_id, "rejected", "adl-enforcerd", why, lambda a: None)
 
     def _response(self, decided: _Decided, receipt: Receipt) -> pb.CheckResponse:
@@ -493,6 +495,9 @@ class Core:
             raise ApiError(code, str(exc)) from None
         except AuditUnavailable as exc:
             raise ApiError(_STATUS.UNAVAILABLE, f"audit log unavailable: {exc}") from None
+
+    def _end_session_approvals(self, record: SessionRecord) -> None:
+        self.end_pending("the session ended", record.session)
 
     def end_pending(self, note: str, session: str | None = None) -> int:
         """Reject every pending approval (of `session`, or all), each with its record: their waiters

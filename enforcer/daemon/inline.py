@@ -96,7 +96,7 @@ class InlineUnary:
         try:
             from grpc._cython import cygrpc
 
-            core = server._cy_server  # type: ignore[attr-defined]  # the server's core object
+            core = server._cy_server  # the server's core object
             completion = cygrpc.CompletionQueue()
             core.register_completion_queue(completion)
             for method in handlers:

@@ -346,7 +346,8 @@ class _Join(threading.Thread):
 
     def __init__(self, join_files: list[str]) -> None:
         super().__init__(daemon=True)
-        self.join_files, self.error = join_files, None
+        self.join_files = join_files
+        self.error: OSError | None = None
         self.start()
 
     def run(self) -> None:

@@ -322,7 +322,9 @@ class ConnectionFilter:
     ) -> None:
         """A refusal after the connection was allowed: audited with the names the bytes carried, then
         both sides are cut (responses to earlier requests may be in flight: no answer can follow)."""
-        denial = {key: event[key] for key in ("connection", "port", "destination", "host", "via") if key in event}
+        denial: dict[str, Any] = {
+            key: event[key] for key in ("connection", "port", "destination", "host", "via") if key in event
+        }
         denial.update(protocol=sniffed.protocol, request=request, address=event.get("address"))
         _record_names(denial, sniffed)
         with self._lock:

@@ -12,6 +12,7 @@ import select
 import socket
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from .relay import splice_exact
 from .sniff import (
@@ -160,9 +161,10 @@ def _forward_exact(reader: ClientReader, upstream: socket.socket, size: int) -> 
     return size
 
 
-def _read_until(
-    reader: ClientReader, parse: Callable[[bytes], tuple[int, int] | tuple[bytes, int] | int | None], message_s: float
-) -> object:
+_Parsed = TypeVar("_Parsed")
+
+
+def _read_until(reader: ClientReader, parse: Callable[[bytes], _Parsed | None], message_s: float) -> _Parsed:
     deadline = time.monotonic() + message_s
     while True:
         found = parse(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
@@ -183,18 +185,18 @@ def forward_body(reader: ClientReader, upstream: socket.socket, head: RequestHea
         return 0
     sent = 0
     while True:
-        size, taken = _read_until(reader, parse_chunk_line, message_s)  # type: ignore[misc]
+        size, taken = _read_until(reader, parse_chunk_line, message_s)
         reader.take(taken)
         line = f"{size:x}\r\n".encode()
         upstream.sendall(line)
         sent += len(line)
         if size == 0:
-            trailers, taken = _read_until(reader, parse_trailers, message_s)  # type: ignore[misc]
+            trailers, taken = _read_until(reader, parse_trailers, message_s)
             reader.take(taken)
             upstream.sendall(trailers)
             return sent + len(trailers)
         sent += _forward_exact(reader, upstream, size)
         taken = _read_until(reader, parse_line_end, message_s)
-        reader.take(taken)  # type: ignore[arg-type]
+        reader.take(taken)
         upstream.sendall(b"\r\n")
         sent += 2

@@ -74,7 +74,7 @@ def map_tool_use(event: dict[str, Any], mcp_names: str = "tool") -> Mapped:
     """The ADL action that a PreToolUse event stands for."""
     tool = event.get("tool_name")
     tool_input = event.get("tool_input") if event.get("tool_input") is not None else {}
-    cwd = event.get("cwd") if isinstance(event.get("cwd"), str) else ""
+    cwd: str = event["cwd"] if isinstance(event.get("cwd"), str) else ""
     if not isinstance(tool, str) or not tool:
         raise Unmapped("tool_name is missing")
     if not isinstance(tool_input, dict):
@@ -143,7 +143,7 @@ def decide(client: Client, event: dict[str, Any], args: argparse.Namespace) -> t
         mapped = map_tool_use(event, args.mcp_names)
     except Unmapped as exc:
         return "deny", f"adl-claude-hook cannot map this tool use to a policy action: {exc}"
-    request_id = event.get("tool_use_id") if isinstance(event.get("tool_use_id"), str) else ""
+    request_id: str = event["tool_use_id"] if isinstance(event.get("tool_use_id"), str) else ""
     if mapped.kind == "tool":
         name, arguments = mapped.action
         result = client.check_tool(name, arguments, request_id=request_id[:256])

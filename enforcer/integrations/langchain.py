@@ -40,7 +40,7 @@ class GuardedTool(BaseTool):
     async_client: AsyncClient | None = None
     approval_wait_s: float | None = None
     on_ask: OnAsk | None = None
-    response_format: str = "content_and_artifact"  # type: ignore[assignment]
+    response_format: str = "content_and_artifact"
 
     def _decided(self, result: Result, message: Any) -> tuple[Any, dict[str, Any]]:
         meta = {"decision": result.decision, "decision_id": result.decision_id}

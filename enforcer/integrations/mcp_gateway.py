@@ -200,7 +200,7 @@ class Gateway:
             meta = dict(answer.meta or {})
             meta["adl-enforcer/decision"] = _decision_meta(result)
             return answer.model_copy(update={"meta": meta})
-        return answer  # type: ignore[return-value]
+        return answer
 
 
 def _decision_meta(result: Result) -> dict[str, Any]:

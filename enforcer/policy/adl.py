@@ -380,7 +380,7 @@ class _Check:
                     self.add(
                         "ADL-2023",
                         f"{member[:-1].capitalize()} '{name}' has sensitivity '{dc['sensitivity']}' "
-                        f"which exceeds top-level '{top['sensitivity']}'",
+                        f"which exceeds top-level '{obj(top).get('sensitivity')}'",
                         member,
                         i,
                         "data_classification",

@@ -123,23 +123,23 @@ def _tool(policy: Policy, call: ToolCall, pii: Mapping[Path, Spans] | None) -> D
         found = findings(scan_leaves(call.arguments) if pii is None else pii)
         if found:
             kinds = sorted({f.kind for f in found})
-            where = sorted({f.pointer for f in found})
+            pointers = sorted({f.pointer for f in found})
             if policy.pii_mode == "reject":
                 return _deny(
                     policy,
                     "pii.reject",
                     "/agent/compliance/pii_handling",
-                    f"arguments carry PII ({', '.join(kinds)}) at {', '.join(where)}",
+                    f"arguments carry PII ({', '.join(kinds)}) at {', '.join(pointers)}",
                     "aaif",
                 )
-            obligations["pii"] = {"kinds": kinds, "pointers": where}
+            obligations["pii"] = {"kinds": kinds, "pointers": pointers}
             if policy.pii_mode in ("anonymize", "encrypt"):
-                obligations["mask"] = where
+                obligations["mask"] = pointers
             reasons.append(
                 Reason(
                     "pii.detected",
                     "/agent/compliance/pii_handling",
-                    f"PII ({', '.join(kinds)}) at {', '.join(where)}: {policy.pii_mode}",
+                    f"PII ({', '.join(kinds)}) at {', '.join(pointers)}: {policy.pii_mode}",
                     "aaif",
                 )
             )

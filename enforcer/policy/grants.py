@@ -64,6 +64,7 @@ def access_of(blockers: tuple[str, ...]) -> str:
 
 def explain_landlock(policy: Policy, blockers: tuple[str, ...], path: str | None, port: int | None) -> Grant:
     access = access_of(blockers)
+    reasons: tuple[dict[str, str], ...] = ()
     if access == "execute" and path:
         decision = decide(policy, ProcessExec((path,), resolved_path=path))
         reasons = tuple(r.to_json() for r in decision.reasons)
@@ -94,7 +95,6 @@ def explain_landlock(policy: Policy, blockers: tuple[str, ...], path: str | None
         )
         return Grant(access, (), None, text)
     if access == "connect":
-        reasons: tuple[dict[str, str], ...] = ()
         if port is not None:
             decision = decide(policy, NetworkConnect("0.0.0.0", port))
             reasons = tuple(r.to_json() for r in decision.reasons)

@@ -307,7 +307,7 @@ class PatternList:
     @classmethod
     def compile(cls, patterns: Iterable[str], flavour: Flavour) -> PatternList:
         pats = tuple(patterns)
-        index: SegmentTrie | NameSet = SegmentTrie(flavour) if flavour in ("host", "path") else NameSet()  # type: ignore[arg-type]
+        index: SegmentTrie | NameSet = SegmentTrie(flavour) if flavour in ("host", "path") else NameSet()
         match_all: list[int] = []
         for i, p in enumerate(pats):
             reason = validate(p, flavour)

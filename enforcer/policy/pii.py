@@ -48,6 +48,12 @@ _CAPITALS_THEN_DIGIT = re.compile(r"[A-Z](?<!\w[A-Z])[A-Z] ?\d")
 _EMAIL_RUN = re.compile(r"[A-Za-z0-9._%+@-]*")
 
 
+def _run_end(text: str, at: int) -> int:
+    """Where the run of e-mail characters from `at` ends (the pattern matches the empty run too)."""
+    found = _EMAIL_RUN.match(text, at)
+    return found.end() if found is not None else at
+
+
 @dataclass(frozen=True)
 class PiiFinding:
     kind: str
@@ -102,8 +108,8 @@ def email_matches(text: str) -> Iterator[re.Match[str]]:
         return
     backwards = text[::-1]  # the run's start is found by matching leftwards from the "@"
     while at >= 0:
-        start = at - (_EMAIL_RUN.match(backwards, len(text) - at).end() - (len(text) - at))
-        end = _EMAIL_RUN.match(text, at).end()
+        start = at - (_run_end(backwards, len(text) - at) - (len(text) - at))
+        end = _run_end(text, at)
         yield from _EMAIL.finditer(text, start, end)
         at = text.find("@", end)
 

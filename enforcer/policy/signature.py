@@ -27,7 +27,11 @@ SignatureState = Literal["absent", "verified", "invalid"]
 
 _STRONG = {"ed25519", "ed448", "eddsa", "es256", "es384", "es512", "rs256", "ps256"}
 _CURVE_FOR = {"es256": ec.SECP256R1, "es384": ec.SECP384R1, "es512": ec.SECP521R1}
-_HASH_FOR = {"es256": hashes.SHA256, "es384": hashes.SHA384, "es512": hashes.SHA512}
+_HASH_FOR: dict[str, type[hashes.HashAlgorithm]] = {
+    "es256": hashes.SHA256,
+    "es384": hashes.SHA384,
+    "es512": hashes.SHA512,
+}
 _DIGESTS = {
     "sha-256": hashlib.sha256,
     "sha256": hashlib.sha256,

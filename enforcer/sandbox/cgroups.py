@@ -271,7 +271,8 @@ def existing(
         if v2 is not None:
             found[name] = CgroupV2(v2)
         else:
-            found[name] = CgroupV1(*v1, unified if unified is not None and unified.is_dir() else None)
+            memory, cpu, pids = v1
+            found[name] = CgroupV1(memory, cpu, pids, unified if unified is not None and unified.is_dir() else None)
     return found
 
 

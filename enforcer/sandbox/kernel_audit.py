@@ -460,8 +460,8 @@ class Reader:
     def _run(self) -> None:
         try:
             while True:
-                ready, _, _ = select.select([self.sock, self._stop_r], [], [], _EVENT_GRACE_S)
-                if self.sock in ready:
+                ready, _, _ = select.select([self.sock.fileno(), self._stop_r], [], [], _EVENT_GRACE_S)
+                if self.sock.fileno() in ready:
                     self._read_available()
                 self._flush(everything=False)
                 if self._stop_r in ready:

@@ -151,8 +151,8 @@ def _wait(
     duration = time.monotonic() - started
     counters = group.counters()
     group.kill_all()  # the session ends with its main process: no stragglers
-    sig = -status if status < 0 else None
-    code = 128 + sig if sig is not None else status
+    killed_by = -status if status < 0 else None
+    code = 128 + killed_by if killed_by is not None else status
     reason: Reason
     if timed_out:
         reason = "timeout"
@@ -160,11 +160,11 @@ def _wait(
         reason = "oom"
     elif counters.pids_max_hits and status != 0:
         reason = "pids_limit"
-    elif sig is not None:
+    elif killed_by is not None:
         reason = "signal"
     else:
         reason = "exit"
-    return Outcome(reason, code, sig, duration, pid)
+    return Outcome(reason, code, killed_by, duration, pid)
 
 
 def _exited_within(pid: int, timeout_s: float | None) -> bool:

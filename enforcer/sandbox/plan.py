@@ -491,7 +491,8 @@ def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], lay
                     "code of its own (writable grants are never executable)"
                 )
     files = sorted(granted | {os.path.realpath(p) for p in baseline.execute if os.path.exists(p)})
-    directories, trees = [], []
+    directories: list[str] = []
+    trees: list[str] = []
     for wanted, kept in ((baseline.library, directories), (baseline.library_trees, trees)):
         for path in wanted:
             if any(_beneath(path, root) for root in writable):
