@@ -140,6 +140,86 @@ def literal_prefix(pattern: str, cwd: str, home: str) -> str:
     return os.path.normpath("/".join(parts) or "/")
 
 
+@dataclass
+class Unenforced:
+    """The layers this host cannot enforce. Each is refused (PlanError), unless the operator accepted it
+    with --accept-unenforced or the plan is only being explained; both are kept, in layer order."""
+
+    accept: frozenset[str]
+    explain_only: bool = False
+    accepted: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+
+    def status(self, domain: str, missing: str | None) -> LayerStatus:
+        """The status of `domain`'s layer, given what is missing to enforce it (None: nothing)."""
+        if missing is None:
+            return "active"
+        if domain in self.accept:
+            self.accepted.append(domain)
+            return "accepted-unenforced"
+        refusal = f"{missing}; refusing to run with '{domain}' unenforced (--accept-unenforced {domain} to accept)"
+        if not self.explain_only:
+            raise PlanError(refusal)
+        self.refusals.append(refusal)
+        return "unavailable"
+
+
+Grants = list[tuple[str, int]]  # Landlock rules: path, rights
+
+
+@dataclass
+class Masks:
+    """What the child hides in its mount namespace: denied files and directories."""
+
+    files: list[str] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BaselinePart:
+    grants: Grants
+    masks: Masks  # baseline paths a denied pattern names: masked, never granted
+    details: list[str]
+
+
+@dataclass
+class FilesystemPart:
+    grants: Grants
+    writable: list[str]  # real paths of the write and read_write grants
+    layer: Layer
+
+
+@dataclass
+class ExecutionPart:
+    executable: str  # argv[0] resolved against the baseline's PATH
+    grants: Grants
+    mounts: ExecMounts
+    layer: Layer
+
+
+@dataclass
+class EnvironmentPart:
+    env: dict[str, str]
+    dropped: list[str]
+    secrets: list[str]
+    layer: Layer
+
+
+@dataclass
+class NetworkPart:
+    layer: Layer
+    egress: EgressSettings | None  # None: nothing leaves the namespace
+    missing: str | None = None  # what this host lacks to enforce the declared network
+
+
+@dataclass
+class ResourcesPart:
+    limits: Limits
+    timeout_s: float | None
+    layer: Layer
+    missing: str | None = None
+
+
 def build_plan(
     policy: Policy,
     argv: list[str],
@@ -155,6 +235,71 @@ def build_plan(
 ) -> LaunchPlan:
     """Raises PlanError for anything that must be refused; with explain_only, layers that cannot be
     enforced are reported as unavailable (and in `refusals`) instead."""
+    check_request(policy, argv, accept_unenforced)
+    cwd = cwd or os.getcwd()
+    home = environ.get("HOME", "/")
+    abi = features.landlock_abi
+    unenforced = Unenforced(accept_unenforced, explain_only)
+    # Decided first: a host without Landlock is refused before any tree is walked.
+    no_landlock = None if abi else "Landlock is not available on this kernel"
+    fs_status = unenforced.status("filesystem", no_landlock)
+    exec_status = unenforced.status("execution", no_landlock)
+
+    fs = policy.filesystem
+    base = baseline_grants(baseline, fs.denied if fs is not None and fs.denied.patterns else None, cwd, home)
+    files = filesystem(fs, base, cwd, home, abi)
+    files.layer.status = fs_status
+    creation_denied = _creation_matcher(fs, files.writable)
+    masks = base.masks
+    masks_layers: list[Layer] = []
+    if fs is not None:
+        guarded = creation_denied is not None and bool(fs.denied.patterns)
+        masks_layer, masks = denied_masks(fs, cwd, home, base.masks, guarded=guarded)
+        masks_layers.append(masks_layer)
+    run = execution(policy, argv, baseline, cwd, files.writable, abi)
+    run.layer.status = exec_status
+    env = environment(policy, environ, baseline.search_path)
+    net = network(policy, features.egress_tools_missing, egress)
+    net.layer.status = unenforced.status("network", net.missing)
+    seccomp_plan, syscalls_layer = syscalls(creation_denied)
+    gaps, residual_layer = residual(policy)
+    res = resources(policy, features.cgroups, pids_max)
+    res.layer.status = unenforced.status("resources", res.missing)
+    return LaunchPlan(
+        argv=list(argv),
+        executable=run.executable,
+        env=env.env,
+        env_dropped=env.dropped,
+        landlock=landlock_rules(abi, base.grants + files.grants + run.grants, via_filter=net.egress is not None),
+        file_masks=masks.files,
+        dir_masks=masks.dirs,
+        seccomp=seccomp_plan,
+        limits=res.limits,
+        timeout_s=res.timeout_s,
+        layers=[
+            files.layer,
+            run.layer,
+            *masks_layers,
+            env.layer,
+            net.layer,
+            syscalls_layer,
+            privileges(),
+            residual_layer,
+            res.layer,
+        ],
+        accepted_unenforced=unenforced.accepted,
+        baseline=baseline,
+        secrets=env.secrets,
+        refusals=unenforced.refusals,
+        creation_denied=creation_denied,
+        egress=net.egress,
+        exec_mounts=run.mounts,
+        residual=gaps,
+    )
+
+
+def check_request(policy: Policy, argv: list[str], accept_unenforced: frozenset[str]) -> None:
+    """What is refused before anything is looked at: the document itself, the command line."""
     unknown = accept_unenforced - set(DOMAINS)
     if unknown:
         raise PlanError(f"--accept-unenforced takes {', '.join(DOMAINS)}; not {', '.join(sorted(unknown))}")
@@ -164,40 +309,25 @@ def build_plan(
         raise PlanError("the document's signature does not verify")
     if not argv:
         raise PlanError("no command given (adl-exec --adl FILE -- COMMAND ARGS...)")
-    cwd = cwd or os.getcwd()
-    home = environ.get("HOME", "/")
-    layers: list[Layer] = []
-    accepted: list[str] = []
 
-    refusals: list[str] = []
 
-    def unenforceable(domain: str, what: str) -> LayerStatus:
-        """A layer this host cannot enforce: refused, unless accepted (or only being explained)."""
-        if domain in accept_unenforced:
-            accepted.append(domain)
-            return "accepted-unenforced"
-        refusal = f"{what}; refusing to run with '{domain}' unenforced (--accept-unenforced {domain} to accept)"
-        if not explain_only:
-            raise PlanError(refusal)
-        refusals.append(refusal)
-        return "unavailable"
+def landlock_rules(abi: int, grants: Grants, *, via_filter: bool) -> landlock.LandlockPlan:
+    rules = landlock.LandlockPlan(abi)
+    for path, rights in grants:
+        rules.add(path, rights)
+    # The capture sends every connect to the filter, which decides and audits it; a Landlock port
+    # rule would refuse some attempts earlier but leave them out of the audit log.
+    rules.deny_tcp_connect = not via_filter
+    return rules
 
-    abi = features.landlock_abi
-    ll = landlock.LandlockPlan(abi)
-    fs_layer = Layer("filesystem", f"Landlock ABI {abi}" if abi else "Landlock", "active")
-    exec_layer = Layer("execution", f"Landlock EXECUTE (ABI {abi})", "active")
-    if abi == 0:
-        fs_layer.status = unenforceable("filesystem", "Landlock is not available on this kernel")
-        exec_layer.status = unenforceable("execution", "Landlock is not available on this kernel")
 
-    # -- runtime baseline (a denied pattern wins over it: what it matches is masked, not granted)
-    fs = policy.filesystem
-    denied = fs.denied if fs is not None and fs.denied.patterns else None
-    file_masks: list[str] = []
-    dir_masks: list[str] = []
-    search_path = baseline.search_path
-    base_details = [f"baseline {baseline.path} ({baseline.digest[:19]}…)"]
-    baseline_dirs: list[str] = []
+def baseline_grants(baseline: Baseline, denied: PatternList | None, cwd: str, home: str) -> BaselinePart:
+    """The runtime baseline's grants. A denied pattern wins over it: what it matches is masked, not
+    granted, including what it matches inside the baseline's directories."""
+    grants: Grants = []
+    masks = Masks()
+    details = [f"baseline {baseline.path} ({baseline.digest[:19]}…)"]
+    directories: list[str] = []
     for paths, rights, label in (
         (baseline.read, landlock.READ, "read"),
         (baseline.read_write, landlock.READ | landlock.WRITE_FILE | landlock.TRUNCATE, "read/write"),
@@ -210,24 +340,29 @@ def build_plan(
             real = os.path.realpath(p)
             hits = [] if denied is None else denied.match(p) or denied.match(real)
             if hits:
-                (dir_masks if os.path.isdir(real) else file_masks).append(real)
-                pattern = denied.patterns[hits[0]]  # type: ignore[union-attr]
-                base_details.append(f"  baseline {label}: {p} DENIED by {pattern}: masked, not granted")
+                assert denied is not None
+                (masks.dirs if os.path.isdir(real) else masks.files).append(real)
+                details.append(f"  baseline {label}: {p} DENIED by {denied.patterns[hits[0]]}: masked, not granted")
                 continue
-            ll.add(real, rights)
-            base_details.append(f"  baseline {label}: {p}")
+            grants.append((real, rights))
+            details.append(f"  baseline {label}: {p}")
             if os.path.isdir(real):
-                baseline_dirs.append(real)
+                directories.append(real)
     if baseline.proc_self:
-        base_details.append("  baseline read: /proc/self (the agent's own /proc entry, resolved in the child)")
+        details.append("  baseline read: /proc/self (the agent's own /proc entry, resolved in the child)")
     if denied is not None:
-        base_details.extend(_baseline_masks(denied, baseline_dirs, cwd, home, file_masks, dir_masks))
+        details.extend(_baseline_masks(denied, directories, cwd, home, masks))
+    return BaselinePart(grants, masks, details)
 
-    # -- filesystem
+
+def filesystem(fs: Any, base: BaselinePart, cwd: str, home: str, abi: int) -> FilesystemPart:
+    """The declared grants: each pattern's literal prefix, when it exists (Landlock grants whole trees).
+    The layer lists them, then the baseline's."""
+    layer = Layer("filesystem", f"Landlock ABI {abi}" if abi else "Landlock", "active")
+    grants: Grants = []
     writable: list[str] = []
-    creation_denied = None
     if fs is None:
-        fs_layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
+        layer.details.append("no filesystem permission declared: only the runtime baseline is reachable")
     else:
         for pattern, access in zip(fs.allowed.patterns, fs.access, strict=True):
             prefix = literal_prefix(pattern, cwd, home)
@@ -235,22 +370,22 @@ def build_plan(
                 access
             ]
             if not os.path.exists(prefix):
-                fs_layer.details.append(f"{access:<10} {pattern}: {prefix} does not exist, nothing granted")
+                layer.details.append(f"{access:<10} {pattern}: {prefix} does not exist, nothing granted")
                 continue
-            ll.add(prefix, rights)
+            grants.append((prefix, rights))
             if access != "read":
                 writable.append(os.path.realpath(prefix))
             narrower = "" if pattern.rstrip("/") in (prefix, prefix + "/**") else f" (Landlock grants all of {prefix})"
-            fs_layer.details.append(f"{access:<10} {pattern}{narrower}")
-        creation_denied = _creation_matcher(fs, writable)
-        masks_layer = _denied_masks(
-            fs, cwd, home, file_masks, dir_masks, guarded=creation_denied is not None and bool(fs.denied.patterns)
-        )
-        layers.append(masks_layer)
-    fs_layer.details.extend(base_details)
-    layers.insert(0, fs_layer)
+            layer.details.append(f"{access:<10} {pattern}{narrower}")
+    layer.details.extend(base.details)
+    return FilesystemPart(grants, writable, layer)
 
-    # -- execution
+
+def execution(
+    policy: Policy, argv: list[str], baseline: Baseline, cwd: str, writable: list[str], abi: int
+) -> ExecutionPart:
+    """The command resolved and checked, every binary the policy allows, and what stays executable."""
+    search_path = baseline.search_path
     executable = _resolve(argv[0], search_path, cwd)
     if executable is None:
         raise PlanError(f"command not found: {argv[0]} (searched {search_path})")
@@ -259,119 +394,103 @@ def build_plan(
         verdict = decide(policy, ProcessExec(tuple(argv), executable))
         reason = verdict.reasons[0].text if verdict.reasons else "not allowed"
         raise PlanError(f"the command itself is not allowed: {reason}")
-    for binary in sorted(granted):
-        ll.add(binary, landlock.READ_FILE | landlock.EXECUTE)
-    exec_mounts = _exec_mounts(baseline, granted, writable, exec_layer)
+    mounts, notes = _exec_mounts(baseline, granted, writable)
+    layer = Layer("execution", f"Landlock EXECUTE (ABI {abi}) + noexec mounts", "active", notes)
     if policy.execution is None:
-        exec_layer.details.append(f"no execution permission declared: only {executable} may run")
+        layer.details.append(f"no execution permission declared: only {executable} may run")
     else:
         shells = "allowed" if policy.execution.allow_shell else "never executable"
-        exec_layer.details.append(f"executable: {', '.join(sorted(granted))}; shells {shells}")
-    exec_layer.mechanism += " + noexec mounts"
-    exec_layer.details.extend(exec_mounts.describe())
-    layers.insert(1, exec_layer)
+        layer.details.append(f"executable: {', '.join(sorted(granted))}; shells {shells}")
+    layer.details.extend(mounts.describe())
+    grants = [(binary, landlock.READ_FILE | landlock.EXECUTE) for binary in sorted(granted)]
+    return ExecutionPart(executable, grants, mounts, layer)
 
-    # -- environment
-    env, dropped, secrets = _environment(policy, environ, search_path)
-    env_layer = Layer("environment", "empty start, allowed names only", "active")
-    env_layer.details.append(f"passed: {', '.join(sorted(env)) or 'nothing'}")
-    if dropped:
-        env_layer.details.append(f"dropped: {', '.join(dropped)}")
-    layers.append(env_layer)
 
-    # -- network
-    net = policy.network
-    egress_settings = None
-    if net is None or not net.hosts.patterns:
-        layers.append(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]))
-    else:
-        net_layer = Layer("network", "network namespace + egress host filter", "active", _network_details(policy))
-        if features.egress_tools_missing:
-            missing = ", ".join(features.egress_tools_missing)
-            net_layer.status = unenforceable("network", f"the egress filter needs {missing}, not installed here")
-            net_layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
+def environment(policy: Policy, environ: dict[str, str], search_path: str) -> EnvironmentPart:
+    """An empty environment plus the allowed names; PATH is the baseline's unless allowed through."""
+    env: dict[str, str] = {}
+    dropped: list[str] = []
+    for name in sorted(environ):
+        if decide(policy, EnvVar(name)).allowed:
+            env[name] = environ[name]
         else:
-            egress_settings = egress or _egress_from_environment()
-            # The capture sends every connect to the filter, which decides and audits it; a Landlock
-            # port rule would refuse some attempts earlier but leave them out of the audit log.
-            ll.deny_tcp_connect = False
-            net_layer.details.append("Landlock: no TCP listening; every TCP connect goes to the filter")
-            resolver = egress_settings.resolver()
-            net_layer.details.append(
-                "upstream resolver: " + ("{}:{}".format(*resolver) if resolver else "none configured: names fail")
-            )
-            if egress_settings.public_test_ranges:
-                net_layer.details.append(
-                    f"public test ranges (audited): {', '.join(egress_settings.public_test_ranges)}"
-                )
-        layers.append(net_layer)
+            dropped.append(name)
+    env.setdefault("PATH", search_path)
+    secrets = [env[n] for n in policy.secret_env if n in env]
+    layer = Layer("environment", "empty start, allowed names only", "active")
+    layer.details.append(f"passed: {', '.join(sorted(env)) or 'nothing'}")
+    if dropped:
+        layer.details.append(f"dropped: {', '.join(dropped)}")
+    return EnvironmentPart(env, dropped, secrets, layer)
 
-    # -- syscalls and privileges
-    seccomp_plan = SeccompPlan(
+
+def network(policy: Policy, tools_missing: tuple[str, ...], egress: EgressSettings | None) -> NetworkPart:
+    """No declared host: an empty namespace. Declared hosts: the egress filter, with `egress` or, when
+    None, the settings of the environment; without the filter's tools, loopback only."""
+    net = policy.network
+    if net is None or not net.hosts.patterns:
+        return NetworkPart(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]), None)
+    layer = Layer("network", "network namespace + egress host filter", "active", _network_details(policy))
+    if tools_missing:
+        layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
+        missing = f"the egress filter needs {', '.join(tools_missing)}, not installed here"
+        return NetworkPart(layer, None, missing)
+    settings = egress if egress is not None else _egress_from_environment()
+    layer.details.append("Landlock: no TCP listening; every TCP connect goes to the filter")
+    resolver = settings.resolver()
+    layer.details.append(
+        "upstream resolver: " + ("{}:{}".format(*resolver) if resolver else "none configured: names fail")
+    )
+    if settings.public_test_ranges:
+        layer.details.append(f"public test ranges (audited): {', '.join(settings.public_test_ranges)}")
+    return NetworkPart(layer, settings)
+
+
+def syscalls(creation_denied: creation_guard.DeniedNames | None) -> tuple[SeccompPlan, Layer]:
+    """The seccomp filter, with the creation guard for denied names and for metadata changes in
+    writable grants when there are any."""
+    plan = SeccompPlan(
         guard_creation=creation_denied is not None and bool(creation_denied.patterns),
         guard_metadata=creation_denied is not None,
     )
-    layers.append(
-        Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(seccomp_plan))
-    )
-    layers.append(
-        Layer(
-            "privileges",
-            "never host root, no capabilities, no_new_privs, new session, private mounts",
-            "active",
-            [
-                "identity: --user, else the sudo caller, else the daemon's caller (uid or gid 0 refused)",
-                "own PID namespace under an init; own /proc (hidepid=2), its mount tables masked",
-                "own IPC namespace: no System V or POSIX message queue, semaphore or shared memory of the "
-                "host or another session",
-            ],
-        )
-    )
-    residual = _residual(policy)
-    layers.append(Layer("not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable"))
-    layers[-1].details.extend(residual)
+    return plan, Layer("syscalls", "seccomp (default allow, escape surface denied)", "active", seccomp.describe(plan))
 
-    # -- resources
+
+def privileges() -> Layer:
+    return Layer(
+        "privileges",
+        "never host root, no capabilities, no_new_privs, new session, private mounts",
+        "active",
+        [
+            "identity: --user, else the sudo caller, else the daemon's caller (uid or gid 0 refused)",
+            "own PID namespace under an init; own /proc (hidepid=2), its mount tables masked",
+            "own IPC namespace: no System V or POSIX message queue, semaphore or shared memory of the "
+            "host or another session",
+        ],
+    )
+
+
+def resources(policy: Policy, cgroups: str, pids_max: int) -> ResourcesPart:
+    """The cgroup limits and the wall clock; without a usable cgroup hierarchy, none is enforced."""
     lim = policy.limits
     limits = Limits(
         memory_bytes=int(lim.max_memory_mb * 1024 * 1024) if lim and lim.max_memory_mb else None,
         cpu_percent=lim.max_cpu_percent if lim and lim.max_cpu_percent else None,
         pids_max=pids_max,
     )
-    res = Layer("resources", f"cgroup {features.cgroups}", "active")
-    if features.cgroups == "none":
-        res.status = unenforceable("resources", "no usable cgroup hierarchy (memory, cpu, pids)")
-    res.details.append(
+    timeout_s = lim.max_duration_sec if lim and lim.max_duration_sec else None
+    layer = Layer("resources", f"cgroup {cgroups}", "active")
+    layer.details.append(
         f"memory {limits.memory_bytes // 1048576 if limits.memory_bytes else 'unlimited'} MB, "
         f"cpu {limits.cpu_percent or 'unlimited'}%, pids {pids_max}, "
-        f"wall clock {lim.max_duration_sec if lim and lim.max_duration_sec else 'unlimited'} s"
+        f"wall clock {timeout_s or 'unlimited'} s"
     )
-    layers.append(res)
-    return LaunchPlan(
-        argv=list(argv),
-        executable=executable,
-        env=env,
-        env_dropped=dropped,
-        landlock=ll,
-        file_masks=file_masks,
-        dir_masks=dir_masks,
-        seccomp=seccomp_plan,
-        limits=limits,
-        timeout_s=lim.max_duration_sec if lim and lim.max_duration_sec else None,
-        layers=layers,
-        accepted_unenforced=accepted,
-        baseline=baseline,
-        secrets=secrets,
-        refusals=refusals,
-        creation_denied=creation_denied,
-        egress=egress_settings,
-        exec_mounts=exec_mounts,
-        residual=residual,
-    )
+    missing = "no usable cgroup hierarchy (memory, cpu, pids)" if cgroups == "none" else None
+    return ResourcesPart(limits, timeout_s, layer, missing)
 
 
-def _residual(policy: Policy) -> list[str]:
-    """Known gaps, stated precisely rather than left implicit."""
+def residual(policy: Policy) -> tuple[list[str], Layer]:
+    """Known gaps, stated precisely rather than left implicit: in the evidence and in their own layer."""
     gaps = [
         "name probing: path lookup, stat, access and readlink are not Landlock rights; the agent can learn "
         "whether a path outside its grants exists and read its metadata (never its content)",
@@ -387,7 +506,9 @@ def _residual(policy: Policy) -> list[str]:
         "an allowed interpreter runs any code it is given (python -c, ctypes); anonymous executable memory "
         "(JIT compilers) is not a mount and stays possible"
     )
-    return gaps
+    return gaps, Layer(
+        "not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable", list(gaps)
+    )
 
 
 def _egress_from_environment() -> EgressSettings:
@@ -434,14 +555,12 @@ def _beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _baseline_masks(
-    denied: Any, roots: list[str], cwd: str, home: str, file_masks: list[str], dir_masks: list[str]
-) -> list[str]:
+def _baseline_masks(denied: PatternList, roots: list[str], cwd: str, home: str, masks: Masks) -> list[str]:
     """Mask what a denied pattern matches inside the baseline's directories. Each walk starts at the
     deepest literal directory the pattern and the baseline directory share; a pattern that would need
     more than MAX_MASK_WALK entries checked refuses the launch rather than leave matches readable."""
     details: list[str] = []
-    masked = set(file_masks) | set(dir_masks)
+    masked = set(masks.files) | set(masks.dirs)
     for pattern in denied.patterns:
         single = creation_guard.DeniedNames(PatternList.compile([pattern], "path"))
         prefix = literal_prefix(pattern, cwd, home)
@@ -467,10 +586,10 @@ def _baseline_masks(
                         continue
                     masked.add(full)
                     if name in subdirs:
-                        dir_masks.append(full)
+                        masks.dirs.append(full)
                         subdirs.remove(name)
                     elif os.path.isfile(full) and not os.path.islink(full):
-                        file_masks.append(full)
+                        masks.files.append(full)
                     details.append(f"  baseline {root}: {full} DENIED by {pattern}: masked")
                 if visited > MAX_MASK_WALK:
                     raise PlanError(
@@ -480,9 +599,10 @@ def _baseline_masks(
     return details
 
 
-def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], layer: Layer) -> ExecMounts:
+def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str]) -> tuple[ExecMounts, list[str]]:
     """Every mount noexec except the allowed executables, the ELF interpreter and the baseline's
-    library directories; writable grants stay noexec even inside them."""
+    library directories; writable grants stay noexec even inside them. With the library directories
+    left noexec for that reason."""
     for binary in sorted(granted):
         for root in writable:
             if _beneath(binary, root):
@@ -493,10 +613,11 @@ def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], lay
     files = sorted(granted | {os.path.realpath(p) for p in baseline.execute if os.path.exists(p)})
     directories: list[str] = []
     trees: list[str] = []
+    notes: list[str] = []
     for wanted, kept in ((baseline.library, directories), (baseline.library_trees, trees)):
         for path in wanted:
             if any(_beneath(path, root) for root in writable):
-                layer.details.append(f"library {path} lies in a writable grant: noexec")
+                notes.append(f"library {path} lies in a writable grant: noexec")
                 continue
             kept.append(path)
     exec_paths = set(files) | set(directories) | set(trees)
@@ -518,9 +639,10 @@ def _exec_mounts(baseline: Baseline, granted: set[str], writable: list[str], lay
     for directory in directories:
         subdirectories(directory)
     noexec += [root for root in writable if any(_beneath(root, p) for p in directories + trees)]
-    return ExecMounts(
+    mounts = ExecMounts(
         files=files, directories=sorted(directories, key=len), trees=sorted(trees, key=len), noexec=sorted(noexec)
     )
+    return mounts, notes
 
 
 def _resolve(command: str, search_path: str, cwd: str) -> str | None:
@@ -567,26 +689,14 @@ def _executables(policy: Policy, search_path: str, launched: str) -> set[str]:
     return granted
 
 
-def _environment(
-    policy: Policy, environ: dict[str, str], search_path: str
-) -> tuple[dict[str, str], list[str], list[str]]:
-    env: dict[str, str] = {}
-    dropped: list[str] = []
-    for name in sorted(environ):
-        if decide(policy, EnvVar(name)).allowed:
-            env[name] = environ[name]
-        else:
-            dropped.append(name)
-    env.setdefault("PATH", search_path)
-    secrets = [env[n] for n in policy.secret_env if n in env]
-    return env, dropped, secrets
-
-
-def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks: list[str], *, guarded: bool) -> Layer:
+def denied_masks(fs: Any, cwd: str, home: str, baseline: Masks, *, guarded: bool) -> tuple[Layer, Masks]:
+    """Every denied file and directory inside the declared grants, added to the baseline's masks. A
+    hard link is the same file under another name: every name of a denied file is masked."""
     layer = Layer("denied_paths", "mount namespace masks", "active")
+    masks = Masks(list(baseline.files), list(baseline.dirs))
     if not fs.denied.patterns:
         layer.status = "not declared"
-        return layer
+        return layer, masks
     visited = 0
     roots = sorted({literal_prefix(p, cwd, home) for p in fs.allowed.patterns})
     denied_inodes: set[tuple[int, int]] = set()
@@ -599,7 +709,7 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
                 info = os.lstat(full)
                 denied = fs.denied.first(full) is not None
                 if stat.S_ISDIR(info.st_mode) and denied:
-                    dir_masks.append(full)
+                    masks.dirs.append(full)
                     subdirs.remove(name)
                 elif stat.S_ISREG(info.st_mode):
                     regular_files.append((full, info))
@@ -607,11 +717,10 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
                         denied_inodes.add((info.st_dev, info.st_ino))
             if visited > MAX_MASK_WALK:
                 raise PlanError(f"more than {MAX_MASK_WALK} entries under {root} while looking for denied paths")
-    # A hard link is the same file under another name: mask every name of a denied file.
-    file_masks.extend(full for full, info in regular_files if (info.st_dev, info.st_ino) in denied_inodes)
+    masks.files.extend(full for full, info in regular_files if (info.st_dev, info.st_ino) in denied_inodes)
     layer.details.append(f"patterns: {', '.join(fs.denied.patterns)}")
-    layer.details.append(f"masked at launch: {len(file_masks)} file(s), {len(dir_masks)} directorie(s)")
-    layer.details.extend(f"  masked: {p}" for p in file_masks + dir_masks)
+    layer.details.append(f"masked at launch: {len(masks.files)} file(s), {len(masks.dirs)} directorie(s)")
+    layer.details.extend(f"  masked: {p}" for p in masks.files + masks.dirs)
     if guarded:
         layer.details.append(
             "created after launch: every name-creating call (open with O_CREAT, mkdir, mknod, link, "
@@ -621,4 +730,4 @@ def _denied_masks(fs: Any, cwd: str, home: str, file_masks: list[str], dir_masks
         )
     else:
         layer.details.append("created after launch: nothing can be created (no writable grant)")
-    return layer
+    return layer, masks
