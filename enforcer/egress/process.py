@@ -21,7 +21,8 @@ import socket
 import struct
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,19 +159,12 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         source="adl-egress",
         settings=dataclasses.replace(audit.settings, background_flush=True),
     )
-    agent = agent_of(policy)
-
-    def record(kind: str, payload: dict[str, Any]) -> None:
-        high = payload.get("decision") == "deny"
-        writer.append(kind, {"agent": agent, **payload}, corr=session, priority="high" if high else "normal")
-
+    record = _Recorder(writer, agent_of(policy), session)
     resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
     synthetic = SyntheticAddresses()
-    stub = DnsStub(policy, resolver, synthetic)
     # Connection handlers and their relays run on pooled threads: starting two threads per
     # connection would be a noticeable part of the setup latency the filter adds.
     workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
-    handlers = Counter()
     connections = ConnectionFilter(
         policy,
         resolver,
@@ -182,113 +176,166 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, aud
         sniff_timeout_s=settings.sniff_timeout_ms / 1000,
         message_timeout_s=settings.message_timeout_ms / 1000,
     )
-    started = {
+    server = _FilterServer(record, DnsStub(policy, resolver, synthetic), connections, workers, settings.max_connections)
+    started: dict[str, Any] = {
+        "decision": "allow",
         "upstream_dns": "{}:{}".format(*resolver.server) if resolver.server else None,
         "public_test_ranges": [str(n) for n in test_ranges],
         "ipv6": space.ipv6,
         "host_addresses": own,
     }
-    start_payload: dict[str, Any] = {"decision": "allow", **started}
     if test_ranges:
-        start_payload["warning"] = (
+        started["warning"] = (
             "ADL_ENFORCER_PUBLIC_TEST_RANGES treats documentation ranges as public addresses (test networks only)"
         )
-    record("net.start", start_payload)
+    record("net.start", started)
     writer.sync()
     socket.send_fds(control, [b"ready"], [space.netns_fd])
 
-    dns_stats = {"queries": 0, "denied": 0, "shed": 0}
-    dns_lock = threading.Lock()
+    summary = server.stop(server.serve(control, space))
+    writer.close()
+    with contextlib.suppress(OSError):
+        control.send(json.dumps(summary).encode())
+    space.close()
+    return 0
 
-    def answer(wire: bytes) -> bytes | None:
-        outcome = stub.answer(wire)
-        with dns_lock:
-            dns_stats["queries"] += 1
-            dns_stats["denied"] += outcome.event.get("decision") == "deny"
+
+@dataclass
+class _Recorder:
+    """The filter's records in the session's log: each names the agent and carries the session as its
+    correlation; denials go ahead of routine records."""
+
+    writer: AuditWriter
+    agent: str
+    session: str
+
+    def __call__(self, kind: str, payload: dict[str, Any]) -> None:
+        high = payload.get("decision") == "deny"
+        self.writer.append(
+            kind, {"agent": self.agent, **payload}, corr=self.session, priority="high" if high else "normal"
+        )
+
+
+class _FilterServer:
+    """What the filter serves once the agent's namespace exists: DNS over UDP and TCP through the stub,
+    and TCP connections through the connection filter, on pooled threads, until the launcher says stop."""
+
+    def __init__(
+        self,
+        record: Callable[[str, dict[str, Any]], None],
+        stub: DnsStub,
+        connections: ConnectionFilter,
+        workers: Executor,
+        max_connections: int,
+        *,
+        dns_threads: int = 8,
+        max_pending: int = MAX_PENDING_QUERIES,
+    ) -> None:
+        self.record = record
+        self.stub = stub
+        self.connections = connections
+        self.workers = workers
+        self.max_connections = max_connections
+        self.handlers = Counter()
+        self.dns_stats = {"queries": 0, "denied": 0, "shed": 0}
+        self._dns_lock = threading.Lock()
+        self._dns_pool = ThreadPoolExecutor(max_workers=dns_threads, thread_name_prefix="egress-dns")
+        self._pending = threading.BoundedSemaphore(max_pending)
+
+    def answer(self, wire: bytes) -> bytes | None:
+        """The stub's answer to one query, once its record is written; None when it cannot be."""
+        outcome = self.stub.answer(wire)
+        with self._dns_lock:
+            self.dns_stats["queries"] += 1
+            self.dns_stats["denied"] += outcome.event.get("decision") == "deny"
         try:
-            record("net.dns", outcome.event)
+            self.record("net.dns", outcome.event)
         except AuditUnavailable:
             return None  # unrecorded means unanswered
         return outcome.response
 
-    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="egress-dns")
-
-    pending = threading.BoundedSemaphore(MAX_PENDING_QUERIES)
-
-    def udp_query(sock: socket.socket) -> None:
+    def udp_query(self, sock: socket.socket) -> None:
+        """Read one datagram and answer it on a DNS thread; past MAX_PENDING_QUERIES waiting, shed it."""
         with contextlib.suppress(OSError):
             wire, peer = sock.recvfrom(65535)
-            if not pending.acquire(blocking=False):
-                with dns_lock:
-                    dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
+            if not self._pending.acquire(blocking=False):
+                with self._dns_lock:
+                    self.dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
                 return
+            self._dns_pool.submit(self._reply, sock, wire, peer)
 
-            def reply() -> None:
-                try:
-                    response = answer(wire)
-                    if response is not None:
-                        sock.sendto(response, peer)
-                finally:
-                    pending.release()
+    def _reply(self, sock: socket.socket, wire: bytes, peer: Any) -> None:
+        try:
+            response = self.answer(wire)
+            if response is not None:
+                sock.sendto(response, peer)
+        finally:
+            self._pending.release()
 
-            pool.submit(reply)
-
-    def tcp_dns(conn: socket.socket) -> None:
+    def tcp_dns(self, conn: socket.socket) -> None:
+        """Length-prefixed queries on one connection, answered in turn until it closes."""
         with conn, contextlib.suppress(OSError, struct.error):
             conn.settimeout(10)
             while head := _read_exact(conn, 2):
                 wire = _read_exact(conn, struct.unpack("!H", head)[0])
                 if wire is None:
                     return
-                response = answer(wire)
+                response = self.answer(wire)
                 if response is None:
                     return
                 conn.sendall(struct.pack("!H", len(response)) + response)
 
-    def spawn(target: Any, conn: socket.socket) -> None:
-        handlers.add(1)
-        workers.submit(target, conn).add_done_callback(lambda _: handlers.add(-1))
+    def accept(self, listener: socket.socket, kind: str) -> None:
+        """One TCP connection (`kind` "tcp") or DNS-over-TCP connection to a handler, unless the session
+        already has max_connections open: then it is refused, and audited."""
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            if self.handlers.value >= self.max_connections:
+                self.connections.refuse_over_limit(conn, self.max_connections)
+                return
+            self.spawn(self.connections.handle if kind == "tcp" else self.tcp_dns, conn)
 
-    selector = selectors.DefaultSelector()
-    selector.register(control, selectors.EVENT_READ, "control")
-    for sock in space.tcp:
-        selector.register(sock, selectors.EVENT_READ, "tcp")
-    for sock in space.dns_tcp:
-        selector.register(sock, selectors.EVENT_READ, "dns_tcp")
-    for sock in space.dns_udp:
-        selector.register(sock, selectors.EVENT_READ, "dns_udp")
-    running = True
-    dropped: dict[str, Any] = {"error": "the launcher sent no drop counters"}
-    while running:
-        for key, _ in selector.select():
-            if key.data == "control":
-                # "stop" and the namespace's drop counters, read by the launcher (this process has
-                # no capabilities left to read them). Reading it also keeps the reply from a reset.
-                with contextlib.suppress(OSError, ValueError):
-                    dropped = json.loads(control.recv(65536).removeprefix(b"stop "))
-                running = False
-            elif key.data == "dns_udp":
-                udp_query(key.fileobj)  # type: ignore[arg-type]
-            else:
-                with contextlib.suppress(OSError):
-                    conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
-                    if handlers.value >= settings.max_connections:
-                        connections.refuse_over_limit(conn, settings.max_connections)
-                        continue
-                    spawn(connections.handle if key.data == "tcp" else tcp_dns, conn)
+    def spawn(self, target: Callable[[socket.socket], None], conn: socket.socket) -> None:
+        self.handlers.add(1)
+        self.workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
 
-    connections.shutdown_all()
-    handlers.wait_zero(timeout=5)
-    workers.shutdown(wait=False, cancel_futures=True)
-    pool.shutdown(wait=True, cancel_futures=True)
-    summary = {"connections": dict(connections.stats), "dns": dict(dns_stats), "dropped_packets": dropped}
-    rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
-    record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
-    writer.close()
-    with contextlib.suppress(OSError):
-        control.send(json.dumps(summary).encode())
-    space.close()
-    return 0
+    def serve(self, control: socket.socket, space: netns.AgentNamespace) -> dict[str, Any]:
+        """Serve until the launcher sends "stop"; return the namespace's drop counters it sends along
+        (this process has no capabilities left to read them)."""
+        selector = selectors.DefaultSelector()
+        selector.register(control, selectors.EVENT_READ, "control")
+        for kind, listeners in (("tcp", space.tcp), ("dns_tcp", space.dns_tcp), ("dns_udp", space.dns_udp)):
+            for listener in listeners:
+                selector.register(listener, selectors.EVENT_READ, kind)
+        dropped: dict[str, Any] = {"error": "the launcher sent no drop counters"}
+        running = True
+        with selector:
+            while running:
+                for key, _ in selector.select():
+                    sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if key.data == "control":
+                        # Reading "stop" also keeps the reply to it from a reset.
+                        with contextlib.suppress(OSError, ValueError):
+                            dropped = json.loads(control.recv(65536).removeprefix(b"stop "))
+                        running = False
+                    elif key.data == "dns_udp":
+                        self.udp_query(sock)
+                    else:
+                        self.accept(sock, key.data)
+        return dropped
+
+    def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
+        """Cut open connections, wait briefly for their handlers, and record the session's summary."""
+        self.connections.shutdown_all()
+        self.handlers.wait_zero(timeout=5)
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        self._dns_pool.shutdown(wait=True, cancel_futures=True)
+        with self._dns_lock:
+            dns_stats = dict(self.dns_stats)
+        summary = {"connections": dict(self.connections.stats), "dns": dns_stats, "dropped_packets": dropped}
+        rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
+        self.record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
+        return summary
 
 
 class Counter:
