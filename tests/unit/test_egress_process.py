@@ -1,0 +1,280 @@
+"""The egress filter process's serving parts without a namespace or root: its records in a temporary
+audit log, DNS answers from the stub against an in-memory upstream (over UDP and TCP on loopback),
+the connection accounting and the stop summary."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import dns.message
+import dns.rcode
+import orjson
+import pytest
+
+from enforcer.audit import AuditWriter
+from enforcer.audit.writer import log_files
+from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
+from enforcer.egress.filter import ConnectionFilter
+from enforcer.egress.netns import AgentNamespace
+from enforcer.egress.process import _FilterServer, _Recorder
+
+from ..conftest import base_adl, compile_doc
+
+ZONE = {"api.example.test": ["203.0.113.5"]}
+
+
+class ZoneUpstream(UpstreamResolver):
+    """An upstream resolver answering from a dictionary instead of the network."""
+
+    def __init__(self, zone: dict[str, list[str]]) -> None:
+        super().__init__(("192.0.2.53", 53), 1.0)
+        self.zone = zone
+
+    def _query(self, name: str, version: int) -> tuple[Resolution, float]:
+        if name not in self.zone:
+            return Resolution(nxdomain=True), 5.0
+        found = [ipaddress.ip_address(a) for a in self.zone[name] if ipaddress.ip_address(a).version == version]
+        return Resolution(found), 30.0
+
+
+def audit_records(directory: Path) -> list[dict[str, Any]]:
+    lines = (line for path in log_files(directory) for line in path.read_bytes().splitlines())
+    return [r for r in map(orjson.loads, lines) if r["intent"].startswith("adl.enforcer.net.")]
+
+
+def query(name: str, qtype: str = "A") -> bytes:
+    return dns.message.make_query(name, qtype).to_wire()
+
+
+class Setup:
+    def __init__(self, schemas: Any, tmp_path: Path, *, max_connections: int = 4, max_pending: int = 256) -> None:
+        policy = compile_doc(
+            schemas, base_adl(permissions={"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}})
+        )
+        self.log = tmp_path / "log"
+        self.writer = AuditWriter(self.log, tmp_path / "key.pem", source="adl-egress")
+        self.record = _Recorder(self.writer, "agent-1", "session-1")
+        resolver, synthetic = ZoneUpstream(ZONE), SyntheticAddresses()
+        self.workers = ThreadPoolExecutor(max_workers=8)
+        self.connections = ConnectionFilter(
+            policy,
+            resolver,
+            synthetic,
+            self.record,
+            listen_port=15001,
+            workers=self.workers,
+            connect_timeout_s=1.0,
+            sniff_timeout_s=0.1,
+            message_timeout_s=1.0,
+        )
+        self.server = _FilterServer(
+            self.record,
+            DnsStub(policy, resolver, synthetic),
+            self.connections,
+            self.workers,
+            max_connections,
+            max_pending=max_pending,
+        )
+
+    def close(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        self.server._dns_pool.shutdown(wait=False, cancel_futures=True)
+        self.writer.close()
+
+
+@pytest.fixture
+def setup(schemas: Any, tmp_path: Path) -> Iterator[Setup]:
+    made = Setup(schemas, tmp_path)
+    yield made
+    made.close()
+
+
+def udp_pair() -> tuple[socket.socket, socket.socket]:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.settimeout(5)
+    return server, client
+
+
+def wait_for(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_records_name_the_agent_and_the_session_and_put_denials_first(setup: Setup) -> None:
+    setup.record("net.dns", {"decision": "deny", "host": "evil.test"})
+    setup.record("net.connect", {"decision": "allow", "host": "api.example.test"})
+    setup.writer.sync()
+    denied, allowed = audit_records(setup.log)
+    assert denied["intent"] == "adl.enforcer.net.dns" and denied["corr"] == "session-1"
+    assert denied["payload"] == {"agent": "agent-1", "decision": "deny", "host": "evil.test"}
+    assert denied["priority"] == "high" and allowed["priority"] == "normal"
+    assert allowed["from"] == "adl-egress"
+
+
+def test_answers_are_recorded_and_counted(setup: Setup) -> None:
+    allowed = dns.message.from_wire(setup.server.answer(query("api.example.test")) or b"")
+    assert allowed.rcode() == dns.rcode.NOERROR
+    address = allowed.answer[0][0].address
+    assert address != "203.0.113.5"  # the agent gets a synthetic address, never the real one
+    denied = dns.message.from_wire(setup.server.answer(query("evil.test")) or b"")
+    assert denied.rcode() == dns.rcode.NXDOMAIN
+    assert setup.server.dns_stats == {"queries": 2, "denied": 1, "shed": 0}
+    setup.writer.sync()
+    events = [r["payload"] for r in audit_records(setup.log)]
+    assert [(e["host"], e["decision"]) for e in events] == [("api.example.test", "allow"), ("evil.test", "deny")]
+
+
+def test_an_answer_that_cannot_be_recorded_is_not_given(setup: Setup) -> None:
+    setup.writer.close()
+    assert setup.server.answer(query("api.example.test")) is None
+    assert setup.server.dns_stats["queries"] == 1
+
+
+def slot_free(server: _FilterServer) -> bool:
+    if not server._pending.acquire(blocking=False):
+        return False
+    server._pending.release()
+    return True
+
+
+def test_udp_queries_are_answered_from_the_pool(schemas: Any, tmp_path: Path) -> None:
+    single = Setup(schemas, tmp_path, max_pending=1)
+    server, client = udp_pair()
+    try:
+        with server, client:
+            for _ in range(3):  # the one slot is given back after each answer
+                client.sendto(query("api.example.test"), server.getsockname())
+                single.server.udp_query(server)
+                response = dns.message.from_wire(client.recv(65535))
+                assert response.rcode() == dns.rcode.NOERROR and response.answer
+                wait_for(lambda: slot_free(single.server))
+            assert single.server.dns_stats == {"queries": 3, "denied": 0, "shed": 0}
+    finally:
+        single.close()
+
+
+def test_udp_queries_past_the_pending_limit_are_shed_unanswered(schemas: Any, tmp_path: Path) -> None:
+    flooded = Setup(schemas, tmp_path, max_pending=1)
+    server, client = udp_pair()
+    release = threading.Event()
+    answer = flooded.server.answer
+
+    def slow_answer(wire: bytes) -> bytes | None:
+        release.wait(5)
+        return answer(wire)
+
+    flooded.server.answer = slow_answer  # type: ignore[method-assign]  # holds the one pending slot
+    try:
+        with server, client:
+            for name in ("api.example.test", "second.example.test"):
+                client.sendto(query(name), server.getsockname())
+                flooded.server.udp_query(server)
+            assert flooded.server.dns_stats["shed"] == 1
+            release.set()
+            assert dns.message.from_wire(client.recv(65535)).question[0].name.to_text() == "api.example.test."
+            client.settimeout(0.3)
+            with pytest.raises(TimeoutError):
+                client.recv(65535)  # the shed query is never answered
+    finally:
+        release.set()
+        flooded.close()
+
+
+def test_dns_over_tcp_answers_each_query_until_the_client_closes(setup: Setup) -> None:
+    client, conn = socket.socketpair()
+    with client:
+        done = threading.Thread(target=setup.server.tcp_dns, args=(conn,))
+        done.start()
+        for name in ("api.example.test", "evil.test"):
+            wire = query(name)
+            client.sendall(struct.pack("!H", len(wire)) + wire)
+            size = struct.unpack("!H", client.recv(2))[0]
+            response = b""
+            while len(response) < size:
+                response += client.recv(size - len(response))
+            assert dns.message.from_wire(response).question[0].name.to_text() == name + "."
+        client.shutdown(socket.SHUT_WR)
+        done.join(5)
+        assert not done.is_alive() and conn.fileno() == -1  # the handler closed its end
+    assert setup.server.dns_stats == {"queries": 2, "denied": 1, "shed": 0}
+
+
+def test_connections_past_the_limit_are_refused_and_audited(schemas: Any, tmp_path: Path) -> None:
+    limited = Setup(schemas, tmp_path, max_connections=1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        first = socket.create_connection(listener.getsockname())
+        limited.server.accept(listener, "dns_tcp")  # a DNS-over-TCP handler that waits for queries
+        wait_for(lambda: limited.server.handlers.value == 1)
+        second = socket.create_connection(listener.getsockname())
+        second.settimeout(5)
+        limited.server.accept(listener, "tcp")
+        with pytest.raises(ConnectionResetError):  # reset unserved
+            second.recv(1)
+        assert limited.server.handlers.value == 1
+        first.close()
+        wait_for(lambda: limited.server.handlers.value == 0)  # a finished handler is counted out
+        second.close()
+        limited.writer.sync()
+        refused = [r["payload"] for r in audit_records(limited.log)]
+        assert [p["rules"] for p in refused] == [["net.too_many_connections"]]
+        assert refused[0]["decision"] == "deny" and limited.connections.stats == {
+            "connections": 1,
+            "allowed": 0,
+            "denied": 1,
+            "bytes_out": 0,
+            "bytes_in": 0,
+        }
+    finally:
+        listener.close()
+        limited.close()
+
+
+def test_serve_until_stop_then_summarise(setup: Setup) -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    udp, client = udp_pair()
+    tcp = socket.create_server(("127.0.0.1", 0))
+    space = AgentNamespace(netns_fd=-1, tcp=[tcp], dns_udp=[udp], dns_tcp=[], ipv6=False)
+    result: dict[str, Any] = {}
+    serving = threading.Thread(target=lambda: result.update(dropped=setup.server.serve(theirs, space)))
+    serving.start()
+    try:
+        client.sendto(query("evil.test"), udp.getsockname())
+        assert dns.message.from_wire(client.recv(65535)).rcode() == dns.rcode.NXDOMAIN
+        ours.send(b"stop " + orjson.dumps({"udp": 3, "quic": 0}))
+        serving.join(5)
+        assert not serving.is_alive() and result["dropped"] == {"udp": 3, "quic": 0}
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, udp, client, tcp):
+            sock.close()
+
+    summary = setup.server.stop(result["dropped"])
+    assert summary["dns"] == {"queries": 1, "denied": 1, "shed": 0}
+    assert summary["dropped_packets"] == {"udp": 3, "quic": 0} and summary["connections"]["connections"] == 0
+    setup.writer.sync()
+    last = audit_records(setup.log)[-1]
+    assert last["intent"] == "adl.enforcer.net.summary"
+    assert last["payload"]["decision"] == "deny" and last["payload"]["rules"] == ["net.udp"]  # dropped packets
+
+
+def test_a_summary_without_drops_allows(setup: Setup) -> None:
+    summary = setup.server.stop({"udp": 0, "error": "unreadable"})
+    assert summary["dns"] == {"queries": 0, "denied": 0, "shed": 0}
+    setup.writer.sync()
+    payload = audit_records(setup.log)[-1]["payload"]
+    assert payload["decision"] == "allow" and payload["rules"] == []
