@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from . import records
-from .writer import log_files
+from .logfiles import log_files
 
 _RELATIVE = re.compile(r"^-?(\d+)\s*(s|sec|m|min|h|hour|d|day|w|week)s?$")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400, "w": 604800}

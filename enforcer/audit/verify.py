@@ -16,8 +16,9 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from . import keys, records
+from .head import HEAD_FILE
+from .logfiles import log_files, log_name
 from .records import GENESIS, canonical
-from .writer import HEAD_FILE, log_files, log_name
 
 
 @dataclass

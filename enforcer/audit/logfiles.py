@@ -1,0 +1,100 @@
+"""The log's files: `audit-<first seq, 16 digits>.jsonl`, how they are named, listed and opened, and
+how the last record is found at the end of one, a torn last line included."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from . import records
+from .records import parse_line
+
+LOG_GLOB = "audit-*.jsonl"
+TORN_DIR = "torn"
+
+
+def log_name(first_seq: int) -> str:
+    return f"audit-{first_seq:016d}.jsonl"
+
+
+def log_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(LOG_GLOB))
+
+
+def open_log(path: Path, *, create: bool) -> int:
+    """A descriptor that appends to `path`; with `create`, the file must not exist yet."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    return os.open(path, flags, 0o640)
+
+
+def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
+    """(last complete line, offset where the complete lines end, torn bytes after them)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return None, 0, b""
+        chunk, pos, data = 65536, size, b""
+        while pos > 0:
+            step = min(chunk, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+            cut = data.rfind(b"\n", 0, len(data) - 1 if data.endswith(b"\n") else len(data))
+            if cut >= 0 or pos == 0:
+                break
+        end = data.rfind(b"\n") + 1  # end of the last complete line within `data`
+        torn = data[end:]
+        complete = data[:end]
+        start = complete.rfind(b"\n", 0, len(complete) - 1) + 1
+        last = complete[start:-1] if complete else None
+        return last, pos + end, torn
+
+
+def first_record(path: Path) -> dict[str, Any]:
+    """The first record of a log file ({} while its first line is incomplete)."""
+    with open(path, "rb") as f:
+        line = f.readline()
+    return parse_line(line) if line.endswith(b"\n") else {}
+
+
+def started_ns(path: Path) -> int | None:
+    """When a log file was begun: the time of its first record (None if it has none yet)."""
+    first = first_record(path)
+    return records.parse_ts(first["ts"]) if "ts" in first else None
+
+
+def previous_tail(directory: Path, path: Path) -> bytes:
+    """The last record of the file before `path`, for an empty `path` (a rotation interrupted by a
+    crash)."""
+    files = log_files(directory)
+    index = files.index(path) if path in files else 0
+    if index == 0:
+        raise records.RecordError(f"{path.name} holds no complete record")
+    last, _, _ = read_tail(files[index - 1])
+    if last is None:
+        raise records.RecordError(f"{files[index - 1].name} holds no complete record")
+    return last
+
+
+def set_torn_aside(directory: Path, path: Path, fd: int, end: int, torn: bytes) -> dict[str, Any]:
+    """Move the bytes of a torn last line of `path` (open as `fd`) to torn/, durably, and cut the
+    file back to its last whole line at `end`. The payload of the gap record that says so."""
+    aside_dir = directory / TORN_DIR
+    aside_dir.mkdir(exist_ok=True, mode=0o750)
+    aside = aside_dir / f"{path.name}.{end}"
+    with open(aside, "wb") as out:
+        out.write(torn)
+        out.flush()
+        os.fsync(out.fileno())
+    os.truncate(path, end)
+    os.fsync(fd)
+    return {
+        "reason": "torn_write",
+        "file": path.name,
+        "offset": end,
+        "bytes": len(torn),
+        "fragment_sha256": hashlib.sha256(torn).hexdigest(),
+        "saved_as": f"{TORN_DIR}/{aside.name}",
+    }

@@ -1,0 +1,80 @@
+"""Who writes the log. Each live writer holds a flock on its own entry in writers/; an entry nobody
+holds belongs to a writer that stopped without closing. Appends are ordered across writers by a
+flock on audit.lock, held as a lease (see Lease)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+WRITERS_DIR = "writers"
+APPEND_LOCK = "audit.lock"
+
+
+class Lease:
+    """The exclusive flock on audit.lock: whoever holds it may append."""
+
+    __slots__ = ("_fd", "held")
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory / APPEND_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self.held = False
+
+    def take(self) -> bool:
+        """Wait for the lease. Whether it was newly taken (then others may have appended meanwhile)."""
+        if self.held:
+            return False
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self.held = True
+        return True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def register(directory: Path, writer_id: str, started: str) -> int:
+    """Enter a writer in the registry; it stays live while the returned descriptor is open."""
+    fd = os.open(directory / WRITERS_DIR / writer_id, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, orjson.dumps({"writer": writer_id, "pid": os.getpid(), "started": started}))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unregister(directory: Path, writer_id: str, fd: int) -> None:
+    (directory / WRITERS_DIR / writer_id).unlink(missing_ok=True)
+    os.close(fd)
+
+
+def dead_writers(directory: Path) -> Iterator[dict[str, Any]]:
+    """What each dead writer's entry says (writer, pid, started); the entry is removed once the
+    caller resumes the iteration, that is after it has recorded the death. Call under the lease, so
+    that two writers do not both report one death."""
+    for entry in sorted((directory / WRITERS_DIR).iterdir()):
+        fd = os.open(entry, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer
+            try:
+                info = orjson.loads(os.read(fd, 4096) or b"{}")
+            except orjson.JSONDecodeError:
+                info = {}
+            yield {"writer": info.get("writer", entry.name), "pid": info.get("pid"), "started": info.get("started")}
+            entry.unlink()
+        finally:
+            os.close(fd)
