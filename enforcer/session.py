@@ -8,9 +8,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import Any
 
-from .audit import AuditWriter, Masker, records
+from .audit import Appender, AuditWriter, Masker, records
 from .audit.events import agent_of
 from .audit.evidence import EvidenceEvent, build_evidence
 from .audit.records import format_ts
@@ -38,12 +38,6 @@ def host_features() -> HostFeatures:
 
 def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
     return [asdict(layer) for layer in plan.layers]
-
-
-class Appender(Protocol):
-    """An AuditWriter, or the daemon's AuditSink around one."""
-
-    def append(self, kind: str, payload: dict[str, Any], **kw: Any) -> Any: ...
 
 
 def record_refusal(writer: Appender, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
