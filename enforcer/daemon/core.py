@@ -55,9 +55,12 @@ class _Derived(NamedTuple):
     CheckResponse (by dry_run, filled as needed). Built once for a decision the policy hands out
     for many calls (Policy.tool_allowed), else for each call."""
 
-    decision: Decision  # held while memoized, so that its id() stays its own
+    decision: Decision  # the one it was built from: a reload brings a new one under the same key
     members: dict[str, Any]
     encoded: dict[bool, bytes]
+
+
+_DERIVED_MAX = 4096  # memo entries; reloads and removed agents leave old ones, all dropped at the bound
 
 
 class _Prepared(NamedTuple):
@@ -125,7 +128,9 @@ class Core:
         # a getrandom() call on every Check's path.
         self._id_prefix = "dec-" + secrets.token_hex(6) + "-"
         self._id_counter = itertools.count(1)
-        self._derived: dict[int, _Derived] = {}  # by id() of a shared decision
+        # The derived parts of each agent's shared tool decisions: (agent key, tool) -> _Derived of
+        # entry.policy.tool_allowed[tool]. The agent key is in the key because the encoded part names it.
+        self._derived: dict[tuple[str, str], _Derived] = {}
         # Telemetry hooks (off unless configured): called with each batch of recorded decisions.
         # They run on the answering thread, so they only hand the events on; a failing one is logged.
         self.observers: list[Callable[[list[DecisionEvent]], None]] = []
@@ -321,17 +326,18 @@ class Core:
         return _Decided(entry, request_id, derived, decision_id, eval_us, approval, dry_run, record)
 
     def _derive(self, entry: AgentEntry, action: Action, decision: Decision) -> _Derived:
-        derived = self._derived.get(id(decision))
+        if not (isinstance(action, ToolCall) and entry.policy.tool_allowed.get(action.name) is decision):
+            return _Derived(decision, decision_members(entry.policy, decision), {})  # this call's own
+        key = (entry.key, action.name)
+        derived = self._derived.get(key)
         if derived is not None and derived.decision is decision:
             return derived
-        members = decision_members(entry.policy, decision)
-        if not (isinstance(action, ToolCall) and entry.policy.tool_allowed.get(action.name) is decision):
-            return _Derived(decision, members, {})
-        if len(self._derived) >= 4096:  # reloads bring new policies; old entries go
+        if derived is None and len(self._derived) >= _DERIVED_MAX:
             self._derived.clear()
         # Kept for many records: frozen as canonical JSON, so that no record's payload can change another's.
+        members = decision_members(entry.policy, decision)
         frozen = {k: orjson.Fragment(canonical(v)) if isinstance(v, list | dict) else v for k, v in members.items()}
-        derived = self._derived[id(decision)] = _Derived(decision, frozen, {})
+        derived = self._derived[key] = _Derived(decision, frozen, {})
         return derived
 
     def _record_and_answer(
