@@ -36,13 +36,13 @@ def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
         if size == 0:
             return None, 0, b""
         chunk, pos, data = 65536, size, b""
-        while pos > 0:
+        while pos > 0:  # read back until the newline before the last complete line (or the start)
             step = min(chunk, pos)
             pos -= step
             f.seek(pos)
             data = f.read(step) + data
-            cut = data.rfind(b"\n", 0, len(data) - 1 if data.endswith(b"\n") else len(data))
-            if cut >= 0 or pos == 0:
+            last_newline = data.rfind(b"\n")
+            if last_newline > 0 and data.rfind(b"\n", 0, last_newline) >= 0:
                 break
         end = data.rfind(b"\n") + 1  # end of the last complete line within `data`
         torn = data[end:]
