@@ -67,3 +67,31 @@ def decision_members(policy: Policy, decision: Decision) -> dict[str, Any]:
 
 def decision_payload(policy: Policy, action: Action, decision: Decision, masker: Masker) -> dict[str, Any]:
     return {**decision_members(policy, decision), **action_facets(action, masker)}
+
+
+# -- records of the egress filter and of kernel denials --------------------------------------------
+
+
+def one_rule(decision: str, rule: str, text: str, pointer: str | None = None) -> dict[str, Any]:
+    """The decision members of a record that one rule decided (`rules` and `reasons` name it)."""
+    reason = {"rule": rule, "text": text}
+    if pointer:
+        reason["pointer"] = pointer
+    return {"decision": decision, "rules": [rule], "reasons": [reason]}
+
+
+DENIAL_TALLY_FACETS = ("mechanism", "access", "path", "port", "syscall", "command")
+
+
+def denial_tally(count: int, first: Mapping[str, Any], *, with_grant: bool = False) -> dict[str, Any]:
+    """One line of a kernel-denial summary: how often a denial recurred, described by the record
+    payload of its first occurrence (`first`)."""
+    tally: dict[str, Any] = {
+        "count": count,
+        **{k: first.get(k) for k in DENIAL_TALLY_FACETS},
+        "rule": (first.get("rules") or ["kernel.denied"])[0],
+        "hint": first.get("hint"),
+    }
+    if with_grant:
+        tally["grant"] = first.get("grant")
+    return tally

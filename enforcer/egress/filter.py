@@ -25,6 +25,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from ..audit.events import one_rule
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
@@ -201,15 +202,8 @@ class ConnectionFilter:
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
             reset(client)
             with contextlib.suppress(Exception):
-                self.record(
-                    "net.connect",
-                    {
-                        "connection": conn_id,
-                        "decision": "deny",
-                        "rules": ["net.filter_error"],
-                        "reasons": [{"rule": "net.filter_error", "text": f"{type(exc).__name__}: {exc}"}],
-                    },
-                )
+                error = one_rule("deny", "net.filter_error", f"{type(exc).__name__}: {exc}")
+                self.record("net.connect", {"connection": conn_id, **error})
         finally:
             with self._lock:
                 self.active.discard(client)
@@ -428,10 +422,7 @@ class ConnectionFilter:
                 reset(client)
 
     def _emit(self, kind: str, event: dict[str, Any], verdict: Verdict) -> None:
-        reason: dict[str, Any] = {"rule": verdict.rule, "text": verdict.text}
-        if verdict.pointer:
-            reason["pointer"] = verdict.pointer
-        self.record(kind, {**event, "decision": verdict.decision, "rules": [verdict.rule], "reasons": [reason]})
+        self.record(kind, {**event, **one_rule(verdict.decision, verdict.rule, verdict.text, verdict.pointer)})
 
     def refuse_over_limit(self, client: socket.socket, limit: int) -> None:
         with self._lock:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit import records
-from ..audit.events import agent_of
+from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
 from ..policy.grants import Grant, explain_landlock, explain_seccomp
 from . import kernel_audit
@@ -192,15 +192,7 @@ class DenialLog:
             "not_recorded_one_by_one": self.total - self.recorded,
             "distinct_beyond_limit": self.unkeyed,
             "lost_in_kernel_socket": lost,
-            "top": [
-                {
-                    "count": s.count,
-                    **{k: s.first.get(k) for k in ("mechanism", "access", "path", "port", "syscall", "command")},
-                    "rule": (s.first.get("rules") or ["kernel.denied"])[0],
-                    "hint": s.first.get("hint"),
-                }
-                for s in top
-            ],
+            "top": [denial_tally(s.count, s.first) for s in top],
         }
 
     def summary(self, lost: int = 0) -> dict[str, Any]:
@@ -211,16 +203,7 @@ class DenialLog:
                 "denials": self.total,
                 "recorded": self.recorded,
                 "lost_in_kernel_socket": lost,
-                "top": [
-                    {
-                        "count": s.count,
-                        **{k: s.first.get(k) for k in ("mechanism", "access", "path", "port", "syscall", "command")},
-                        "rule": (s.first.get("rules") or ["kernel.denied"])[0],
-                        "hint": s.first.get("hint"),
-                        "grant": s.first.get("grant"),
-                    }
-                    for s in top
-                ],
+                "top": [denial_tally(s.count, s.first, with_grant=True) for s in top],
                 **({"record_errors": list(self.errors)} if self.errors else {}),
             }
 
