@@ -13,12 +13,13 @@ Directory layout:
   writers/<id>                         one per live writer, flock-held; a lockable one is a dead writer
   torn/                                bytes of a torn last line moved aside after a crash
 
-appender.py    entries, receipts, errors, the Appender type
-chain.py       the record lines and the hash chain
-logfiles.py    the log files: naming, listing, opening, the tail and a torn one
-schedule.py    settings; when a group commit, checkpoint or rotation is due
-head.py        checkpoint signatures and HEAD.json
-registry.py    the writer registry (dead writers) and the append lease
+The writer's jobs, one module each (this one ties them together and runs the flusher thread):
+  appender.py    entries, receipts, errors, the Appender type
+  chain.py       the record lines and the hash chain
+  logfiles.py    the log files: naming, listing, opening, the tail and a torn one
+  schedule.py    settings; when a group commit, checkpoint or rotation is due
+  head.py        checkpoint signatures and HEAD.json
+  registry.py    the writer registry (dead writers) and the append lease
 """
 
 from __future__ import annotations
