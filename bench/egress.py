@@ -24,8 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.netlab import NetLab  # noqa: E402
-from tests.sandbox_helpers import Sandbox  # noqa: E402
+from tests.helpers.netlab import NetLab  # noqa: E402
+from tests.helpers.sandbox import Sandbox  # noqa: E402
 
 CLIENT = REPO / "bench" / "egress_client.py"
 PORT = 9000

@@ -247,8 +247,8 @@ def interleaved(rounds: int) -> None:
 
 def daemon_runs(rounds: int) -> None:
     sys.path.insert(0, str(REPO))
-    from tests.daemon_helpers import RunningDaemon
-    from tests.sandbox_helpers import Sandbox
+    from tests.helpers.daemon import RunningDaemon
+    from tests.helpers.sandbox import Sandbox
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     with tempfile.TemporaryDirectory(prefix="adl-bench-daemon-") as tmp:

@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.netlab import NetLab  # noqa: E402
+from tests.helpers.netlab import NetLab  # noqa: E402
 
 POLICY = REPO / "policies" / "examples" / "research-agent.adl.json"
 AGENT = """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 

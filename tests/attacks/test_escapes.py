@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..sandbox_helpers import Result, Sandbox, needs_root
+from ..helpers.sandbox import Result, Sandbox, needs_root
 
 pytestmark = needs_root
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ..sandbox_helpers import AGENT_USER, Result, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_USER, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 

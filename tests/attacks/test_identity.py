@@ -12,8 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-from ..daemon_helpers import RunningDaemon
-from ..sandbox_helpers import AGENT_UID, Result, Sandbox, needs_root
+from ..helpers.daemon import RunningDaemon
+from ..helpers.sandbox import AGENT_UID, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 

@@ -10,7 +10,7 @@ import fcntl
 import os
 import textwrap
 
-from ..sandbox_helpers import AGENT_UID, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_UID, Sandbox, needs_root
 
 pytestmark = needs_root
 

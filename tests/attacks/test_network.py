@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from ..netlab import NetLab, needs_nft, payloads
-from ..sandbox_helpers import AGENT_USER, Sandbox, needs_root
+from ..helpers.netlab import NetLab, needs_nft, payloads
+from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
 
 pytestmark = [needs_root, needs_nft]
 

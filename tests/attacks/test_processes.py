@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ..sandbox_helpers import AGENT_GID, AGENT_UID, Result, Sandbox, needs_root, session_cgroups
+from ..helpers.sandbox import AGENT_GID, AGENT_UID, Result, Sandbox, needs_root, session_cgroups
 
 pytestmark = needs_root
 

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 

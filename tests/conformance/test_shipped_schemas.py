@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from enforcer.policy.loader import parse_document
 from enforcer.policy.specs import PACKAGED_SCHEMAS, PROFILES, SUPPORTED_ADL, SchemaSet, spec_root
-from tests.conftest import SHARED_SPEC, json_paths
+from tests.helpers.documents import SHARED_SPEC, json_paths
 
 if not SHARED_SPEC.is_dir():
     pytest.skip(f"the published specification tree is not at {SHARED_SPEC}", allow_module_level=True)

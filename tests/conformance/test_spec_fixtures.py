@@ -13,7 +13,7 @@ from enforcer.policy.aaif import validate_aaif
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.loader import parse_document
 from enforcer.policy.signature import verify
-from tests.conftest import NOW, SHARED_SPEC
+from tests.helpers.documents import NOW, SHARED_SPEC
 
 if not SHARED_SPEC.is_dir():
     pytest.skip(f"the published specification tree is not at {SHARED_SPEC}", allow_module_level=True)

@@ -15,7 +15,7 @@ import pytest
 from enforcer.client import Client, Result
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon
+from ..helpers.daemon import RunningDaemon
 
 pytestmark = [
     pytest.mark.daemon,

@@ -14,7 +14,7 @@ import pytest
 
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon, daemon  # noqa: F401 (fixture)
+from ..helpers.daemon import RunningDaemon, daemon  # noqa: F401 (fixture)
 
 
 def _permissions(root: Path, allow_shell: bool) -> dict[str, Any]:

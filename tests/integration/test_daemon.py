@@ -21,7 +21,7 @@ from enforcer.audit.verify import verify_directory
 from enforcer.client import AsyncClient, Client
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon, tool_request
+from ..helpers.daemon import RunningDaemon, tool_request
 
 pytestmark = [
     pytest.mark.daemon,
@@ -226,7 +226,7 @@ def test_with_the_inline_loop_off_the_worker_threads_answer_the_same(daemon: Run
 def test_an_inline_loop_that_fails_its_probe_leaves_check_to_the_worker_threads(daemon: RunningDaemon) -> None:
     daemon.stop()
     logged_before = len(daemon.log.read_bytes())
-    daemon.program = [str(Path(__file__).parent.parent / "inline_broken.py")]
+    daemon.program = [str(Path(__file__).parent.parent / "helpers" / "inline_broken.py")]
     daemon.start()
     log = daemon.log.read_bytes()[logged_before:].decode()
     assert "a probe call through the inline loop got" in log
@@ -240,7 +240,7 @@ def test_health_says_serving_only_once_every_socket_listens(daemon: RunningDaemo
     loop holds every call, so the probe takes its whole 5 s deadline before the admin socket opens."""
     daemon.stop()
     assert not daemon.admin.exists()
-    daemon.program = [str(Path(__file__).parent.parent / "inline_broken.py")]
+    daemon.program = [str(Path(__file__).parent.parent / "helpers" / "inline_broken.py")]
     daemon.extra_env["ADL_TEST_INLINE"] = "hold"
     daemon.start(wait=False)
     deadline = time.monotonic() + 30

@@ -25,8 +25,8 @@ import pytest
 
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import FAST_AAIF, REPO, RunningDaemon, tool_request
-from ..sandbox_helpers import Sandbox, agent_tmp_dir
+from ..helpers.daemon import FAST_AAIF, REPO, RunningDaemon, tool_request
+from ..helpers.sandbox import Sandbox, agent_tmp_dir
 
 pytestmark = [pytest.mark.daemon, pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")]
 

@@ -12,7 +12,7 @@ import pytest
 
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon, tool_request
+from ..helpers.daemon import RunningDaemon, tool_request
 
 CLIENTS = 16
 SECONDS = float(os.environ.get("ADL_ENFORCER_LOAD_SECONDS", "60"))

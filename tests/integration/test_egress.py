@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ..daemon_helpers import RunningDaemon
-from ..netlab import NetLab, needs_nft, payloads
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.daemon import RunningDaemon
+from ..helpers.netlab import NetLab, needs_nft, payloads
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = [needs_root, needs_nft]
 

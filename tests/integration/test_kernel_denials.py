@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ..daemon_helpers import RunningDaemon
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.daemon import RunningDaemon
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 

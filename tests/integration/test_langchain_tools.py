@@ -19,7 +19,7 @@ from enforcer.integrations.guard import Guarded, ToolDenied, guarded
 from enforcer.integrations.langchain import guard_tool
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import RunningDaemon, daemon  # noqa: F401 (fixture)
+from ..helpers.daemon import RunningDaemon, daemon  # noqa: F401 (fixture)
 
 RAN: list[str] = []
 

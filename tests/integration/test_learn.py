@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..netlab import NetLab, needs_nft
-from ..sandbox_helpers import Sandbox, give_to_agent, needs_root
+from ..helpers.netlab import NetLab, needs_nft
+from ..helpers.sandbox import Sandbox, give_to_agent, needs_root
 
 pytestmark = [needs_root, needs_nft]
 

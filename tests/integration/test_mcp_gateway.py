@@ -26,8 +26,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import TOOLS, RunningDaemon, daemon  # noqa: F401 (fixture)
-from ..sandbox_helpers import AGENT_UID
+from ..helpers.daemon import TOOLS, RunningDaemon, daemon  # noqa: F401 (fixture)
+from ..helpers.sandbox import AGENT_UID
 
 AGENT = "Gateway"
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from enforcer.documents import read_document, schema_set
 from enforcer.policy import CompileOptions, FileAccess, compile_policy, decide
-from tests.sandbox_helpers import Sandbox
+from tests.helpers.sandbox import Sandbox
 
 
 def test_a_denied_directory_is_denied_by_decide_and_masked_in_the_sandbox(sandbox: Sandbox) -> None:

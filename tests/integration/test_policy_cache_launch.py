@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.sandbox_helpers import AGENT_USER, needs_root
+from tests.helpers.sandbox import AGENT_USER, needs_root
 
 # What validating and compiling documents loads; a warm launch must need none of it.
 VALIDATION = (

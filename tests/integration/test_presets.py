@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..sandbox_helpers import AGENT_USER, Sandbox, give_to_agent, needs_root, session_cgroups
+from ..helpers.sandbox import AGENT_USER, Sandbox, give_to_agent, needs_root, session_cgroups
 
 pytestmark = needs_root
 

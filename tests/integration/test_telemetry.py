@@ -32,8 +32,8 @@ from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..daemon_helpers import FAST_AAIF, TOOLS, RunningDaemon, tool_request
-from ..sandbox_helpers import Sandbox
+from ..helpers.daemon import FAST_AAIF, TOOLS, RunningDaemon, tool_request
+from ..helpers.sandbox import Sandbox
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

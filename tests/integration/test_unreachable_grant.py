@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..sandbox_helpers import Sandbox, needs_root
+from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 

@@ -8,7 +8,7 @@ from enforcer.policy import DocumentRejected, ToolCall, decide
 from enforcer.policy.aaif import validate_aaif
 from enforcer.policy.credentials import credential_reason, find_inline_credentials
 from enforcer.policy.pii import scan_leaves
-from tests.conftest import base_adl, compile_doc
+from tests.helpers.documents import base_adl, compile_doc
 
 TOOLS = [
     {"name": "read_doc", "description": "r", "read_only": True},

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from enforcer.policy.adl import validate_adl
-from tests.conftest import NOW, base_adl
+from tests.helpers.documents import NOW, base_adl
 
 
 def codes(schemas, doc):
@@ -115,7 +115,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from enforcer.policy import DocumentRejected, compile_policy  # noqa: E402
-from tests.conftest import EXAMPLES, json_paths, set_at  # noqa: E402
+from tests.helpers.documents import EXAMPLES, json_paths, set_at  # noqa: E402
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),

@@ -24,7 +24,7 @@ from enforcer.policy.errors import pointer
 from enforcer.policy.jsonvalues import iter_strings, member_name
 from enforcer.policy.pii import scan_leaves
 
-from ..conftest import base_adl, compile_doc
+from ..helpers.documents import base_adl, compile_doc
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 

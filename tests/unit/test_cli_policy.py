@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.helpers.documents import EXAMPLES
 
 INVOICE = str(EXAMPLES / "invoice-processor.adl.json")
 INVOICE_AAIF = str(EXAMPLES / "invoice-processor.aaif.json")

@@ -13,7 +13,7 @@ from enforcer.policy import (
     ToolCall,
     decide,
 )
-from tests.conftest import base_adl, compile_doc
+from tests.helpers.documents import base_adl, compile_doc
 
 TOOLS = [
     {

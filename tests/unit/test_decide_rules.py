@@ -20,7 +20,7 @@ from enforcer.policy.compiler import policy_digest
 from enforcer.policy.decider import ip_literal
 from enforcer.policy.loader import parse_document
 from enforcer.policy.model import CompileOptions
-from tests.conftest import NOW, base_adl, compile_doc
+from tests.helpers.documents import NOW, base_adl, compile_doc
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -22,7 +22,7 @@ from enforcer.egress_settings import EgressSettings, parse_endpoint, system_reso
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 
-from ..conftest import base_adl, compile_doc
+from ..helpers.documents import base_adl, compile_doc
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from enforcer.policy.patterns import PatternList
 from enforcer.sandbox.creation_guard import DeniedNames
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 
-from ..conftest import base_adl, compile_doc
+from ..helpers.documents import base_adl, compile_doc
 
 REPO = Path(__file__).resolve().parents[2]
 FEATURES = HostFeatures(landlock_abi=7, cgroups="v1")

@@ -7,7 +7,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from enforcer.policy import DocumentRejected
 from enforcer.policy.signature import sign_ed25519, verify
-from tests.conftest import base_adl, compile_doc, get_at, json_paths, set_at
+from tests.helpers.documents import base_adl, compile_doc, get_at, json_paths, set_at
 
 PERMISSIONS = {
     "network": {"allowed_hosts": ["api.example.com"], "allowed_ports": [443], "deny_private": True},

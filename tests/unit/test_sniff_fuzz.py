@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from enforcer.egress.sniff import MAX_HELLO, Malformed, RequestHead, parse_head, sniff
 
-from ..netlab import self_signed
+from ..helpers.netlab import self_signed
 
 NAME = "api.example.test"
 

@@ -8,7 +8,7 @@ import pytest
 
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.specs import PACKAGED_SCHEMAS, SchemaSet, SpecMissing, ecma_pattern, spec_root
-from tests.conftest import NOW, base_adl
+from tests.helpers.documents import NOW, base_adl
 
 
 def _codes(schemas: SchemaSet, document: dict) -> list[tuple[str, str]]:

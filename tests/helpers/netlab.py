@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from .sandbox_helpers import agent_tmp_dir
+from .sandbox import agent_tmp_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DNS_SERVER = "198.51.100.53"
 WEB = [
     "198.51.100.10", "198.51.100.11", "198.51.100.12", "198.51.100.20", "203.0.113.10", "203.0.113.200", "10.77.0.10"
@@ -155,7 +155,7 @@ class NetLab:
 
     def _serve(self, netns: str, args: list[str]) -> None:
         proc = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-m", "tests.netlab_servers", *args],
+            ["nsenter", f"--net=/run/netns/{netns}", sys.executable, "-m", "tests.helpers.netlab_servers", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

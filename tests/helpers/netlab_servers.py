@@ -1,4 +1,4 @@
-"""The test "internet"'s servers, run inside the lab's namespaces (python -m tests.netlab_servers).
+"""The test "internet"'s servers, run inside the lab's namespaces (python -m tests.helpers.netlab_servers).
 
 --role internet: an authoritative DNS server for the zone file (UDP and TCP 53 on --dns), HTTP on
 80 and 8080, keep-alive HTTP/1.1 on 8011, HTTPS on 443 (self-signed), and UDP sinks on 443 and

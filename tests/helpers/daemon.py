@@ -28,9 +28,9 @@ from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
 
-from .sandbox_helpers import AGENT_GID, AGENT_UID, Sandbox
+from .sandbox import AGENT_GID, AGENT_UID, Sandbox
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 TOOLS = [
     {

@@ -1,0 +1,1 @@
+"""What tests share that is not a fixture: sandboxes, a running daemon, the network lab, documents."""
