@@ -8,6 +8,7 @@ from enforcer.policy import SchemaSet, spec_root
 
 from .helpers.daemon import daemon  # noqa: F401  (fixture for tests/integration)
 from .helpers.documents import SHARED_SPEC
+from .helpers.harness import pytest_addoption, pytest_configure  # noqa: F401  (--full, --require-root)
 from .helpers.netlab import net_sandbox, netlab  # noqa: F401  (fixtures for the egress tests)
 from .helpers.sandbox import agent_tmp_path, sandbox  # noqa: F401  (fixtures for tests/integration and tests/attacks)
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from enforcer.policy.loader import parse_document
 from enforcer.policy.specs import PACKAGED_SCHEMAS, PROFILES, SUPPORTED_ADL, SchemaSet, spec_root
+from tests.helpers.budgets import examples
 from tests.helpers.documents import SHARED_SPEC, json_paths
 
 if not SHARED_SPEC.is_dir():
@@ -290,7 +291,9 @@ def mutated(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return label, document
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(mutated())
 def test_generated_documents_are_judged_alike(case: tuple[str, dict[str, Any]]) -> None:
     label, document = case

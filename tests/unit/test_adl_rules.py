@@ -115,6 +115,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from enforcer.policy import DocumentRejected, compile_policy  # noqa: E402
+from tests.helpers.budgets import examples  # noqa: E402
 from tests.helpers.documents import EXAMPLES, json_paths, set_at  # noqa: E402
 
 _json = st.recursive(
@@ -128,7 +129,7 @@ _SEED = json.loads((EXAMPLES / "coding-agent.adl.json").read_text())
 _ALL_PATHS = list(json_paths(_SEED))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(_ALL_PATHS), _json)
 def test_mutated_documents_give_structured_errors_only(schemas, path, value):
     doc = json.loads(json.dumps(_SEED))
@@ -139,7 +140,7 @@ def test_mutated_documents_give_structured_errors_only(schemas, path, value):
         assert exc.findings and all(f.code for f in exc.findings)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.dictionaries(
         st.sampled_from(

@@ -24,6 +24,7 @@ from enforcer.policy.errors import pointer
 from enforcer.policy.jsonvalues import iter_strings, member_name
 from enforcer.policy.pii import scan_leaves
 
+from ..helpers.budgets import examples
 from ..helpers.documents import base_adl, compile_doc
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -221,7 +222,7 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=_JSON, always=st.lists(st.sampled_from(["/password", "/notes", "/notes/0", "/x/path", "/nothing"])))
 def test_masking_masks_exactly_the_leaves_each_leaf_check_names(value: Any, always: list[str]) -> None:
     """Masker.mask walks the value itself (it is on the Check path); it must agree leaf for leaf with

@@ -34,6 +34,8 @@ from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions, decide
 from enforcer.v1 import enforcer_pb2 as pb
 
+from ..helpers.budgets import examples
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
 CHECK = "/enforcer.v1.Enforcer/Check"
 
@@ -178,7 +180,7 @@ _AGENT_TOOL = st.sampled_from(
 _MEMBER = st.sampled_from(["path", "content", "pattern", "invoice_id", "message", "vendor"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     agent_tool=_AGENT_TOOL,
     arguments=st.dictionaries(_MEMBER | _TEXT, _JSON, max_size=3),
@@ -252,7 +254,7 @@ _VALUE = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=st.dictionaries(st.text(max_size=4), _VALUE, min_size=1, max_size=4), spaces=st.booleans())
 def test_arguments_parse_as_json_and_any_repeated_name_is_refused(value: dict[str, Any], spaces: bool) -> None:
     text = json.dumps(value, separators=(", ", " : ") if spaces else (",", ":"))

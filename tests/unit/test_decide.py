@@ -13,6 +13,7 @@ from enforcer.policy import (
     ToolCall,
     decide,
 )
+from tests.helpers.budgets import examples
 from tests.helpers.documents import base_adl, compile_doc
 
 TOOLS = [
@@ -204,7 +205,7 @@ names = st.text(alphabet="ABCP_S", min_size=1, max_size=8)
 env_patterns = st.lists(st.one_of(names, names.map(lambda s: s + "*")), max_size=5)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(env_patterns, env_patterns, names)
 def test_deny_always_wins_env(schemas, allowed, denied, name):
     adl = base_adl(permissions={"environment": {"allowed_variables": allowed, "denied_variables": denied}})
@@ -221,7 +222,7 @@ path_seg = st.sampled_from(["a", "b", "c", "*", "**"])
 fs_patterns = st.lists(st.lists(path_seg, min_size=1, max_size=3).map(lambda s: "/" + "/".join(s)), max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     fs_patterns,
     fs_patterns,
@@ -266,7 +267,7 @@ actions = st.one_of(
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(actions)
 def test_decide_never_raises_and_is_deterministic(policy, action):
     first = decide(policy, action)

@@ -20,9 +20,12 @@ from enforcer.policy.compiler import policy_digest
 from enforcer.policy.decider import ip_literal
 from enforcer.policy.loader import parse_document
 from enforcer.policy.model import CompileOptions
+from tests.helpers.budgets import examples
 from tests.helpers.documents import NOW, base_adl, compile_doc
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 _COMPILED: dict[str, Any] = {}
@@ -454,7 +457,7 @@ def _resolver_reads(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address 
     return ipaddress.ip_address(infos[0][4][0].split("%")[0])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=st.text(alphabet="0123456789xXaf.:", min_size=1, max_size=14))
 def test_property_ip_literal_agrees_with_the_resolver(text: str) -> None:
     resolver = _resolver_reads(text)

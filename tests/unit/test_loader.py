@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 
 from enforcer.policy.loader import MAX_DOCUMENT_BYTES, parse_document
 
+from ..helpers.budgets import examples
+
 
 def codes(data: bytes, name: str | None = None) -> list[str]:
     return [f.code for f in parse_document(data, name).findings]
@@ -72,14 +74,14 @@ def test_kind_detection():
     assert parse_document(b'{"hello": 1}', "a.json").kind is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=2048))
 def test_random_bytes_never_raise(data):
     result = parse_document(data)
     assert result.ok or result.findings
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=1024))
 def test_random_yaml_text_never_raises(text):
     result = parse_document(text.encode("utf-8"), "x.yaml")

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 
 from enforcer.policy.patterns import PatternError, PatternList, normalize_host, validate
 
+from ..helpers.budgets import examples
+
 
 @pytest.mark.parametrize(
     "pattern,value,expected",
@@ -124,7 +126,7 @@ def _reference_host_match(pattern: str, host: str) -> bool:
     return True
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(host_patterns, min_size=1, max_size=8), hosts)
 def test_host_trie_agrees_with_reference(pattern_list, host):
     compiled = PatternList.compile(pattern_list, "host")
@@ -156,7 +158,7 @@ def _reference_path_match(pattern: str, path: str) -> bool:
     return go([s for s in pattern.split("/") if s], [s for s in path.split("/") if s])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(path_patterns, min_size=1, max_size=6), paths)
 def test_path_trie_agrees_with_reference(pattern_list, path):
     compiled = PatternList.compile(pattern_list, "path")
@@ -173,7 +175,7 @@ _PATH_SEGMENT = st.sampled_from(["a", "b", "ab", "x.key", "secrets"])
 _PATH_PATTERN_SEGMENT = st.one_of(_PATH_SEGMENT, st.sampled_from(["*", "**", "a*", "*.key"]))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     patterns=st.lists(st.lists(_PATH_PATTERN_SEGMENT, max_size=4).map(lambda s: "/" + "/".join(s)), min_size=1),
     path=st.lists(_PATH_SEGMENT, max_size=6).map(lambda s: "/" + "/".join(s)),
@@ -207,7 +209,7 @@ def _value(data: st.DataObject, patterns: list[str], random_value: st.SearchStra
     return _fill(data, data.draw(st.sampled_from(patterns)))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(_WILD_SEGMENT.filter(lambda s: not s.startswith("-")), min_size=1, max_size=40), st.data())
 def test_host_wildcard_index_agrees_with_matching_one_by_one(wild_labels, data):
     patterns = [f"{label}.example.com" for label in wild_labels] + ["*.example.com", "x*.*.example.com"]
@@ -218,7 +220,7 @@ def test_host_wildcard_index_agrees_with_matching_one_by_one(wild_labels, data):
     assert compiled.match(host) == sorted(i for i, p in enumerate(patterns) if _reference_host_match(p, host))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_WILD_SEGMENT, min_size=1, max_size=40), st.data())
 def test_path_wildcard_index_agrees_with_matching_one_by_one(wild_segments, data):
     patterns = [f"/d/{segment}/f" for segment in wild_segments] + [f"/d/{wild_segments[0]}/**"]
@@ -227,7 +229,7 @@ def test_path_wildcard_index_agrees_with_matching_one_by_one(wild_segments, data
     assert compiled.match(path) == sorted(i for i, p in enumerate(patterns) if _reference_path_match(p, path))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(st.one_of(_WILD_SEGMENT, _AFFIX), min_size=1, max_size=40), st.data(), st.sampled_from(["env", "command"])
 )

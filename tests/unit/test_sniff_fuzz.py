@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from enforcer.egress.sniff import MAX_HELLO, Malformed, RequestHead, parse_head, sniff
 
+from ..helpers.budgets import examples
 from ..helpers.netlab import self_signed
 
 NAME = "api.example.test"
@@ -218,7 +219,7 @@ def test_openssl_reads_the_same_names(openssl_server: ssl.SSLContext) -> None:
 mutation = st.tuples(st.integers(min_value=0, max_value=4000), st.integers(min_value=0, max_value=255))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     label=st.sampled_from(sorted(CORPUS)),
     sizes=st.lists(st.integers(min_value=1, max_value=600), max_size=6),
@@ -245,7 +246,7 @@ def test_mutated_clienthellos_never_pass_unchecked(
         assert (found.server_name or "").lower() == (theirs or "").lower() or not (theirs or "").isascii()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(label=st.sampled_from(sorted(CORPUS)), sizes=st.lists(st.integers(min_value=1, max_value=700), max_size=8))
 def test_any_fragmentation_reads_the_same_hello(label: str, sizes: list[int]) -> None:
     whole = sniff(CORPUS[label])
@@ -256,7 +257,7 @@ def test_any_fragmentation_reads_the_same_hello(label: str, sizes: list[int]) ->
         assert not prefix.complete and not prefix.malformed  # no prefix ever decides
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.binary(max_size=600))
 def test_arbitrary_bytes_never_crash(data: bytes) -> None:
     for candidate in (data, b"\x16\x03\x01" + data, b"GET / HTTP/1.1\r\n" + data):
@@ -309,7 +310,7 @@ def _same(a: RequestHead, b: RequestHead) -> bool:
     return (a.names, a.body, a.content_length, a.canonical) == (b.names, b.body, b.content_length, b.canonical)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(raw=request_heads(), tail=st.binary(max_size=40))
 def test_http_heads_are_read_as_the_server_reads_them(raw: bytes, tail: bytes) -> None:
     data = raw + tail
@@ -336,7 +337,7 @@ def test_http_heads_are_read_as_the_server_reads_them(raw: bytes, tail: bytes) -
         assert early is None or _same(early, head)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(raw=request_heads())
 def test_a_head_that_names_another_host_is_never_taken_for_opaque_bytes(raw: bytes) -> None:
     assume(b"other.example.test" in raw.split(b"\n", 1)[0] or b"ost" in raw)
