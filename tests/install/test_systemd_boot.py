@@ -190,3 +190,14 @@ def test_watchdog_restarts_a_hung_daemon(booted: systemd_root.Booted) -> None:
     wait_for(restarted, 30, "the watchdog to restart the daemon")
     assert int(show(booted, "NRestarts")["NRestarts"]) > int(first["NRestarts"])
     assert "Watchdog timeout" in journal(booted)
+
+
+def test_daemon_reload_and_enable_now_as_the_readme_installs(booted: systemd_root.Booted) -> None:
+    """The last line of README.md's install: `systemctl daemon-reload && systemctl enable --now adl-enforcerd`."""
+    assert show(booted, "UnitFileState")["UnitFileState"] == "disabled"  # the boot only wants it
+    reload = booted.run("systemctl", "daemon-reload")
+    assert reload.returncode == 0, reload.stderr
+    enable = booted.run("systemctl", "enable", "--now", "adl-enforcerd")
+    assert enable.returncode == 0, enable.stderr
+    wait_for(lambda: show(booted, "ActiveState")["ActiveState"] == "active", 30, "the unit to be active")
+    assert show(booted, "UnitFileState")["UnitFileState"] == "enabled"
