@@ -26,7 +26,7 @@ from enforcer.egress.filter import ConnectionFilter
 from enforcer.egress.netns import AgentNamespace
 from enforcer.egress.process import _FilterServer, _Recorder
 
-from ..conftest import base_adl, compile_doc
+from ..helpers.documents import base_adl, compile_doc
 
 ZONE = {"api.example.test": ["203.0.113.5"]}
 

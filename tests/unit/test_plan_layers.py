@@ -38,7 +38,7 @@ from enforcer.sandbox.plan import (
     syscalls,
 )
 
-from ..conftest import base_adl, compile_doc
+from ..helpers.documents import base_adl, compile_doc
 
 NETWORK = {"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}}
 
