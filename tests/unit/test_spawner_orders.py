@@ -166,3 +166,60 @@ def test_an_order_is_frozen() -> None:
     assert replace(made, pids_max=64).pids_max == 64
     with pytest.raises(OrderError):
         replace(made, uid=-5)
+
+
+SPAWNER_SCRIPT = """
+import json, os, socket, sys, uuid
+from pathlib import Path
+from enforcer.daemon import spawner
+from enforcer.daemon.orders import SpawnerConfig
+from enforcer.egress_settings import EgressSettings
+from enforcer.framing import recv_frame, send_frame
+
+tmp = Path(sys.argv[1])
+config = SpawnerConfig(
+    audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
+    production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
+    cgroup_group=f"adl-test-orders-{uuid.uuid4().hex[:8]}", helper_memory_mb=64,
+    egress=EgressSettings.model_validate({}),
+)
+handle = spawner.start(config)
+members = json.loads(sys.argv[2])
+ours, client = socket.socketpair()
+pipes = [os.pipe() for _ in range(3)]
+send_frame(handle.sock, json.dumps(members).encode(), [pipes[0][0], pipes[1][1], pipes[2][1], client.fileno()])
+client.close()
+ended = recv_frame(ours)
+event = recv_frame(handle.sock)
+handle.sock.close()
+os.waitpid(handle.pid, 0)
+from enforcer.v1 import enforcer_pb2 as pb
+message = pb.SessionEnded.FromString(ended[0]) if ended else None
+print(json.dumps({
+    "caller": None if message is None else [message.session, message.reason, message.exit_code, message.detail],
+    "daemon": json.loads(event[0]) if event else None,
+}))
+"""
+
+
+def test_the_spawner_refuses_a_mistyped_order_and_launches_nothing(tmp_path: Path) -> None:
+    """A real spawner (in a process of its own, as the daemon forks it): the caller hears the
+    refusal on its launch connection, the daemon that the session ended; no supervisor is forked."""
+    import subprocess
+    import sys
+
+    members = members_of(order(session="s-mistyped").to_json())
+    members["uid"] = "0"
+    result = subprocess.run(
+        [sys.executable, "-c", SPAWNER_SCRIPT, str(tmp_path), json.dumps({"launch": members})],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(result.stdout)
+    session, reason, exit_code, detail = reported["caller"]
+    assert (session, reason, exit_code) == ("s-mistyped", "refused", 125)
+    assert "launch order refused" in detail and "uid" in detail
+    assert reported["daemon"] == {"event": "ended", "session": "s-mistyped", "status": 125}
+    assert "order refused" in result.stderr
