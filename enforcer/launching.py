@@ -217,7 +217,17 @@ def launch(
         writer.close()
 
 
+@dataclass(frozen=True)
+class _Planned:
+    policy: Policy
+    plan: LaunchPlan
+    switch_to: tuple[int | None, int | None]  # the uid/gid the launcher switches to; None: this process's
+    cwd: str | None  # the directory entered as the agent, when the request named one
+
+
 class _Launch:
+    """One launch's steps; the policy, once loaded, is named in every refusal record after it."""
+
     def __init__(self, request: LaunchRequest, writer: AuditWriter | None, observer: Observer | None) -> None:
         self.request, self.writer, self.observer = request, writer, observer
         self.policy: Policy | None = None
@@ -226,20 +236,18 @@ class _Launch:
     def run(self, prepared: Prepared | None, terminated: Callable[[], bool], before_fork: Callable[[], None]) -> Result:
         try:
             try:
-                compiled, plan, uid, gid, cwd = self._plan(before_fork)
+                planned = self._plan(before_fork)
             except (Refusal, OSError) as exc:
                 return self._refuse(str(exc))
             if self.request.explain_only:
-                return Explained(compiled.policy, plan)
+                return Explained(planned.policy, planned.plan)
             if terminated():
                 return self._terminated("before the agent started")
-            return self._session(compiled.policy, plan, (uid, gid), cwd, prepared, terminated)
+            return self._session(planned, prepared, terminated)
         finally:
             self.remove_session_tmp()
 
-    def _plan(
-        self, before_fork: Callable[[], None]
-    ) -> tuple[CompiledPolicy, LaunchPlan, int | None, int | None, str | None]:
+    def _plan(self, before_fork: Callable[[], None]) -> _Planned:
         request = self.request
         features = host_features()
         compiled = request.policy.load(features)
@@ -276,7 +284,7 @@ class _Launch:
         if not request.explain_only:
             for domain in plan.accepted_unenforced:
                 self._warn(f"'{domain}' is NOT enforced (accepted with --accept-unenforced)")
-        return compiled, plan, uid, gid, cwd
+        return _Planned(compiled.policy, plan, (uid, gid), cwd)
 
     def _identity(self) -> tuple[int | None, int | None]:
         """The uid/gid the stage switches to; None, None when the agent runs as this process."""
@@ -292,29 +300,22 @@ class _Launch:
             return None, None
         return chosen.uid, chosen.gid
 
-    def _session(
-        self,
-        policy: Policy,
-        plan: LaunchPlan,
-        switch_to: tuple[int | None, int | None],
-        cwd: str | None,
-        prepared: Prepared | None,
-        terminated: Callable[[], bool],
-    ) -> Result:
+    def _session(self, planned: _Planned, prepared: Prepared | None, terminated: Callable[[], bool]) -> Result:
         assert self.writer is not None
+        policy = planned.policy
         denials: dict[str, Any] = {}
         try:
             outcome = run_session(
                 policy,
-                plan,
+                planned.plan,
                 self.writer,
                 self.request.session,
-                uid=switch_to[0],
-                gid=switch_to[1],
+                uid=planned.switch_to[0],
+                gid=planned.switch_to[1],
                 cgroup_group=self.request.cgroup_group,
                 prepared=prepared,
                 on_denials=denials.update,
-                caller=self._caller(cwd),
+                caller=self._caller(planned.cwd),
             )
             extra = self.observer.ended(self.writer.directory) if self.observer is not None else None
             if extra is not None:
