@@ -248,10 +248,10 @@ def interleaved(rounds: int) -> None:
 def daemon_runs(rounds: int) -> None:
     sys.path.insert(0, str(REPO))
     from tests.helpers.daemon import RunningDaemon
-    from tests.helpers.sandbox import Sandbox
+    from tests.helpers.sandbox import Sandbox, agent_tmp_dir
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    with tempfile.TemporaryDirectory(prefix="adl-bench-daemon-") as tmp:
+    with agent_tmp_dir() as tmp:  # the caller (the agent's uid) must reach the launch socket in it
         running = RunningDaemon(Path(tmp), Sandbox(Path(tmp) / "box"))
         running.box.permissions["execution"]["allowed_commands"] = ["true"]
         running.write_agents(max_concurrent=None)

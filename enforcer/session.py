@@ -1,17 +1,17 @@
-"""One agent session: plan, audit the launch, run, audit the exit and the signed session evidence.
-Shared by adl-exec (embedded mode) and the daemon's spawner."""
+"""One agent session from its plan: audit the launch, run, audit the exit and the signed session
+evidence. enforcer/launching.py, the launch path embedded adl-exec and the daemon's spawner share,
+runs it."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .audit import Appender, AuditWriter, Masker, records
-from .audit.events import agent_of
+from .audit import Appender, AuditWriter, Masker, events, records
 from .audit.evidence import EvidenceEvent, build_evidence
 from .audit.records import format_ts
 from .egress import netns
@@ -40,16 +40,17 @@ def layers_json(plan: LaunchPlan) -> list[dict[str, Any]]:
     return [asdict(layer) for layer in plan.layers]
 
 
-def record_refusal(writer: Appender, policy: Policy | None, session: str, reason: str, argv: list[str]) -> None:
-    payload: dict[str, Any] = {
-        "decision": "deny",  # a refused launch is a denied action: `adl-audit search --decision deny` finds it
-        "reason": "refused",
-        "refusal": reason,
-        "argv": Masker().mask(argv).value,
-    }
-    if policy is not None:
-        payload.update(agent=agent_of(policy), policy_digest=policy.digest)
-    writer.append(records.REFUSED, payload, corr=session, priority="high", sync=True)
+def record_refusal(
+    writer: Appender,
+    policy: Policy | None,
+    session: str,
+    reason: str,
+    argv: list[str],
+    caller: Mapping[str, Any] | None = None,
+) -> None:
+    """`caller`: events.caller_fields() of the daemon's caller, added to the record."""
+    payload = events.refusal_payload(policy, reason, argv)
+    writer.append(records.REFUSED, {**payload, **(caller or {})}, corr=session, priority="high", sync=True)
 
 
 def run_session(
@@ -64,113 +65,153 @@ def run_session(
     cgroup_group: str = cgroups.GROUP,
     prepared: Prepared | None = None,
     on_denials: Callable[[dict[str, Any]], None] | None = None,
+    caller: Mapping[str, Any] | None = None,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
     the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
-    identity to switch to (see identity.py); None keeps this process's, which must not be root."""
-    if (uid if uid is not None else os.geteuid()) == 0 or (gid if gid is not None else os.getegid()) == 0:
+    identity to switch to (see identity.py); None keeps this process's, which must not be root.
+    `caller`: events.caller_fields() of the daemon's caller, added to the launch record."""
+    agent_uid = uid if uid is not None else os.geteuid()
+    agent_gid = gid if gid is not None else os.getegid()
+    if agent_uid == 0 or agent_gid == 0:
         raise launcher.LaunchError(
             f"{identity.ROOT_REFUSAL}; with adl-exec --daemon, launch from the account the agent should run as"
         )
-    masker = Masker(plan.secrets)
-    agent = agent_of(policy)
     start_ns = time.time_ns()
-    writer.append(
-        records.LAUNCH,
-        {
-            "agent": agent,
-            "decision": "allow",
-            "policy_digest": policy.digest,
-            "argv": masker.mask(plan.argv).value,
-            "command": plan.executable,
-            "layers": layers_json(plan),
-            "accepted_unenforced": plan.accepted_unenforced,
-            "baseline": {"path": str(plan.baseline.path), "digest": plan.baseline.digest},
-            "env_passed": sorted(plan.env),
-            "env_dropped": plan.env_dropped,
-            "uid": uid if uid is not None else os.geteuid(),
-            "gid": gid if gid is not None else os.getegid(),
-        },
-        corr=session,
-        sync=True,
-    )
-    network: dict[str, Any] | None = None
-    # Host side, before the agent starts: the reader's socket buffers its denials until read.
-    roots = prepared.stage.session_pids if prepared is not None else None
+    _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller)
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
-    kernel_denials = SessionDenials.start(writer, policy, session, roots, joined)
-    if plan.egress is not None:
-        from .egress import process as egress  # dnspython and the filter: only for sessions with a network
-
-        try:
-            filter_process = egress.start(
-                policy, plan.egress, egress.AuditTarget(writer.directory, writer.key_path, writer.settings), session
-            )
-        except egress.EgressError as exc:
-            raise launcher.LaunchError(str(exc)) from exc
-        try:
-            outcome = launcher.run(
-                plan,
-                session,
-                prepared=prepared,
-                uid=uid,
-                gid=gid,
-                cgroup_group=cgroup_group,
-                netns_fd=filter_process.netns_fd,
-            )
-        finally:
-            network = filter_process.stop()
-    else:
-        outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
-    denials = kernel_denials.finish()
-    if denials.get("available") and plan.landlock.abi < 7:
-        denials["landlock"] = f"ABI {plan.landlock.abi} does not report its denials (7 does): seccomp's only"
+    # Host side, before the agent starts: the reader's socket buffers its denials until read.
+    kernel_denials = SessionDenials.start(
+        writer, policy, session, prepared.stage.session_pids if prepared is not None else None, joined
+    )
+    outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
+    denials = _denials_summary(kernel_denials, plan)
     if on_denials is not None:
         on_denials(denials)
     end_ns = time.time_ns()
-    for refusal in outcome.guard_refusals:
-        writer.append(
-            records.DECISION,
-            {
-                "agent": agent,
-                "decision": "deny",
-                "enforced_by": "creation guard (seccomp user notification)",
-                "syscall": refusal.get("syscall"),
-                "path": refusal.get("path"),
-                "pid": refusal.get("pid"),
-                "rules": ["fs.denied"],
-                "reasons": [{"rule": "fs.denied", "text": f"new name matches denied path '{refusal.get('pattern')}'"}],
-            },
-            corr=session,
-            priority="high",
-        )
-    writer.append(
-        records.EXIT,
-        {
-            "agent": agent,
-            "reason": outcome.reason,
-            "exit_code": outcome.exit_code,
-            "signal": outcome.signal,
-            "duration_ms": int(outcome.duration_s * 1000),
-            "pid": outcome.pid,
-            "creations_refused": outcome.guard_refused_total,
-            "creations_refused_unrecorded": outcome.guard_refused_total - len(outcome.guard_refusals),
-            **({"network": network} if network is not None else {}),
-            **({"cleanup_error": outcome.cleanup_error} if outcome.cleanup_error else {}),
-            "kernel_denials": {k: v for k, v in denials.items() if k != "top"},
-        },
-        corr=session,
-        priority="normal" if outcome.reason == "exit" else "high",
-        sync=True,
+    _record_exit(writer, policy, session, outcome, network, denials)
+    _record_evidence(writer, policy, plan, session, outcome, (start_ns, end_ns), governor)
+    return outcome
+
+
+def _record_launch(
+    writer: Appender,
+    policy: Policy,
+    plan: LaunchPlan,
+    session: str,
+    account: tuple[int, int],
+    caller: Mapping[str, Any] | None,
+) -> None:
+    payload = events.launch_payload(
+        policy,
+        Masker(plan.secrets),
+        argv=plan.argv,
+        command=plan.executable,
+        layers=layers_json(plan),
+        accepted_unenforced=plan.accepted_unenforced,
+        baseline_path=str(plan.baseline.path),
+        baseline_digest=plan.baseline.digest,
+        env_passed=plan.env,
+        env_dropped=plan.env_dropped,
+        uid=account[0],
+        gid=account[1],
     )
-    events = []
+    writer.append(records.LAUNCH, {**payload, **(caller or {})}, corr=session, sync=True)
+
+
+def _run(
+    policy: Policy,
+    plan: LaunchPlan,
+    writer: AuditWriter,
+    session: str,
+    prepared: Prepared | None,
+    cgroup_group: str,
+    *,
+    switch_to: tuple[int | None, int | None],
+) -> tuple[launcher.Outcome, dict[str, Any] | None]:
+    """The agent, behind its egress filter when the plan has a network layer; the outcome and the
+    filter's summary (None without one). `switch_to`: the uid/gid the launcher switches to, None
+    for this process's own."""
+    uid, gid = switch_to
+    if plan.egress is None:
+        outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
+        return outcome, None
+    from .egress import process as egress  # dnspython and the filter: only for sessions with a network
+
+    try:
+        filter_process = egress.start(
+            policy, plan.egress, egress.AuditTarget(writer.directory, writer.key_path, writer.settings), session
+        )
+    except egress.EgressError as exc:
+        raise launcher.LaunchError(str(exc)) from exc
+    try:
+        outcome = launcher.run(
+            plan,
+            session,
+            prepared=prepared,
+            uid=uid,
+            gid=gid,
+            cgroup_group=cgroup_group,
+            netns_fd=filter_process.netns_fd,
+        )
+    finally:
+        network = filter_process.stop()
+    return outcome, network
+
+
+def _denials_summary(kernel_denials: SessionDenials, plan: LaunchPlan) -> dict[str, Any]:
+    denials = kernel_denials.finish()
+    if denials.get("available") and plan.landlock.abi < 7:
+        denials["landlock"] = f"ABI {plan.landlock.abi} does not report its denials (7 does): seccomp's only"
+    return denials
+
+
+def _record_exit(
+    writer: Appender,
+    policy: Policy,
+    session: str,
+    outcome: launcher.Outcome,
+    network: dict[str, Any] | None,
+    denials: dict[str, Any],
+) -> None:
+    """The creation guard's refusals (one decision each), then the exit record."""
+    for refusal in outcome.guard_refusals:
+        writer.append(records.DECISION, events.guard_refusal_payload(policy, refusal), corr=session, priority="high")
+    payload = events.exit_payload(
+        policy,
+        reason=outcome.reason,
+        exit_code=outcome.exit_code,
+        signal=outcome.signal,
+        duration_s=outcome.duration_s,
+        pid=outcome.pid,
+        creations_refused=outcome.guard_refused_total,
+        creations_recorded=len(outcome.guard_refusals),
+        kernel_denials=denials,
+        network=network,
+        cleanup_error=outcome.cleanup_error,
+    )
+    writer.append(records.EXIT, payload, corr=session, priority=events.exit_priority(outcome.reason), sync=True)
+
+
+def _record_evidence(
+    writer: AuditWriter,
+    policy: Policy,
+    plan: LaunchPlan,
+    session: str,
+    outcome: launcher.Outcome,
+    span_ns: tuple[int, int],
+    governor: str | None,
+) -> None:
+    """The session's signed evidence record (its start, end, limits and how it ended)."""
+    start_ns, end_ns = span_ns
+    evidence_events = []
     if outcome.reason in _EVIDENCE:
         cause, action, _ = _EVIDENCE[outcome.reason]
-        events.append(EvidenceEvent(cause, action, format_ts(end_ns), {"exit_code": outcome.exit_code}))
+        evidence_events.append(EvidenceEvent(cause, action, format_ts(end_ns), {"exit_code": outcome.exit_code}))
     evidence = build_evidence(
         governor=governor or f"did:web:{socket.gethostname()}",
-        agent_id=agent,
+        agent_id=events.agent_of(policy),
         passport_digest=policy.digest,
         session=session,
         tier="R2" if plan.accepted_unenforced else "R3",
@@ -184,9 +225,8 @@ def run_session(
             "max_duration_sec": plan.timeout_s,
             "not_enforced": plan.residual,
         },
-        events=events,
+        events=evidence_events,
         outcome=_EVIDENCE.get(outcome.reason, ("", "", "completed"))[2],
         key=writer.signing_key,
     )
-    writer.append(records.EVIDENCE, {"agent": agent, "evidence": evidence}, corr=session, sync=True)
-    return outcome
+    writer.append(records.EVIDENCE, events.evidence_payload(policy, evidence), corr=session, sync=True)

@@ -13,6 +13,7 @@ import tomli_w
 from ..daemon import affinity, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, _runtime_dir, as_plain, load_settings
 from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
+from ..daemon.orders import SpawnerConfig
 from ..version import version_text
 
 EPILOG = f"""\
@@ -65,19 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spawner_config(settings: Settings) -> dict[str, object]:
-    return {
-        "audit_dir": str(settings.audit_dir),
-        "audit_key": str(settings.audit_key),
-        "audit_group_ms": settings.audit_group_ms,
-        "audit_group_records": settings.audit_group_records,
-        "production": settings.production,
-        "regions": str(settings.regions),
-        "baseline": str(settings.baseline),
-        "cgroup_group": settings.cgroup_group,
-        "helper_memory_mb": settings.helper_memory_mb,
-        "egress": settings.egress_config(),
-    }
+def _spawner_config(settings: Settings) -> SpawnerConfig:
+    from ..egress_settings import EgressSettings
+
+    return SpawnerConfig(
+        audit_dir=settings.audit_dir,
+        audit_key=settings.audit_key,
+        audit_group_ms=settings.audit_group_ms,
+        audit_group_records=settings.audit_group_records,
+        production=settings.production,
+        regions=settings.regions,
+        baseline=settings.baseline,
+        cgroup_group=settings.cgroup_group,
+        helper_memory_mb=settings.helper_memory_mb,
+        egress=EgressSettings.model_validate(settings.egress_config()),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

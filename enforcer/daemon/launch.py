@@ -32,14 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from ..audit import AuditUnavailable, records
+from ..audit.events import caller_fields
 from ..framing import MAX_FRAME, FrameError, peer_credentials, send_frame
 from ..policy import Policy
 from ..sandbox import DOMAINS
 from ..session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
+from .orders import LaunchOrder, OrderError
 from .registry import SessionLimit, SessionRegistry
-from .spawner import SpawnerHandle, WithCaller
+from .spawner import SpawnerHandle
 from .store import AgentEntry, PolicyStore
 
 # How long a launch at an agent's max_concurrent waits for a session that is ending (registry.py).
@@ -420,20 +422,25 @@ class LaunchServer:
         except SessionLimit as exc:
             self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)
             return
-        order = {
-            "session": session.session,
-            "agent": entry.key,
-            "adl": entry.adl_document,
-            "aaif": entry.aaif_document,
-            "policy_digest": entry.policy.digest,
-            "argv": argv,
-            "environ": dict(request.environ),
-            "cwd": cwd,
-            "uid": caller.uid,
-            "gid": caller.gid,
-            "accept_unenforced": list(request.accept_unenforced),
-            "pids_max": request.pids_max or DEFAULT_PIDS_MAX,
-        }
+        try:
+            order = LaunchOrder(
+                session=session.session,
+                agent=entry.key,
+                adl=entry.adl_document,
+                aaif=entry.aaif_document,
+                policy_digest=entry.policy.digest,
+                argv=tuple(argv),
+                environ=dict(request.environ),
+                cwd=cwd,
+                uid=caller.uid,
+                gid=caller.gid,
+                accept_unenforced=tuple(request.accept_unenforced),
+                pids_max=request.pids_max or DEFAULT_PIDS_MAX,
+            )
+        except OrderError as exc:  # what the checks above let through, the order refuses too
+            self.registry.end(session.session)
+            self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)
+            return
         try:
             send_frame(
                 conn,
@@ -449,7 +456,9 @@ class LaunchServer:
                 self.registry.end(session.session)
                 detail = "terminated by TerminateSession before the agent started"
                 with contextlib.suppress(AuditUnavailable):
-                    record_refusal(WithCaller(self.sink, caller.uid, cwd), entry.policy, session.session, detail, argv)
+                    record_refusal(
+                        self.sink, entry.policy, session.session, detail, argv, caller_fields(caller.uid, cwd)
+                    )
                 send_frame(
                     conn,
                     pb.SessionEnded(
@@ -476,6 +485,6 @@ class LaunchServer:
         policy: Policy | None = None,
     ) -> None:
         with contextlib.suppress(AuditUnavailable):
-            record_refusal(WithCaller(self.sink, caller.uid, cwd), policy, "launch", reason, argv)
+            record_refusal(self.sink, policy, "launch", reason, argv, caller_fields(caller.uid, cwd))
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

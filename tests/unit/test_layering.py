@@ -15,9 +15,11 @@ layer, nothing else.
   5 egress        the egress filter process (runs in namespaces the sandbox layer builds)
   6 session, policy_cache
                   one whole session (sandbox + egress + audit); the compiled-policy cache
-  7 daemon, client
+  7 launching     one launch from a request (policy, plan, session, refusals): adl-exec's and the
+                  daemon's
+  8 daemon, client
                   adl-enforcerd; the gRPC client the integrations use
-  8 cli, integrations
+  9 cli, integrations
                   the commands and the agent-framework integrations
 """
 
@@ -38,6 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sandbox",),
     ("egress",),
     ("session", "policy_cache"),
+    ("launching",),
     ("daemon", "client"),
     ("cli", "integrations"),
 ]

@@ -1,0 +1,423 @@
+"""One launch, embedded adl-exec's and the daemon's alike: policy, plan, audit log, session.
+
+Every step that fails ends in a refusal, recorded in the audit log with its reason before the
+caller hears of it. The two callers differ only in the LaunchRequest they build and in how they
+present the result: embedded adl-exec prints it and exits with its code, the daemon's session
+supervisor reports SessionEnded to the caller that asked for the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import policy_cache
+from .audit import AuditUnavailable, AuditWriter, records
+from .audit.events import agent_of, caller_fields
+from .documents import PolicyFileError
+from .egress_settings import EgressSettings
+from .policy import Policy
+from .policy.errors import Refusal
+from .sandbox import cgroups, identity, runtime_presets
+from .sandbox.launcher import LaunchError, Outcome
+from .sandbox.plan import DEFAULT_PIDS_MAX, Baseline, HostFeatures, LaunchPlan, Layer, PlanError, build_plan
+from .sandbox.stage import Prepared
+from .session import host_features, record_refusal, run_session
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    policy: Policy
+    baseline: Baseline
+    adl_document: dict[str, Any]  # the document the policy was compiled from: its presets, learn mode
+    warning: str | None = None  # for the operator, about how it was loaded (the compiled-policy cache)
+
+
+class PolicySource(Protocol):
+    def load(self, features: HostFeatures) -> CompiledPolicy:
+        """Raises Refusal or OSError when there is no policy to launch with."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyFiles:
+    """Documents on disk (embedded adl-exec), compiled through the compiled-policy cache."""
+
+    adl: Path
+    aaif: Path | None
+    regions: Path | None
+    baseline: Path
+    production: bool
+    home_region: str | None
+
+    def load(self, features: HostFeatures) -> CompiledPolicy:
+        loaded = policy_cache.load(
+            self.adl,
+            self.aaif,
+            self.regions,
+            self.baseline,
+            production=self.production,
+            home_region=self.home_region,
+            features=features,
+        )
+        # The presets a document asks for and learn mode read the document itself: the very bytes
+        # the policy was compiled from, parsed without the validation code a warm launch skips.
+        return CompiledPolicy(loaded.policy, loaded.baseline, parsed_adl(loaded.adl_bytes, self.adl), loaded.warning)
+
+
+@dataclass(frozen=True)
+class PolicyDocuments:
+    """Documents the daemon has checked, compiled again here (LaunchRequest.policy_digest holds
+    what they compiled to when the daemon decided)."""
+
+    adl: dict[str, Any]
+    aaif: dict[str, Any] | None
+    regions: Path
+    baseline: Path
+    production: bool
+    home_region: str | None
+
+    def load(self, features: HostFeatures) -> CompiledPolicy:
+        from .documents import load_regions, schema_set
+        from .policy import CompileOptions, compile_policy
+        from .sandbox.plan import load_baseline
+
+        options = CompileOptions(
+            production=self.production, regions=load_regions(self.regions), home_region=self.home_region
+        )
+        policy = compile_policy(self.adl, self.aaif, schema_set(), datetime.now(UTC), options)
+        return CompiledPolicy(policy, load_baseline(self.baseline), self.adl)
+
+
+def parsed_adl(data: bytes, path: Path) -> dict[str, Any]:
+    """The ADL document as a mapping: JSON directly, YAML through the loader."""
+    try:
+        document = json.loads(data)
+    except ValueError:
+        from .documents import document_from_bytes
+
+        return document_from_bytes(data, str(path), "adl")
+    if not isinstance(document, dict):
+        raise PolicyFileError(str(path), "not an ADL document")
+    return document
+
+
+@dataclass(frozen=True)
+class Masks:
+    """Paths hidden from the session whatever its grants say, and the layer that says so."""
+
+    directories: tuple[Path, ...]
+    files: tuple[Path, ...]
+    layer: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    session: str
+    argv: tuple[str, ...]
+    environ: Mapping[str, str]
+    policy: PolicySource
+    # What the policy must compile to (the digest the daemon decided on: it may have been reloaded
+    # since); None takes what it compiles to.
+    policy_digest: str | None = None
+    # The agent's account: given (the daemon's caller), or resolved here from a --user spec (None:
+    # this process's unprivileged account, or sudo's caller).
+    user: identity.Identity | str | None = None
+    # Entered with the agent's credentials before planning (the daemon's caller asks for one);
+    # None keeps this process's working directory.
+    cwd: str | None = None
+    # The daemon's caller: its uid and working directory go into the launch and refusal records.
+    caller_uid: int | None = None
+    accept_unenforced: frozenset[str] = frozenset()
+    pids_max: int = DEFAULT_PIDS_MAX
+    egress: EgressSettings | None = None  # None: build_plan loads them when the plan needs a network
+    masks: Masks | None = None
+    cgroup_group: str = cgroups.GROUP
+    explain_only: bool = False  # plan, report the layers that cannot be enforced, run nothing
+
+
+class Observer(Protocol):
+    """What a caller adds to the common steps (embedded adl-exec: its warnings, learn mode)."""
+
+    def warn(self, message: str) -> None: ...
+
+    def planned(self, compiled: CompiledPolicy, plan: LaunchPlan) -> None:
+        """May change the plan before the launch record is written, or raise Refusal."""
+        ...
+
+    def ended(self, audit_dir: Path) -> dict[str, Any] | None:
+        """The payload of one more decision record about the session, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class Refused:
+    reason: str
+    unaudited: str | None = None  # why the refusal is not in the audit log
+
+
+@dataclass(frozen=True)
+class Terminated:
+    step: str  # when TerminateSession ended it: "before the agent started", ...
+
+
+@dataclass(frozen=True)
+class Explained:
+    policy: Policy
+    plan: LaunchPlan
+
+
+@dataclass(frozen=True)
+class Ended:
+    outcome: Outcome
+    kernel_denials: dict[str, Any]
+    audit_dir: Path
+
+
+Result = Refused | Terminated | Explained | Ended
+
+
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    return None
+
+
+def launch(
+    request: LaunchRequest,
+    open_audit: Callable[[], AuditWriter],
+    *,
+    prepared: Prepared | None = None,
+    terminated: Callable[[], bool] = _never,
+    before_fork: Callable[[], None] = _nothing,
+    observer: Observer | None = None,
+) -> Result:
+    """Load the policy, plan, audit the launch, run the session, audit its end. `open_audit` is
+    not called with explain_only (nothing is recorded then). `prepared`: the stage forked ahead.
+    `terminated`: whether TerminateSession ended the session meanwhile (the caller kills the
+    stage). `before_fork`: called once the policy is loaded, before this process forks again."""
+    if request.explain_only:
+        return _Launch(request, None, observer).run(prepared, terminated, before_fork)
+    try:
+        writer = open_audit()
+    except AuditUnavailable as exc:
+        return Refused(f"audit log unavailable, nothing runs unrecorded: {exc}")
+    try:
+        return _Launch(request, writer, observer).run(prepared, terminated, before_fork)
+    finally:
+        writer.close()
+
+
+@dataclass(frozen=True)
+class _Planned:
+    policy: Policy
+    plan: LaunchPlan
+    switch_to: tuple[int | None, int | None]  # the uid/gid the launcher switches to; None: this process's
+    cwd: str | None  # the directory entered as the agent, when the request named one
+
+
+class _Launch:
+    """One launch's steps; the policy, once loaded, is named in every refusal record after it."""
+
+    def __init__(self, request: LaunchRequest, writer: AuditWriter | None, observer: Observer | None) -> None:
+        self.request, self.writer, self.observer = request, writer, observer
+        self.policy: Policy | None = None
+        self.remove_session_tmp: Callable[[], None] = _nothing
+
+    def run(self, prepared: Prepared | None, terminated: Callable[[], bool], before_fork: Callable[[], None]) -> Result:
+        try:
+            try:
+                planned = self._plan(before_fork)
+            except (Refusal, OSError) as exc:
+                return self._refuse(str(exc))
+            if self.request.explain_only:
+                return Explained(planned.policy, planned.plan)
+            if terminated():
+                return self._terminated("before the agent started")
+            return self._session(planned, prepared, terminated)
+        finally:
+            self.remove_session_tmp()
+
+    def _plan(self, before_fork: Callable[[], None]) -> _Planned:
+        request = self.request
+        features = host_features()
+        compiled = request.policy.load(features)
+        self.policy = compiled.policy
+        if request.policy_digest is not None and compiled.policy.digest != request.policy_digest:
+            raise PlanError("the agent's policy changed while it was being launched; try again")
+        if compiled.warning:
+            self._warn(compiled.warning)
+        uid, gid = (None, None) if request.explain_only else self._identity()
+        before_fork()
+        cwd = None
+        if request.cwd is not None:
+            cwd = enter_as_caller(request.cwd, *_account(uid, gid))
+        baseline, presets_applied = runtime_presets.extend(compiled.baseline, compiled.adl_document)
+        plan = build_plan(
+            compiled.policy,
+            list(request.argv),
+            baseline=baseline,
+            environ=dict(request.environ),
+            features=features,
+            accept_unenforced=request.accept_unenforced,
+            cwd=cwd,
+            pids_max=request.pids_max,
+            explain_only=request.explain_only,
+            egress=request.egress,
+        )
+        if request.masks is not None:
+            apply_masks(plan, request.masks)
+        self.remove_session_tmp = runtime_presets.finish_plan(
+            plan, presets_applied, uid=uid, gid=gid, explain_only=request.explain_only
+        )
+        if self.observer is not None:
+            self.observer.planned(compiled, plan)
+        if not request.explain_only:
+            for domain in plan.accepted_unenforced:
+                self._warn(f"'{domain}' is NOT enforced (accepted with --accept-unenforced)")
+        return _Planned(compiled.policy, plan, (uid, gid), cwd)
+
+    def _identity(self) -> tuple[int | None, int | None]:
+        """The uid/gid the stage switches to; None, None when the agent runs as this process."""
+        user = self.request.user
+        if isinstance(user, identity.Identity):
+            chosen = user
+        else:
+            try:
+                chosen = identity.resolve(user, os.geteuid(), os.getegid(), self.request.environ)
+            except identity.IdentityError as exc:
+                raise PlanError(str(exc)) from None
+        if chosen.uid == os.geteuid() and chosen.gid == os.getegid():
+            return None, None
+        return chosen.uid, chosen.gid
+
+    def _session(self, planned: _Planned, prepared: Prepared | None, terminated: Callable[[], bool]) -> Result:
+        assert self.writer is not None
+        policy = planned.policy
+        denials: dict[str, Any] = {}
+        try:
+            outcome = run_session(
+                policy,
+                planned.plan,
+                self.writer,
+                self.request.session,
+                uid=planned.switch_to[0],
+                gid=planned.switch_to[1],
+                cgroup_group=self.request.cgroup_group,
+                prepared=prepared,
+                on_denials=denials.update,
+                caller=self._caller(planned.cwd),
+            )
+            extra = self.observer.ended(self.writer.directory) if self.observer is not None else None
+            if extra is not None:
+                self.writer.append(
+                    records.DECISION,
+                    {"agent": agent_of(policy), **extra},
+                    corr=self.request.session,
+                    priority="high",
+                    sync=True,
+                )
+        except (LaunchError, AuditUnavailable) as exc:
+            if terminated():  # the stage was killed under the launcher: not a failure to report
+                return self._terminated(f"while the sandbox was set up ({exc})")
+            return self._refuse(str(exc) if isinstance(exc, LaunchError) else f"audit log failed: {exc}")
+        return Ended(outcome, denials, self.writer.directory)
+
+    def _caller(self, cwd: str | None) -> dict[str, Any] | None:
+        if self.request.caller_uid is None:
+            return None
+        return caller_fields(self.request.caller_uid, cwd if cwd is not None else self.request.cwd)
+
+    def _record_refusal(self, reason: str) -> str | None:
+        """Why the refusal could not be recorded, or None."""
+        if self.writer is None:
+            return None
+        try:
+            record_refusal(
+                self.writer, self.policy, self.request.session, reason, list(self.request.argv), self._caller(None)
+            )
+        except AuditUnavailable as exc:
+            return f"refusal not audited: {exc}"
+        return None
+
+    def _refuse(self, reason: str) -> Refused:
+        return Refused(reason, self._record_refusal(reason))
+
+    def _terminated(self, step: str) -> Terminated:
+        self._record_refusal(f"terminated by TerminateSession {step}")
+        return Terminated(step)
+
+    def _warn(self, message: str) -> None:
+        if self.observer is not None:
+            self.observer.warn(message)
+
+
+def _account(uid: int | None, gid: int | None) -> tuple[int, int]:
+    return (os.getuid() if uid is None else uid), (os.getgid() if gid is None else gid)
+
+
+def apply_masks(plan: LaunchPlan, masks: Masks) -> None:
+    for directory in masks.directories:
+        if directory.is_dir() and str(directory) not in plan.dir_masks:
+            plan.dir_masks.append(str(directory))
+    for file in masks.files:
+        if file.is_file() and str(file) not in plan.file_masks:
+            plan.file_masks.append(str(file))
+    plan.layers.append(Layer(masks.layer, "mount namespace masks", "active", [masks.detail]))
+
+
+def enter_as_caller(path: str, uid: int, gid: int) -> str:
+    """Change to the working directory the caller asked for, found with the credentials the agent
+    will have (uid, gid, no supplementary groups), never root's: a directory the caller could not
+    reach itself (behind another user's 0700 home) is refused. The lookup runs in a child that drops
+    to those credentials and hands the directory back as a descriptor; this process then enters
+    that very directory, so nothing can swap the path in between. Returns its path."""
+    if uid == os.getuid():
+        os.chdir(path)
+        return os.getcwd()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            # Nothing of root's to reach through /proc/self/fd/N or /proc/self/cwd: those magic
+            # links would open what they point at without the path's permission checks.
+            os.chdir("/")
+            os.closerange(0, theirs.fileno())
+            os.closerange(theirs.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                theirs.sendall(f"{exc.strerror or exc}".encode()[:512])
+            else:
+                socket.send_fds(theirs, [b"ok"], [fd])
+                code = 0
+        finally:
+            os._exit(code)
+    theirs.close()
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
+    finally:
+        ours.close()
+        os.waitpid(pid, 0)
+    if not fds:
+        detail = message.decode(errors="replace") or "the lookup failed"
+        raise PermissionError(f"working directory {path!r}: not reachable as uid {uid}: {detail}")
+    try:
+        os.fchdir(fds[0])
+    finally:
+        os.close(fds[0])
+    return os.getcwd()

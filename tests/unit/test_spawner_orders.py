@@ -1,0 +1,225 @@
+"""The launch order and the spawner configuration (daemon/orders.py): typed, and refused whole
+when a field is missing, unknown or of the wrong type."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.daemon.orders import (
+    LaunchOrder,
+    OrderError,
+    SpawnerConfig,
+    TerminateOrder,
+    read_order,
+    session_named,
+)
+from enforcer.egress_settings import EgressSettings
+
+
+def order(**changes: Any) -> LaunchOrder:
+    members: dict[str, Any] = {
+        "session": "s-0123",
+        "agent": "coder",
+        "adl": {"adl_spec": "0.3.0", "name": "Coder"},
+        "aaif": None,
+        "policy_digest": "sha256:ab",
+        "argv": ("python3", "agent.py"),
+        "environ": {"PATH": "/usr/bin"},
+        "cwd": "/home/a",
+        "uid": 1000,
+        "gid": 1000,
+        "accept_unenforced": ("network",),
+        "pids_max": 512,
+    }
+    members.update(changes)
+    return LaunchOrder(**members)
+
+
+def members_of(data: bytes) -> dict[str, Any]:
+    return json.loads(data)["launch"]
+
+
+def test_a_launch_order_crosses_the_socket_unchanged() -> None:
+    sent = order(aaif={"aaif": "1"})
+    received = read_order(sent.to_json())
+    assert received == sent and isinstance(received, LaunchOrder)
+    assert received.argv == ("python3", "agent.py")  # JSON lists come back as tuples
+
+
+def test_a_terminate_order_crosses_the_socket_unchanged() -> None:
+    assert read_order(TerminateOrder("s-0123").to_json()) == TerminateOrder("s-0123")
+
+
+@pytest.mark.parametrize("missing", ["policy_digest", "uid", "cwd", "argv"])
+def test_a_missing_member_refuses_the_order(missing: str) -> None:
+    members = members_of(order().to_json())
+    del members[missing]
+    with pytest.raises(OrderError, match=f"missing {missing}"):
+        read_order(json.dumps({"launch": members}).encode())
+
+
+def test_an_unknown_member_refuses_the_order() -> None:
+    members = members_of(order().to_json())
+    members["run_as_root"] = True
+    with pytest.raises(OrderError, match="unknown run_as_root"):
+        read_order(json.dumps({"launch": members}).encode())
+
+
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [
+        ("uid", True),  # a bool is not a uid
+        ("uid", -1),
+        ("gid", "1000"),
+        ("pids_max", 0),
+        ("argv", []),
+        ("argv", ["python3", 7]),
+        ("argv", ["python3", "a\0b"]),
+        ("environ", {"PATH": 1}),
+        ("environ", ["PATH=/bin"]),
+        ("cwd", "relative/dir"),
+        ("adl", ["not", "an", "object"]),
+        ("aaif", "document"),
+        ("session", ""),
+        ("policy_digest", None),
+        ("accept_unenforced", "network"),
+    ],
+)
+def test_a_member_of_the_wrong_type_refuses_the_order(member: str, value: Any) -> None:
+    members = members_of(order().to_json())
+    members[member] = value
+    with pytest.raises(OrderError, match=member):
+        read_order(json.dumps({"launch": members}).encode())
+    with pytest.raises(OrderError, match=member):  # built in the daemon: refused there too
+        order(**{member: value})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        b"[]",
+        b'{"launch": {}, "terminate": {"session": "s"}}',
+        b'{"exec": {"session": "s"}}',
+        b'{"launch": ["s"]}',
+        b'{"terminate": {"session": "s", "signal": 9}}',
+        b'{"terminate": {}}',
+    ],
+)
+def test_what_is_not_an_order_is_refused(data: bytes) -> None:
+    with pytest.raises(OrderError):
+        read_order(data)
+
+
+def test_the_session_of_a_refused_order() -> None:
+    members = members_of(order().to_json())
+    members["uid"] = "root"
+    assert session_named(json.dumps({"launch": members}).encode()) == "s-0123"
+    assert session_named(b'{"terminate": {"session": "s-9"}}') == "s-9"
+    for data in (b"not json", b'{"launch": {"session": 5}}', b'{"launch": []}', b"{}"):
+        assert session_named(data) is None
+
+
+def config(**changes: Any) -> SpawnerConfig:
+    members: dict[str, Any] = {
+        "audit_dir": Path("/var/lib/adl-enforcer/audit"),
+        "audit_key": Path("/etc/adl-enforcer/audit.key"),
+        "audit_group_ms": 5.0,
+        "audit_group_records": 64,
+        "production": False,
+        "regions": Path("/etc/regions.yaml"),
+        "baseline": Path("/etc/baseline.yaml"),
+        "cgroup_group": "adl-enforcer",
+        "helper_memory_mb": 256,
+        "egress": EgressSettings.model_validate({"max_connections": 8}),
+    }
+    members.update(changes)
+    return SpawnerConfig(**members)
+
+
+def test_the_spawner_configuration_is_checked_when_made() -> None:
+    made = config()
+    assert made.egress.max_connections == 8
+    with pytest.raises(AttributeError):
+        made.cgroup_group = "other"  # type: ignore[misc]
+    for member, value in [
+        ("audit_dir", "/var/lib/adl-enforcer/audit"),  # a str where a Path belongs
+        ("audit_group_records", 6.4),
+        ("production", "yes"),
+        ("helper_memory_mb", 0),
+        ("cgroup_group", ""),
+        ("egress", {"max_connections": 8}),
+    ]:
+        with pytest.raises(OrderError, match=member):
+            config(**{member: value})
+
+
+def test_an_order_is_frozen() -> None:
+    made = order()
+    with pytest.raises(AttributeError):
+        made.uid = 0  # type: ignore[misc]
+    assert replace(made, pids_max=64).pids_max == 64
+    with pytest.raises(OrderError):
+        replace(made, uid=-5)
+
+
+SPAWNER_SCRIPT = """
+import json, os, socket, sys, uuid
+from pathlib import Path
+from enforcer.daemon import spawner
+from enforcer.daemon.orders import SpawnerConfig
+from enforcer.egress_settings import EgressSettings
+from enforcer.framing import recv_frame, send_frame
+
+tmp = Path(sys.argv[1])
+config = SpawnerConfig(
+    audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
+    production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
+    cgroup_group=f"adl-test-orders-{uuid.uuid4().hex[:8]}", helper_memory_mb=64,
+    egress=EgressSettings.model_validate({}),
+)
+handle = spawner.start(config)
+members = json.loads(sys.argv[2])
+ours, client = socket.socketpair()
+pipes = [os.pipe() for _ in range(3)]
+send_frame(handle.sock, json.dumps(members).encode(), [pipes[0][0], pipes[1][1], pipes[2][1], client.fileno()])
+client.close()
+ended = recv_frame(ours)
+event = recv_frame(handle.sock)
+handle.sock.close()
+os.waitpid(handle.pid, 0)
+from enforcer.v1 import enforcer_pb2 as pb
+message = pb.SessionEnded.FromString(ended[0]) if ended else None
+print(json.dumps({
+    "caller": None if message is None else [message.session, message.reason, message.exit_code, message.detail],
+    "daemon": json.loads(event[0]) if event else None,
+}))
+"""
+
+
+def test_the_spawner_refuses_a_mistyped_order_and_launches_nothing(tmp_path: Path) -> None:
+    """A real spawner (in a process of its own, as the daemon forks it): the caller hears the
+    refusal on its launch connection, the daemon that the session ended; no supervisor is forked."""
+    import subprocess
+    import sys
+
+    members = members_of(order(session="s-mistyped").to_json())
+    members["uid"] = "0"
+    result = subprocess.run(
+        [sys.executable, "-c", SPAWNER_SCRIPT, str(tmp_path), json.dumps({"launch": members})],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(result.stdout)
+    session, reason, exit_code, detail = reported["caller"]
+    assert (session, reason, exit_code) == ("s-mistyped", "refused", 125)
+    assert "launch order refused" in detail and "uid" in detail
+    assert reported["daemon"] == {"event": "ended", "session": "s-mistyped", "status": 125}
+    assert "order refused" in result.stderr
