@@ -26,13 +26,13 @@ echo; echo "== inside the sandbox"
 run $EXEC python3 $WS/main.py                                  # allowed: run the workspace code
 run $EXEC cat /tmp/adl-demo/reference/notes.txt                # allowed read
 run $EXEC cat $WS/.env                                          # denied path (masked)
-run $EXEC cat /etc/passwd /etc/shadow                           # outside the policy: shadow denied
+run $EXEC cat /etc/passwd /etc/hostname                         # outside the policy: hostname denied
 run $EXEC python3 -c "open('$WS/stolen.pem', 'w').write('x')"   # creating a denied name after launch
 run $EXEC python3 -c "import subprocess; subprocess.run(['curl', 'http://example.com'])"   # denied exec
 run $EXEC python3 -c "import os; os.execv('/bin/sh', ['sh', '-c', 'id'])"                 # no shells
 run $EXEC sh -c id                                              # refused before launch
 echo; echo "== why the kernel said no, from the audit log in $ADL_ENFORCER_AUDIT_DIR (path, right, process, rule, grant)"
-run .venv/bin/adl-audit search --since -10m --type decision --rule 'fs.*' --rule 'exec.*' --path /etc/shadow --path '*curl*' -n 4 --reverse
+run .venv/bin/adl-audit search --since -10m --type decision --rule 'fs.*' --rule 'exec.*' --path /etc/hostname -n 4 --reverse
 echo; echo "== the research agent's network, through the egress filter (in a lab of namespaces the demo builds)"
 .venv/bin/python scripts/demo_network.py
 echo; echo "== the audit trail"
