@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import data
@@ -80,11 +81,12 @@ def regions_from_bytes(data: bytes, name: str) -> RegionMap:
         raise PolicyFileError(name, str(exc)) from exc
 
 
-def schema_set() -> SchemaSet:
+def schema_set(spec_dir: Path | None = None) -> SchemaSet:
+    """The schemas in `spec_dir` (the spec_dir setting), else the package's own."""
     from .policy.specs import SchemaSet, SpecMissing, spec_root
 
     try:
-        return SchemaSet(spec_root())
+        return SchemaSet(spec_root(spec_dir))
     except SpecMissing as exc:
         raise PolicyFileError("(specification)", str(exc), [Finding("ENF-1006", str(exc))]) from exc
 
@@ -94,19 +96,25 @@ def load_policy(
     aaif_path: str | os.PathLike[str] | None = None,
     options: CompileOptions | None = None,
     now: datetime | None = None,
+    spec_dir: Path | None = None,
 ) -> Policy:
-    """Read, validate and compile; raises PolicyFileError or DocumentRejected."""
+    """Read, validate (against `spec_dir`'s schemas, else the package's) and compile; raises
+    PolicyFileError or DocumentRejected."""
     adl = read_document(adl_path, "adl")
     aaif = read_document(aaif_path, "aaif") if aaif_path else None
-    return compile_documents(adl, aaif, options, now or datetime.now(UTC))
+    return compile_documents(adl, aaif, options, now or datetime.now(UTC), spec_dir)
 
 
 def compile_documents(
-    adl: dict[str, Any], aaif: dict[str, Any] | None, options: CompileOptions | None, now: datetime
+    adl: dict[str, Any],
+    aaif: dict[str, Any] | None,
+    options: CompileOptions | None,
+    now: datetime,
+    spec_dir: Path | None = None,
 ) -> Policy:
     from .policy.compiler import compile_policy
 
-    return compile_policy(adl, aaif, schema_set(), now, options)
+    return compile_policy(adl, aaif, schema_set(spec_dir), now, options)
 
 
 __all__ = [

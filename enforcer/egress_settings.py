@@ -1,14 +1,13 @@
-"""Egress filter settings (pydantic-settings, ADL_ENFORCER_* environment). adl-enforcerd's own
-settings extend these, so its TOML file can set them too."""
+"""The egress filter's settings, validated (pydantic). They are read from the environment or
+adl-enforcerd's TOML file as part of the one settings model, enforcer/settings.py, which extends
+this one; a session's filter is given them as this model (`EnforcerSettings.egress()`)."""
 
 from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 RESOLV_CONF = Path("/etc/resolv.conf")
 
@@ -55,15 +54,15 @@ def _inside(
     return False
 
 
-class EgressSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ADL_ENFORCER_", extra="ignore", validate_default=True)
+class EgressSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     upstream_dns: str | None = Field(
         default=None,
         description="resolver the egress filter asks (IP:PORT or [IPv6]:PORT); default: the first "
         "nameserver in /etc/resolv.conf",
     )
-    public_test_ranges: Annotated[list[str], NoDecode] = Field(
+    public_test_ranges: list[str] = Field(
         default_factory=list,
         description="documentation ranges (198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32) to treat as public "
         "addresses, for test networks only; comma-separated; every session that uses it says so in its audit",

@@ -15,13 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import policy_cache
+from . import data, policy_cache
 from .audit import AuditUnavailable, AuditWriter, records
 from .audit.events import agent_of, caller_fields
 from .documents import PolicyFileError
-from .egress_settings import EgressSettings
 from .policy import Policy
 from .policy.errors import Refusal
 from .sandbox import cgroups, identity, runtime_presets
@@ -29,6 +28,9 @@ from .sandbox.launcher import LaunchError, Outcome
 from .sandbox.plan import DEFAULT_PIDS_MAX, Baseline, HostFeatures, LaunchPlan, Layer, PlanError, build_plan
 from .sandbox.stage import Prepared
 from .session import host_features, record_refusal, run_session
+
+if TYPE_CHECKING:  # pydantic is slow to import: only plans with a network layer load it
+    from .egress_settings import EgressSettings
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class PolicyFiles:
     baseline: Path
     production: bool
     home_region: str | None
+    cache_dir: Path | None  # the compiled-policy cache (None: off)
+    spec_dir: Path | None = None  # the schemas to validate with (None: the package's own)
 
     def load(self, features: HostFeatures) -> CompiledPolicy:
         loaded = policy_cache.load(
@@ -65,6 +69,8 @@ class PolicyFiles:
             production=self.production,
             home_region=self.home_region,
             features=features,
+            directory=self.cache_dir,
+            spec_dir=self.spec_dir,
         )
         # The presets a document asks for and learn mode read the document itself: the very bytes
         # the policy was compiled from, parsed without the validation code a warm launch skips.
@@ -82,6 +88,7 @@ class PolicyDocuments:
     baseline: Path
     production: bool
     home_region: str | None
+    spec_dir: Path | None = None  # the schemas to validate with (None: the package's own)
 
     def load(self, features: HostFeatures) -> CompiledPolicy:
         from .documents import load_regions, schema_set
@@ -91,7 +98,7 @@ class PolicyDocuments:
         options = CompileOptions(
             production=self.production, regions=load_regions(self.regions), home_region=self.home_region
         )
-        policy = compile_policy(self.adl, self.aaif, schema_set(), datetime.now(UTC), options)
+        policy = compile_policy(self.adl, self.aaif, schema_set(self.spec_dir), datetime.now(UTC), options)
         return CompiledPolicy(policy, load_baseline(self.baseline), self.adl)
 
 
@@ -137,9 +144,12 @@ class LaunchRequest:
     caller_uid: int | None = None
     accept_unenforced: frozenset[str] = frozenset()
     pids_max: int = DEFAULT_PIDS_MAX
-    egress: EgressSettings | None = None  # None: build_plan loads them when the plan needs a network
+    # The egress filter's settings, or what loads them when the plan has a network (None: defaults).
+    egress: EgressSettings | Callable[[], EgressSettings] | None = None
     masks: Masks | None = None
     cgroup_group: str = cgroups.GROUP
+    presets: Path = data.PRESETS  # the runtime presets catalog
+    kernel_audit: bool = True  # record the kernel's denials (the kernel_audit setting)
     explain_only: bool = False  # plan, report the layers that cannot be enforced, run nothing
 
 
@@ -261,7 +271,9 @@ class _Launch:
         cwd = None
         if request.cwd is not None:
             cwd = enter_as_caller(request.cwd, *_account(uid, gid))
-        baseline, presets_applied = runtime_presets.extend(compiled.baseline, compiled.adl_document)
+        baseline, presets_applied = runtime_presets.extend(
+            compiled.baseline, compiled.adl_document, catalog_path=request.presets
+        )
         plan = build_plan(
             compiled.policy,
             list(request.argv),
@@ -313,6 +325,7 @@ class _Launch:
                 uid=planned.switch_to[0],
                 gid=planned.switch_to[1],
                 cgroup_group=self.request.cgroup_group,
+                kernel_audit=self.request.kernel_audit,
                 prepared=prepared,
                 on_denials=denials.update,
                 caller=self._caller(planned.cwd),

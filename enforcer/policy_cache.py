@@ -35,7 +35,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import data, paths
+from . import data
 from .keyring import KeyringUnavailable, user_secret
 
 if TYPE_CHECKING:
@@ -86,10 +86,12 @@ def load(
     production: bool,
     home_region: str | None,
     features: HostFeatures,
-    directory: Path | None = None,
+    directory: Path | None,
+    spec_dir: Path | None = None,
     now: datetime | None = None,
 ) -> Loaded:
-    """The compiled policy and baseline for these files, from the cache when it holds them.
+    """The compiled policy and baseline for these files, from the cache in `directory` when it holds
+    them (None: no cache). `spec_dir`: the schemas to validate with (None: the package's own).
 
     Raises what compiling raises (PolicyFileError, DocumentRejected, PlanError, OSError)."""
     now = now or datetime.now(UTC)
@@ -102,8 +104,7 @@ def load(
         baseline=_read(baseline_path),
         baseline_path=str(baseline_path),
     )
-    directory = directory if directory is not None else paths.cache_dir()
-    key = entry_key(inputs, production, home_region, features)
+    key = entry_key(inputs, production, home_region, features, spec_dir)
     warning = None
     secret = b""
     if directory is not None:
@@ -120,7 +121,7 @@ def load(
             if found is not None:
                 return Loaded(found[0], found[1], "hit", adl_bytes=inputs.adl)
     policy, baseline, valid = _compile(
-        inputs, adl_path, aaif_path, regions_path, baseline_path, production, home_region, now
+        inputs, adl_path, aaif_path, regions_path, baseline_path, production, home_region, now, spec_dir
     )
     if directory is not None:
         try:
@@ -142,10 +143,12 @@ def _read(path: Path) -> bytes:
         raise PolicyFileError(str(path), f"cannot read: {exc.strerror}") from exc
 
 
-def entry_key(inputs: _Inputs, production: bool, home_region: str | None, features: HostFeatures) -> str:
+def entry_key(
+    inputs: _Inputs, production: bool, home_region: str | None, features: HostFeatures, spec_dir: Path | None
+) -> str:
     digest = hashlib.sha256(MAGIC)
     parts: list[bytes | None] = [
-        code_fingerprint().encode(),
+        code_fingerprint(spec_dir).encode(),
         str(os.geteuid()).encode(),
         inputs.adl,
         inputs.aaif,
@@ -161,15 +164,14 @@ def entry_key(inputs: _Inputs, production: bool, home_region: str | None, featur
     return digest.hexdigest()
 
 
-def code_fingerprint() -> str:
-    """Size and modification time of the enforcer's policy code, its schemas and the validating
-    libraries: a reinstall or an edit changes it."""
+def code_fingerprint(spec_dir: Path | None) -> str:
+    """Size and modification time of the enforcer's policy code, its schemas (`spec_dir`'s too) and
+    the validating libraries: a reinstall or an edit changes it."""
     digest = hashlib.sha256(sys.version.encode())
-    spec_dir = os.environ.get("ADL_ENFORCER_SPEC_DIR")
     roots = [_PACKAGE / p for p in _CODE] + [_PACKAGE / "data" / "schemas"]
-    digest.update(repr(spec_dir).encode())
+    digest.update(repr(str(spec_dir) if spec_dir else None).encode())
     if spec_dir:
-        roots.append(Path(spec_dir))
+        roots.append(spec_dir)
     for root in roots:
         _stat_tree(root, digest)
     # A library's directory changes when an upgrade replaces its files.
@@ -210,6 +212,7 @@ def _compile(
     production: bool,
     home_region: str | None,
     now: datetime,
+    spec_dir: Path | None,
 ) -> tuple[Policy, Baseline, tuple[float, float]]:
     from .documents import compile_documents, document_from_bytes, regions_from_bytes
     from .policy.compiler import time_boundaries
@@ -223,7 +226,7 @@ def _compile(
     aaif = document_from_bytes(inputs.aaif, str(aaif_path), "aaif") if inputs.aaif is not None else None
     regions = regions_from_bytes(inputs.regions, str(regions_path)) if inputs.regions is not None else RegionMap.empty()
     options = CompileOptions(production=production, regions=regions, home_region=home_region)
-    policy = compile_documents(adl, aaif, options, now)
+    policy = compile_documents(adl, aaif, options, now, spec_dir)
     baseline = load_baseline(baseline_path)
     if baseline.digest != "sha256:" + hashlib.sha256(inputs.baseline).hexdigest():
         raise PlanError(f"{baseline_path} changed while it was read")

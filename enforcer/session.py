@@ -66,6 +66,7 @@ def run_session(
     prepared: Prepared | None = None,
     on_denials: Callable[[dict[str, Any]], None] | None = None,
     caller: Mapping[str, Any] | None = None,
+    kernel_audit: bool = True,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
     the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
@@ -83,7 +84,12 @@ def run_session(
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
     # Host side, before the agent starts: the reader's socket buffers its denials until read.
     kernel_denials = SessionDenials.start(
-        writer, policy, session, prepared.stage.session_pids if prepared is not None else None, joined
+        writer,
+        policy,
+        session,
+        prepared.stage.session_pids if prepared is not None else None,
+        joined,
+        record=kernel_audit,
     )
     outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
     denials = _denials_summary(kernel_denials, plan)

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from enforcer.policy import SchemaSet, spec_root
+from enforcer.settings.launch import read as read_settings
 
 from .helpers.daemon import daemon  # noqa: F401  (fixture for tests/integration)
 from .helpers.documents import SHARED_SPEC
@@ -40,4 +42,5 @@ def spec() -> Path:
 
 @pytest.fixture(scope="session")
 def schemas() -> SchemaSet:
-    return SchemaSet(spec_root())
+    # ADL_ENFORCER_SPEC_DIR runs the suite against another schema tree, as it does the commands.
+    return SchemaSet(spec_root(read_settings(os.environ).spec_dir))

@@ -16,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from .. import paths
 from ..audit import keys, records
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
+from ..settings import launch as launch_settings
 from ..version import version_text
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 2
@@ -149,7 +149,10 @@ def _glue_negative_times(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_glue_negative_times(list(sys.argv[1:] if argv is None else argv)))
-    directory = args.dir or paths.audit_dir()
+    try:
+        directory = args.dir or launch_settings.read(os.environ).audit_dir
+    except launch_settings.SettingsError as exc:
+        parser.error(str(exc))
     if not directory.is_dir() or not log_files(directory):
         print(f"adl-audit: no audit log in {directory} (set --dir or ADL_ENFORCER_AUDIT_DIR)", file=sys.stderr)
         return EXIT_USAGE

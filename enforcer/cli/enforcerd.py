@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 import tomli_w
 
-from ..daemon import affinity, spawner
-from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, _runtime_dir, as_plain, load_settings
+from .. import paths
+from ..daemon import affinity, notify, spawner
+from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
 from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
 from ..daemon.orders import SpawnerConfig
 from ..version import version_text
@@ -19,7 +21,8 @@ from ..version import version_text
 EPILOG = f"""\
 configuration, later sources winning: built-in defaults, the TOML file ({DEFAULT_CONFIG_FILE},
 or --config, or $ADL_ENFORCER_CONFIG), then ADL_ENFORCER_<SETTING> environment variables, e.g.
-ADL_ENFORCER_POLICY_DIR, ADL_ENFORCER_SOCKET, ADL_ENFORCER_AUDIT_DIR. See --print-config.
+ADL_ENFORCER_POLICY_DIR, ADL_ENFORCER_SOCKET, ADL_ENFORCER_AUDIT_DIR. See --print-config; every
+setting, its default and meaning: docs/settings.md.
 
 sockets:
   API     (socket, mode 0660, socket_group)     Check, CheckBatch, Explain, WaitApproval, Status
@@ -67,8 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spawner_config(settings: Settings) -> SpawnerConfig:
-    from ..egress_settings import EgressSettings
-
     return SpawnerConfig(
         audit_dir=settings.audit_dir,
         audit_key=settings.audit_key,
@@ -79,7 +80,10 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
         baseline=settings.baseline,
         cgroup_group=settings.cgroup_group,
         helper_memory_mb=settings.helper_memory_mb,
-        egress=EgressSettings.model_validate(settings.egress_config()),
+        egress=settings.egress(),
+        presets=settings.presets,
+        spec_dir=settings.spec_dir,
+        kernel_audit=settings.kernel_audit,
     )
 
 
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return install_systemd.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, os.environ)
     except ConfigError as exc:
         print(f"adl-enforcerd: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     # Taken after the fork, so that the spawner and its supervisors (which may outlive this process
     # by a moment) never hold them; before anything touches sockets, sessions or the audit log.
     sockets = [settings.socket, settings.admin_socket, settings.launch_socket]
-    instance = InstanceLock(lock_paths(sockets, _runtime_dir(), settings.cgroup_group))
+    instance = InstanceLock(lock_paths(sockets, paths.runtime_dir(os.environ), settings.cgroup_group))
     try:
         instance.acquire()
     except (InstanceLocked, OSError) as exc:
@@ -155,7 +159,7 @@ def _serve(settings: Settings, handle: spawner.SpawnerHandle) -> int:
     if cpus is not None:
         logging.getLogger("adl-enforcerd").info("API process on CPU %s", ",".join(map(str, sorted(cpus))))
     try:
-        return serve(settings, handle)
+        return serve(settings, handle, notify.Systemd.from_environment(os.environ, os.getpid()))
     except StartupError as exc:
         print(f"adl-enforcerd: cannot start: {exc}", file=sys.stderr)
         return 1

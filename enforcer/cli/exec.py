@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
 from .. import data
-from ..sandbox import DOMAINS, cgroups
+from ..sandbox import DOMAINS
+from ..settings import launch as launch_settings
 from ..version import version_action
 from .exec_common import DEFAULT_BASELINE, EXIT_REFUSED
 
@@ -130,16 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
 
-    group = os.environ.get("ADL_ENFORCER_CGROUP_GROUP") or cgroups.GROUP
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", group):
-        parser.error(f"ADL_ENFORCER_CGROUP_GROUP={group!r}: expected a directory name ([A-Za-z0-9_.-])")
+    try:
+        # The plain settings only: the egress filter's are validated (pydantic) when a plan needs them.
+        settings = launch_settings.read(os.environ)
+    except launch_settings.SettingsError as exc:
+        parser.error(str(exc))
     session = new_session_id()
     # Now, while this process is small: the stage runs on the other core while the imports below run.
-    prepared = None if args.explain else prepare(session, cgroup_group=group)
+    prepared = None if args.explain else prepare(session, cgroup_group=settings.cgroup_group)
     try:
         from .exec_embedded import run_embedded
 
-        return run_embedded(args, command, session, prepared)
+        return run_embedded(args, command, session, prepared, settings)
     finally:
         if prepared is not None:
             prepared.discard()

@@ -9,66 +9,80 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import launching, paths
+from .. import launching
 from .. import session as sessions
 from ..audit import AuditWriter
 from ..policy.model import Policy
 from ..sandbox import identity
 from ..sandbox.plan import LaunchPlan
 from ..sandbox.stage import Prepared
-from .exec_common import DEFAULT_BASELINE, print_report, refuse
+from ..settings.launch import LaunchSettings
+from .exec_common import print_report, refuse
 from .exec_learn import Learner
 
 
 class _Embedded:
     """What embedded adl-exec adds to the launch: warnings on stderr, learn mode."""
 
-    def __init__(self, args: argparse.Namespace, session: str) -> None:
-        self.args, self.session = args, session
+    def __init__(self, args: argparse.Namespace, session: str, cgroup_group: str) -> None:
+        self.args, self.session, self.cgroup_group = args, session, cgroup_group
         self.learner: Learner | None = None
 
     def warn(self, message: str) -> None:
         print(f"adl-exec: warning: {message}", file=sys.stderr)
 
     def planned(self, compiled: launching.CompiledPolicy, plan: LaunchPlan) -> None:
-        self.learner = Learner.begin(self.args, compiled.adl_document, plan, self.session, self.args.explain)
+        self.learner = Learner.begin(
+            self.args, compiled.adl_document, plan, self.session, self.args.explain, self.cgroup_group
+        )
 
     def ended(self, audit_dir: Path) -> dict[str, Any] | None:
         return self.learner.finish(audit_dir) if self.learner is not None else None
 
 
-def run_embedded(args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None) -> int:
+def run_embedded(
+    args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None, settings: LaunchSettings
+) -> int:
     """Compile, plan, audit and run; `prepared` is the stage forked ahead (None with --explain)."""
-    # The egress settings (pydantic-settings) load only when the plan has a network layer; the
-    # home region, which residency rules compile against, is the same variable they read.
+    # The egress settings (pydantic) are validated only when the plan has a network layer; the
+    # home region, which residency rules compile against, is one of them.
     # Documents compiled before (same bytes, baseline, region map, host) come from the cache.
     policy = launching.PolicyFiles(
         args.adl,
         args.aaif,
-        args.regions,
-        args.baseline or Path(os.environ.get("ADL_ENFORCER_BASELINE", DEFAULT_BASELINE)),
+        args.regions or settings.regions,
+        args.baseline or settings.baseline,
         production=args.production,
-        home_region=os.environ.get("ADL_ENFORCER_HOME_REGION") or None,
+        home_region=settings.home_region,
+        cache_dir=settings.cache_dir,
+        spec_dir=settings.spec_dir,
     )
     request = launching.LaunchRequest(
         session=session_id,
         argv=tuple(command),
-        environ=dict(os.environ),
+        environ=dict(os.environ),  # the caller's environment: the agent's is chosen from it
         policy=policy,
         user=args.user,
         accept_unenforced=frozenset(args.accept_unenforced),
         pids_max=args.pids_max,
+        egress=settings.egress,
+        cgroup_group=settings.cgroup_group,
+        presets=settings.presets,
+        kernel_audit=settings.kernel_audit,
         explain_only=args.explain,
     )
     result = launching.launch(
-        request, lambda: _open_writer(args), prepared=prepared, observer=_Embedded(args, session_id)
+        request,
+        lambda: _open_writer(args, settings),
+        prepared=prepared,
+        observer=_Embedded(args, session_id, settings.cgroup_group),
     )
     if isinstance(result, launching.Refused):
         if result.unaudited:
             print(f"adl-exec: warning: {result.unaudited}", file=sys.stderr)
         return refuse(result.reason)
     if isinstance(result, launching.Explained):
-        _print_explain(result.policy, result.plan, args.json, _explain_identity(args.user))
+        _print_explain(result.policy, result.plan, args.json, _explain_identity(args.user), settings.kernel_audit)
         return 0
     if isinstance(result, launching.Terminated):  # nothing terminates an embedded launch but a signal
         return refuse(f"terminated {result.step}")
@@ -98,19 +112,21 @@ def _explain_identity(spec: str | None) -> dict[str, object]:
     return {"uid": chosen.uid, "gid": chosen.gid, "from": chosen.source}
 
 
-def _open_writer(args: argparse.Namespace) -> AuditWriter:
-    return AuditWriter(args.audit_dir or paths.audit_dir(), args.audit_key or paths.audit_key_path(), source="adl-exec")
+def _open_writer(args: argparse.Namespace, settings: LaunchSettings) -> AuditWriter:
+    return AuditWriter(args.audit_dir or settings.audit_dir, args.audit_key or settings.audit_key, source="adl-exec")
 
 
-def _kernel_denials_plan(plan: LaunchPlan) -> str:
-    if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
+def _kernel_denials_plan(plan: LaunchPlan, record: bool) -> str:
+    if not record:
         return "not recorded (turned off with ADL_ENFORCER_KERNEL_AUDIT)"
     from ..sandbox import kernel_audit
 
     return kernel_audit.describe(plan.landlock.abi)
 
 
-def _print_explain(policy: Policy, plan: LaunchPlan, as_json: bool, agent: dict[str, object]) -> None:
+def _print_explain(
+    policy: Policy, plan: LaunchPlan, as_json: bool, agent: dict[str, object], kernel_audit: bool
+) -> None:
     from ..explain import policy_summary, render_policy
 
     if as_json:
@@ -124,7 +140,7 @@ def _print_explain(policy: Policy, plan: LaunchPlan, as_json: bool, agent: dict[
                     "accepted_unenforced": plan.accepted_unenforced,
                     "refusals": plan.refusals,
                     "identity": agent,
-                    "kernel_denials": _kernel_denials_plan(plan),
+                    "kernel_denials": _kernel_denials_plan(plan, kernel_audit),
                 },
                 indent=2,
             )
@@ -140,6 +156,6 @@ def _print_explain(policy: Policy, plan: LaunchPlan, as_json: bool, agent: dict[
         print(f"  {layer.name:<13} {layer.status:<20} {layer.mechanism}")
         for line in layer.details:
             print(f"      {line}")
-    print(f"kernel denials: {_kernel_denials_plan(plan)}")
+    print(f"kernel denials: {_kernel_denials_plan(plan, kernel_audit)}")
     for refusal in [*plan.refusals, *([agent["refused"]] if "refused" in agent else [])]:
         print(f"a launch would be refused: {refusal}")

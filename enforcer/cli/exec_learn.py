@@ -18,7 +18,7 @@ from typing import Any
 
 from ..audit.query import iter_records
 from ..policy import learn as learning
-from ..sandbox import cgroups, fanotify, landlock
+from ..sandbox import fanotify, landlock
 from ..sandbox.plan import LaunchPlan, PlanError
 
 BANNER = (
@@ -38,7 +38,7 @@ class Learner:
 
     @staticmethod
     def begin(
-        args: Any, adl_document: dict[str, Any], plan: LaunchPlan, session: str, explain_only: bool
+        args: Any, adl_document: dict[str, Any], plan: LaunchPlan, session: str, explain_only: bool, cgroup_group: str
     ) -> Learner | None:
         """None unless --learn; otherwise widen the plan (before the launch record is written)."""
         if not getattr(args, "learn", None):
@@ -59,10 +59,9 @@ class Learner:
             plan.landlock.rules.append(("/", everything))
             plan.exec_mounts = None  # the noexec mounts would stop what is to be learned from running
             print(BANNER, file=sys.stderr)
-            # The group adl-exec prepared the session's cgroup in (exec.py validated it).
-            group = os.environ.get("ADL_ENFORCER_CGROUP_GROUP") or cgroups.GROUP
+            # The group adl-exec prepared the session's cgroup in (the cgroup_group setting).
             try:
-                learner.observer = fanotify.Observer(f"/{group}/{session}")
+                learner.observer = fanotify.Observer(f"/{cgroup_group}/{session}")
             except OSError as exc:
                 raise PlanError(f"--learn needs fanotify (root, CAP_SYS_ADMIN): {exc}") from None
         return learner

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import shlex
 import sys
 from dataclasses import replace
@@ -29,6 +30,7 @@ from ..policy.aaif import PROVIDED_CAPABILITIES, capability_findings, condition_
 from ..policy.adl import validate_adl
 from ..policy.formats import parse_timestamp
 from ..policy.loader import detect_kind
+from ..settings import launch as launch_settings
 from ..version import version_text
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
@@ -74,7 +76,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     now = _now(args.now)
     results: dict[str, Any] = {}
     worst = EXIT_OK
-    schemas = schema_set()
+    schemas = schema_set(args.spec_dir)
     for name in args.files:
         try:
             document = read_document(name)
@@ -126,7 +128,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now))
+    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now), args.spec_dir)
     print(json.dumps(policy_summary(policy), indent=2) if args.json else render_policy(policy))
     return EXIT_OK
 
@@ -160,7 +162,7 @@ def _action(args: argparse.Namespace) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     action = _action(args)
-    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now))
+    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now), args.spec_dir)
     decision = decide(policy, action)
     if args.json:
         print(json.dumps({**decision.to_json(), "warnings": [w.to_json() for w in policy.warnings]}))
@@ -318,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args.spec_dir = launch_settings.read(os.environ).spec_dir
+    except launch_settings.SettingsError as exc:
+        parser.error(str(exc))
     try:
         return int(args.func(args))
     except argparse.ArgumentTypeError as exc:

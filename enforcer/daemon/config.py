@@ -1,49 +1,39 @@
-"""adl-enforcerd configuration: defaults, then the TOML file, then ADL_ENFORCER_* environment variables."""
+"""adl-enforcerd configuration: defaults, then the TOML file, then ADL_ENFORCER_* environment
+variables. The settings it shares with adl-exec (audit log, baseline, region map, egress filter...)
+are inherited from enforcer/settings.py."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from .. import data, paths
-from ..egress_settings import EgressSettings
+from .. import paths
+from ..settings.launch import PREFIX, SettingsError
+from ..settings.model import EnforcerSettings, load
 from . import affinity
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
+CONFIG_VARIABLE = PREFIX + "CONFIG"  # names the file; not a setting
 
 
-def _runtime_dir() -> Path:
-    return Path("/run/adl-enforcer") if os.geteuid() == 0 else paths.state_dir() / "run"
+class Settings(EnforcerSettings):
+    """The daemon's settings; those it shares with adl-exec (audit_dir, baseline, upstream_dns...) are inherited."""
 
-
-class Settings(EgressSettings):
-    """The daemon's settings; the egress filter's (upstream_dns, public_test_ranges, ...) are inherited."""
-
-    model_config = SettingsConfigDict(env_prefix="ADL_ENFORCER_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", validate_default=True, env_ignore_empty=True)
 
     policy_dir: Path = Field(default=Path("/etc/adl-enforcer/policies"), description="ADL/AAIF documents")
-    socket: Path = Field(default_factory=lambda: _runtime_dir() / "api.sock", description="API socket (Check)")
-    admin_socket: Path = Field(
-        default_factory=lambda: _runtime_dir() / "admin.sock", description="admin socket (approvals, reload), 0600"
-    )
-    launch_socket: Path = Field(
-        default_factory=lambda: _runtime_dir() / "launch.sock", description="launch socket used by adl-exec --daemon"
-    )
+    socket: Path = Field(description="API socket (Check)")
+    admin_socket: Path = Field(description="admin socket (approvals, reload), 0600")
+    launch_socket: Path = Field(description="launch socket used by adl-exec --daemon")
     socket_group: str | None = Field(default=None, description="group owning the API and launch sockets (0660)")
-    audit_dir: Path = Field(default_factory=paths.audit_dir)
-    audit_key: Path = Field(default_factory=paths.audit_key_path)
     audit_group_ms: float = Field(default=5.0, gt=0, le=1000, description="group commit interval")
     audit_group_records: int = Field(default=64, ge=1, description="group commit after this many records")
-    baseline: Path = Field(default=data.RUNTIME_BASELINE, description="runtime baseline (default: the packaged one)")
-    regions: Path = Field(default=data.REGIONS, description="region map (default: the packaged one)")
     production: bool = Field(default=False, description="refuse draft lifecycle documents too")
-    cgroup_group: str = Field(
-        default="adl-enforcerd", pattern=r"^[A-Za-z0-9_.-]+$", description="cgroup directory holding sessions"
-    )
+    cgroup_group: str = Field(default="adl-enforcerd", description="cgroup directory holding the sessions")
     helper_memory_mb: int = Field(
         default=512,
         ge=64,
@@ -160,16 +150,18 @@ class Settings(EgressSettings):
         return value if value.is_absolute() else Path.cwd() / value
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml = TomlConfigSettingsSource(settings_cls, toml_file=_config_file)
-        return (init_settings, env_settings, toml)
+    def environment_defaults(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        run = paths.runtime_dir(environ)
+        return {
+            **super().environment_defaults(environ),
+            "socket": run / "api.sock",
+            "admin_socket": run / "admin.sock",
+            "launch_socket": run / "launch.sock",
+        }
+
+    @classmethod
+    def file_sources(cls, settings_cls: type[BaseSettings]) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (TomlConfigSettingsSource(settings_cls, toml_file=_config_file),)
 
 
 _config_file: Path | None = None
@@ -179,31 +171,29 @@ class ConfigError(Exception):
     pass
 
 
-def config_file(explicit: Path | None = None) -> Path | None:
+def config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
     """--config, else $ADL_ENFORCER_CONFIG, else /etc/adl-enforcer/enforcer.toml when it exists."""
     if explicit is not None:
         return explicit
-    configured = os.environ.get("ADL_ENFORCER_CONFIG")
+    configured = environ.get(CONFIG_VARIABLE)
     if configured:
         return Path(configured)
     return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
 
 
-def load_settings(explicit: Path | None = None, **overrides: Any) -> Settings:
+def load_settings(explicit: Path | None, environ: Mapping[str, str], **overrides: Any) -> Settings:
+    """From the command's environment and the configuration file it names (or --config)."""
     global _config_file
-    path = config_file(explicit)
+    path = config_file(explicit, environ)
     if path is not None and not path.is_file():
         raise ConfigError(f"{path}: no such configuration file")
     _config_file = path
-    saved = os.environ.pop("ADL_ENFORCER_CONFIG", None)  # not a setting: it names the file
     try:
-        return Settings(**overrides)
-    except ValueError as exc:  # pydantic.ValidationError and TOML syntax errors
+        return load({k: v for k, v in environ.items() if k != CONFIG_VARIABLE}, Settings, **overrides)
+    except (SettingsError, ValueError) as exc:  # invalid values, TOML syntax errors
         raise ConfigError(f"{path or 'configuration'}: {exc}") from exc
     finally:
         _config_file = None
-        if saved is not None:
-            os.environ["ADL_ENFORCER_CONFIG"] = saved
 
 
 def as_plain(settings: Settings) -> dict[str, Any]:

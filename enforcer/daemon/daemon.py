@@ -60,8 +60,9 @@ def _now_ms() -> int:
 
 
 class Daemon:
-    def __init__(self, settings: Settings, spawner: SpawnerHandle) -> None:
+    def __init__(self, settings: Settings, spawner: SpawnerHandle, systemd: notify.Systemd) -> None:
         self.settings = settings
+        self.systemd = systemd
         self.spawner = spawner
         self.health = health.HealthServicer()
         for name in ("", *SERVICES):
@@ -91,7 +92,7 @@ class Daemon:
                 regions=load_regions(settings.regions),
                 home_region=settings.home_region,
             )
-            self.store = PolicyStore(settings.policy_dir, schema_set(), options)
+            self.store = PolicyStore(settings.policy_dir, schema_set(settings.spec_dir), options)
         except PolicyFileError as exc:
             raise StartupError(str(exc)) from exc
         limits = ArgumentLimits(settings.max_argument_depth, settings.max_argument_items, settings.max_argument_string)
@@ -176,19 +177,19 @@ class Daemon:
         threading.Thread(target=self._spawner_events, name="spawner-events", daemon=True).start()
         self._started = True
         self._update_health()
-        notify.send("READY=1", self._status_line())
+        self.systemd.send("READY=1", self._status_line())
 
     def run_forever(self) -> None:
-        watchdog_s = notify.watchdog_interval()
+        watchdog_s = self.systemd.watchdog_s
         last_ping = 0.0
         last_sweep = 0.0
         while not self._stop_wanted.wait(TICK_S):
             now = time.monotonic()
             if self._reload_wanted.is_set():
                 self._reload_wanted.clear()
-                notify.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+                self.systemd.send("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
                 self.reload()
-                notify.send("READY=1", self._status_line())
+                self.systemd.send("READY=1", self._status_line())
             self.sink.tick()  # first: a stalled log must be noticed even if expiring approvals waits on it
             self.core.expire_due()
             if now - last_sweep > 60:
@@ -196,7 +197,7 @@ class Daemon:
                 last_sweep = now
             # No ping while the log makes no progress: systemd then restarts a daemon stuck for WatchdogSec.
             if watchdog_s and now - last_ping >= watchdog_s / 2 and not self.sink.stalled:
-                notify.send("WATCHDOG=1", self._status_line())
+                self.systemd.send("WATCHDOG=1", self._status_line())
                 last_ping = now
 
     def request_reload(self, *_: Any) -> None:
@@ -206,7 +207,7 @@ class Daemon:
         self._stop_wanted.set()
 
     def stop(self) -> None:
-        notify.send("STOPPING=1")
+        self.systemd.send("STOPPING=1")
         self._serving = False
         for name in ("", *SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -399,7 +400,7 @@ class Daemon:
         for name in ("", *SERVICES):
             self.health.set(name, status)
         if self._servers:
-            notify.send(self._status_line())
+            self.systemd.send(self._status_line())
 
     def _status_line(self) -> str:
         snapshot = self.store.snapshot
@@ -504,8 +505,8 @@ class Daemon:
         return server
 
 
-def serve(settings: Settings, spawner: SpawnerHandle) -> int:
-    daemon = Daemon(settings, spawner)
+def serve(settings: Settings, spawner: SpawnerHandle, systemd: notify.Systemd) -> int:
+    daemon = Daemon(settings, spawner, systemd)
     signal.signal(signal.SIGHUP, daemon.request_reload)
     signal.signal(signal.SIGTERM, daemon.request_stop)
     signal.signal(signal.SIGINT, daemon.request_stop)

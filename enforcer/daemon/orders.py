@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .. import data
 from ..egress_settings import EgressSettings
 
 
@@ -171,6 +172,9 @@ class SpawnerConfig:
     cgroup_group: str
     helper_memory_mb: int
     egress: EgressSettings
+    presets: Path = data.PRESETS
+    spec_dir: Path | None = None  # None: the package's own schemas
+    kernel_audit: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -184,6 +188,9 @@ class SpawnerConfig:
             "cgroup_group": _is_text(self.cgroup_group) and bool(self.cgroup_group),
             "helper_memory_mb": _is_int(self.helper_memory_mb) and self.helper_memory_mb > 0,
             "egress": isinstance(self.egress, EgressSettings),
+            "presets": isinstance(self.presets, Path),
+            "spec_dir": self.spec_dir is None or isinstance(self.spec_dir, Path),
+            "kernel_audit": isinstance(self.kernel_audit, bool),
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:

@@ -360,6 +360,7 @@ def _supervise_prepared(
             baseline=config.baseline,
             production=config.production,
             home_region=config.egress.home_region,
+            spec_dir=config.spec_dir,
         ),
         policy_digest=order.policy_digest,
         user=Identity(order.uid, order.gid, "caller"),
@@ -370,6 +371,8 @@ def _supervise_prepared(
         egress=config.egress,
         masks=daemon_masks(config),
         cgroup_group=config.cgroup_group,
+        presets=config.presets,
+        kernel_audit=config.kernel_audit,
     )
     result = launching.launch(
         request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait

@@ -4,14 +4,13 @@ By default the package's own encoding of the ADL 0.1/0.2/0.3 core, the supported
 the AAIF schemas is used (enforcer/data/schemas, shipped in the wheel). ADL_ENFORCER_SPEC_DIR
 overrides it with a tree laid out either like that directory (adl/, aaif/) or like the published
 specification repositories (agent-definition-language__specification/, Observalytics-SL__aaif/).
-`spec_root()` is the only function here that looks at the environment; everything else is given
-a root.
+`spec_root()` chooses between the two (the command passes the spec_dir setting); everything else
+is given a root.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,13 +135,13 @@ ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_f
 AAIFSchemaValidator = validators.extend(Draft202012Validator, _ECMA_KEYWORDS)
 
 
-def spec_root() -> Path:
-    """ADL_ENFORCER_SPEC_DIR when set (it must hold schemas), else the package's own schemas."""
-    env = os.environ.get("ADL_ENFORCER_SPEC_DIR")
-    candidate = Path(env) if env else PACKAGED_SCHEMAS
+def spec_root(spec_dir: Path | None = None) -> Path:
+    """`spec_dir` (the spec_dir setting, ADL_ENFORCER_SPEC_DIR) when given (it must hold schemas),
+    else the package's own schemas."""
+    candidate = spec_dir or PACKAGED_SCHEMAS
     if _is_published(candidate) or (candidate / "adl").is_dir():
         return candidate
-    where = f"ADL_ENFORCER_SPEC_DIR={env}" if env else f"the package data at {candidate} (a broken install?)"
+    where = f"ADL_ENFORCER_SPEC_DIR={spec_dir}" if spec_dir else f"the package data at {candidate} (a broken install?)"
     raise SpecMissing(
         f"ADL/AAIF schemas not found in {where}: the directory must hold adl/ and aaif/, or "
         f"{ADL_SPEC_REPO}/ and {AAIF_REPO}/"

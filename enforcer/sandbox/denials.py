@@ -10,7 +10,6 @@ whatever the agent does; the counts stay exact (save datagrams the kernel droppe
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -216,6 +215,9 @@ class DenialLog:
                 self._append(records.DECISION, payload)
 
 
+TURNED_OFF = "turned off with ADL_ENFORCER_KERNEL_AUDIT"
+
+
 class SessionDenials:
     """Start before the agent runs, finish after its cgroup is gone (launcher.run returned)."""
 
@@ -227,13 +229,20 @@ class SessionDenials:
 
     @staticmethod
     def start(
-        appender: Any, policy: Policy, session: str, roots: Callable[[], Iterable[int]] | None, cgroup_group: str
+        appender: Any,
+        policy: Policy,
+        session: str,
+        roots: Callable[[], Iterable[int]] | None,
+        cgroup_group: str,
+        *,
+        record: bool,
     ) -> SessionDenials:
         """`roots`: the session's init and agent host pids once launched (Stage.session_pids);
-        without it, only the session's cgroup identifies its processes."""
-        if os.environ.get("ADL_ENFORCER_KERNEL_AUDIT", "").lower() in ("0", "off", "no", "false"):
+        without it, only the session's cgroup identifies its processes. `record`: the kernel_audit
+        setting."""
+        if not record:
             # Enforcement is unchanged; only the recording of the kernel's denials is off (and says so).
-            return SessionDenials(None, None, "turned off with ADL_ENFORCER_KERNEL_AUDIT")
+            return SessionDenials(None, None, TURNED_OFF)
         try:
             changed = kernel_audit.ensure_enabled()
             lost_before = kernel_audit.status()["lost"]

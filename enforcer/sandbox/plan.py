@@ -12,6 +12,7 @@ import glob
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,7 +26,7 @@ from .cgroups import Limits
 from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
-if TYPE_CHECKING:  # pydantic-settings is slow to import: only plans with a network layer load it
+if TYPE_CHECKING:  # pydantic is slow to import: only plans with a network layer load it
     from ..egress_settings import EgressSettings
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
@@ -231,10 +232,12 @@ def build_plan(
     cwd: str | None = None,
     pids_max: int = DEFAULT_PIDS_MAX,
     explain_only: bool = False,
-    egress: EgressSettings | None = None,
+    egress: EgressSettings | Callable[[], EgressSettings] | None = None,
 ) -> LaunchPlan:
     """Raises PlanError for anything that must be refused; with explain_only, layers that cannot be
-    enforced are reported as unavailable (and in `refusals`) instead."""
+    enforced are reported as unavailable (and in `refusals`) instead. `egress`: the egress filter's
+    settings, or a function that loads them, called only for a plan with a network layer (None:
+    their defaults)."""
     check_request(policy, argv, accept_unenforced)
     cwd = cwd or os.getcwd()
     home = environ.get("HOME", "/")
@@ -424,9 +427,11 @@ def environment(policy: Policy, environ: dict[str, str], search_path: str) -> En
     return EnvironmentPart(env, dropped, secrets, layer)
 
 
-def network(policy: Policy, tools_missing: tuple[str, ...], egress: EgressSettings | None) -> NetworkPart:
-    """No declared host: an empty namespace. Declared hosts: the egress filter, with `egress` or, when
-    None, the settings of the environment; without the filter's tools, loopback only."""
+def network(
+    policy: Policy, tools_missing: tuple[str, ...], egress: EgressSettings | Callable[[], EgressSettings] | None
+) -> NetworkPart:
+    """No declared host: an empty namespace. Declared hosts: the egress filter, with `egress` (or what
+    it loads; None: the defaults); without the filter's tools, loopback only."""
     net = policy.network
     if net is None or not net.hosts.patterns:
         return NetworkPart(Layer("network", "new network namespace", "active", ["loopback only: nothing leaves"]), None)
@@ -435,7 +440,7 @@ def network(policy: Policy, tools_missing: tuple[str, ...], egress: EgressSettin
         layer.details = [f"declared hosts {', '.join(net.hosts.patterns)} are NOT reachable: loopback only"]
         missing = f"the egress filter needs {', '.join(tools_missing)}, not installed here"
         return NetworkPart(layer, None, missing)
-    settings = egress if egress is not None else _egress_from_environment()
+    settings = _egress_settings(egress)
     layer.details.append("Landlock: no TCP listening; every TCP connect goes to the filter")
     resolver = settings.resolver()
     layer.details.append(
@@ -511,16 +516,17 @@ def residual(policy: Policy) -> tuple[list[str], Layer]:
     )
 
 
-def _egress_from_environment() -> EgressSettings:
-    from pydantic import ValidationError
-
+def _egress_settings(given: EgressSettings | Callable[[], EgressSettings] | None) -> EgressSettings:
     from ..egress_settings import EgressSettings
 
-    try:
+    if given is None:
         return EgressSettings()
-    except ValidationError as exc:
-        problems = "; ".join(f"ADL_ENFORCER_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise PlanError(f"egress settings: {problems}") from None
+    if isinstance(given, EgressSettings):
+        return given
+    try:
+        return given()
+    except ValueError as exc:  # settings.launch.SettingsError: the message names the variables
+        raise PlanError(f"egress settings: {exc}") from None
 
 
 def _network_details(policy: Policy) -> list[str]:

@@ -29,11 +29,10 @@ class Applied:
     details: tuple[str, ...]
 
 
-def load_catalog(path: Path | None = None) -> presets.Catalog:
+def load_catalog(path: Path = data.PRESETS) -> presets.Catalog:
     from ruamel.yaml import YAML  # only for documents that ask for presets
     from ruamel.yaml.error import YAMLError
 
-    path = path or Path(os.environ.get("ADL_ENFORCER_PRESETS", data.PRESETS))
     try:
         raw = path.read_bytes()
         return presets.parse_catalog(raw, YAML(typ="safe").load(raw), str(path))
@@ -42,14 +41,19 @@ def load_catalog(path: Path | None = None) -> presets.Catalog:
 
 
 def extend(
-    baseline: Baseline, adl_document: Mapping[str, Any], catalog: presets.Catalog | None = None
+    baseline: Baseline,
+    adl_document: Mapping[str, Any],
+    catalog: presets.Catalog | None = None,
+    *,
+    catalog_path: Path = data.PRESETS,
 ) -> tuple[Baseline, Applied | None]:
-    """The baseline with the requested presets' paths, and what else they apply (None: no presets)."""
+    """The baseline with the requested presets' paths, and what else they apply (None: no presets).
+    The catalog is read from `catalog_path` (the presets setting) unless given."""
     try:
         names = presets.requested(adl_document)
         if not names:
             return baseline, None
-        catalog = catalog or load_catalog()
+        catalog = catalog or load_catalog(catalog_path)
         chosen = presets.select(catalog, names)
     except presets.PresetError as exc:
         raise PlanError(str(exc)) from None

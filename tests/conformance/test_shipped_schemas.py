@@ -187,11 +187,9 @@ def test_every_published_document_is_judged_alike() -> None:
     assert not stale, f"allow-listed differences that no longer occur: {stale}"
 
 
-def test_default_schemas_are_the_shipped_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ADL_ENFORCER_SPEC_DIR", raising=False)
-    assert spec_root() == PACKAGED_SCHEMAS
-    monkeypatch.setenv("ADL_ENFORCER_SPEC_DIR", str(SHARED_SPEC))
-    assert spec_root() == SHARED_SPEC
+def test_default_schemas_are_the_shipped_ones() -> None:
+    assert spec_root(None) == PACKAGED_SCHEMAS
+    assert spec_root(SHARED_SPEC) == SHARED_SPEC
 
 
 def test_shipped_schemas_name_only_the_project() -> None:

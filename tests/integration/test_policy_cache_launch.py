@@ -62,6 +62,9 @@ def test_a_warm_cache_launch_imports_no_validator(sandbox):
     assert cold["code"] == warm["code"] == 0
     assert set(VALIDATION) <= set(cold["modules"])  # the first launch validates and compiles
     assert not set(VALIDATION) & set(warm["modules"]), set(VALIDATION) & set(warm["modules"])
+    # Nor the settings model: a launch without a network layer reads its settings without pydantic.
+    assert not {m for m in warm["modules"] if m.split(".")[0].startswith("pydantic")}
+    assert "enforcer.settings.model" not in warm["modules"]
     # Changing the document's bytes misses the cache: that launch validates again.
     policy.write_text(policy.read_text() + "\n")
     assert set(VALIDATION) <= set(launch()["modules"])

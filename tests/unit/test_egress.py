@@ -21,6 +21,7 @@ from enforcer.egress.sniff import Malformed, protocol_name, sniff
 from enforcer.egress_settings import EgressSettings, parse_endpoint, system_resolver
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
+from enforcer.settings.model import load as load_settings
 
 from ..helpers.documents import base_adl, compile_doc
 
@@ -69,19 +70,20 @@ def test_ruleset_captures_tcp_and_dns_and_counts_drops() -> None:
     assert "policy drop" in rules
 
 
-def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "[2001:db8::53]:5353")
-    monkeypatch.setenv("ADL_ENFORCER_PUBLIC_TEST_RANGES", "198.51.100.0/24, 203.0.113.0/24")
-    settings = EgressSettings()
+def test_settings_from_environment(tmp_path: Path) -> None:
+    env = {
+        "ADL_ENFORCER_UPSTREAM_DNS": "[2001:db8::53]:5353",
+        "ADL_ENFORCER_PUBLIC_TEST_RANGES": "198.51.100.0/24, 203.0.113.0/24",
+    }
+    settings = load_settings(env).egress()
     assert settings.resolver() == ("2001:db8::53", 5353)
     assert settings.public_test_ranges == ["198.51.100.0/24", "203.0.113.0/24"]
-    monkeypatch.setenv("ADL_ENFORCER_PUBLIC_TEST_RANGES", "8.8.8.0/24")
     with pytest.raises(ValueError, match="documentation range"):
-        EgressSettings()
-    monkeypatch.delenv("ADL_ENFORCER_PUBLIC_TEST_RANGES")
-    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "dns.example.com:53")
+        load_settings({**env, "ADL_ENFORCER_PUBLIC_TEST_RANGES": "8.8.8.0/24"})
     with pytest.raises(ValueError, match="IP:PORT"):
-        EgressSettings()
+        load_settings({"ADL_ENFORCER_UPSTREAM_DNS": "dns.example.com:53"})
+    with pytest.raises(ValueError, match="documentation range"):  # the model a session is given checks too
+        EgressSettings(public_test_ranges=["8.8.8.0/24"])
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("# comment\nsearch example\nnameserver fe80::1%eth0\nnameserver 10.0.0.2\n")
     assert system_resolver(resolv) == "[fe80::1]:53" and parse_endpoint("10.0.0.2") == ("10.0.0.2", 53)
@@ -182,19 +184,29 @@ def test_plan_refuses_network_without_the_filter_tools(schemas: Any) -> None:
     assert plan.egress is not None and not plan.landlock.deny_tcp_connect and plan.landlock.deny_tcp_bind
 
 
-def test_plan_reads_egress_settings_only_for_a_network_and_refuses_bad_ones(
-    schemas: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "resolver.example")  # a name, not an address
+def test_plan_reads_egress_settings_only_for_a_network_and_refuses_bad_ones(schemas: Any) -> None:
+    calls = []
+
+    def loader() -> EgressSettings:
+        calls.append(1)
+        return load_settings({"ADL_ENFORCER_UPSTREAM_DNS": "resolver.example"}).egress()  # a name, not an address
+
     baseline = load_baseline(REPO / "policies" / "runtime-baseline.yaml")
     features = HostFeatures(landlock_abi=4, cgroups="v1")
     offline = compile_doc(schemas, base_adl())
-    assert build_plan(offline, ["/bin/true"], baseline=baseline, environ={}, features=features).egress is None
+    plan = build_plan(offline, ["/bin/true"], baseline=baseline, environ={}, features=features, egress=loader)
+    assert plan.egress is None and not calls
     online = compile_doc(
         schemas, base_adl(permissions={"network": {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}})
     )
     with pytest.raises(PlanError, match="ADL_ENFORCER_UPSTREAM_DNS"):
-        build_plan(online, ["/bin/true"], baseline=baseline, environ={}, features=features)
+        build_plan(online, ["/bin/true"], baseline=baseline, environ={}, features=features, egress=loader)
+    assert calls == [1]
+    good = build_plan(
+        online, ["/bin/true"], baseline=baseline, environ={}, features=features,
+        egress=lambda: load_settings({"ADL_ENFORCER_UPSTREAM_DNS": "192.0.2.53:5353"}).egress(),
+    )  # fmt: skip
+    assert good.egress is not None and good.egress.resolver() == ("192.0.2.53", 5353)
 
 
 def test_synthetic_addresses_are_never_real_destinations() -> None:

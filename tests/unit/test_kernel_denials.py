@@ -148,13 +148,25 @@ def test_unavailable_kernel_auditing_is_said_not_silent(monkeypatch: Any, capsys
         raise ka.KernelAuditUnavailable(1, "AUDIT_GET: Operation not permitted")
 
     monkeypatch.setattr(ka, "status", refuse)
-    monkeypatch.delenv("ADL_ENFORCER_KERNEL_AUDIT", raising=False)
-    denials = SessionDenials.start(None, None, "session-x", None, "adl-test")  # type: ignore[arg-type]
+    denials = SessionDenials.start(None, None, "session-x", None, "adl-test", record=True)  # type: ignore[arg-type]
     assert "kernel denials: unavailable (AUDIT_GET: Operation not permitted)" in capsys.readouterr().err
     summary = denials.finish()
     assert summary == {"available": False, "why": "AUDIT_GET: Operation not permitted"}
     assert report_lines(summary) == ["kernel denials: unavailable (AUDIT_GET: Operation not permitted)"]
     assert ka.describe(7).startswith("unavailable here (AUDIT_GET: Operation not permitted)")
+
+
+def test_kernel_audit_off_neither_reads_nor_turns_on_kernel_auditing(monkeypatch: Any, capsys: Any) -> None:
+    from enforcer.sandbox.denials import SessionDenials
+
+    def touched(*_: Any) -> Any:
+        raise AssertionError("kernel auditing touched although the kernel_audit setting is off")
+
+    monkeypatch.setattr(ka, "status", touched)
+    monkeypatch.setattr(ka, "ensure_enabled", touched)
+    denials = SessionDenials.start(None, None, "session-x", None, "adl-test", record=False)  # type: ignore[arg-type]
+    assert denials.finish() == {"available": False, "why": "turned off with ADL_ENFORCER_KERNEL_AUDIT"}
+    assert capsys.readouterr().err == ""
 
 
 def test_explain_says_that_a_launch_turns_host_auditing_on(monkeypatch: Any) -> None:

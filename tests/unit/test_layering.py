@@ -7,19 +7,20 @@ layer, nothing else.
 
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_settings (the egress filter's settings model)
-  1 policy        the pure policy core: documents in, decisions out, no I/O
-  2 documents, keyring, explain
+  1 settings      the settings model the commands load (and its pydantic-free launch reader)
+  2 policy        the pure policy core: documents in, decisions out, no I/O
+  3 documents, keyring, explain
                   reading documents and keys from disk; explaining a compiled policy
-  3 audit         the tamper-evident log
-  4 sandbox       one module per kernel mechanism, the launch plan and the stage
-  5 egress        the egress filter process (runs in namespaces the sandbox layer builds)
-  6 session, policy_cache
+  4 audit         the tamper-evident log
+  5 sandbox       one module per kernel mechanism, the launch plan and the stage
+  6 egress        the egress filter process (runs in namespaces the sandbox layer builds)
+  7 session, policy_cache
                   one whole session (sandbox + egress + audit); the compiled-policy cache
-  7 launching     one launch from a request (policy, plan, session, refusals): adl-exec's and the
+  8 launching     one launch from a request (policy, plan, session, refusals): adl-exec's and the
                   daemon's
-  8 daemon, client
+  9 daemon, client
                   adl-enforcerd; the gRPC client the integrations use
-  9 cli, integrations
+ 10 cli, integrations
                   the commands and the agent-framework integrations
 """
 
@@ -34,6 +35,7 @@ ROOT = Path(enforcer.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
     ("enforcer", "version", "paths", "data", "v1", "framing", "egress_settings"),
+    ("settings",),
     ("policy",),
     ("documents", "keyring", "explain"),
     ("audit",),

@@ -37,6 +37,7 @@ from enforcer.sandbox.plan import (
     resources,
     syscalls,
 )
+from enforcer.settings.launch import read as read_settings
 
 from ..helpers.documents import base_adl, compile_doc
 
@@ -310,15 +311,20 @@ def test_network_with_hosts_uses_the_filter_or_says_what_is_missing(schemas: Any
     assert missing.layer.details == ["declared hosts api.example.test are NOT reachable: loopback only"]
 
 
-def test_network_reads_egress_settings_from_the_environment_only_when_none_given(
+def test_network_loads_egress_settings_through_the_loader_it_is_given(
     schemas: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "192.0.2.7:5300")
-    part = network(policy_with(schemas, **NETWORK), (), None)
+    part = network(
+        policy_with(schemas, **NETWORK), (), read_settings({"ADL_ENFORCER_UPSTREAM_DNS": "192.0.2.7:5300"}).egress
+    )
     assert part.egress is not None and part.egress.resolver() == ("192.0.2.7", 5300)
+    refused = read_settings({"ADL_ENFORCER_UPSTREAM_DNS": "not-an-address"}).egress
+    with pytest.raises(PlanError, match=r"egress settings: upstream_dns \(ADL_ENFORCER_UPSTREAM_DNS\)"):
+        network(policy_with(schemas, **NETWORK), (), refused)
+    # None: the defaults; the process's environment is not read.
     monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "not-an-address")
-    with pytest.raises(PlanError, match="egress settings: ADL_ENFORCER_UPSTREAM_DNS"):
-        network(policy_with(schemas, **NETWORK), (), None)
+    part = network(policy_with(schemas, **NETWORK), (), None)
+    assert part.egress == EgressSettings()
 
 
 def test_syscalls_start_the_guard_for_what_it_must_check() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from enforcer.policy.adl import validate_adl
 from enforcer.policy.specs import PACKAGED_SCHEMAS, SchemaSet, SpecMissing, ecma_pattern, spec_root
+from enforcer.settings.launch import read as read_settings
 from tests.helpers.documents import NOW, base_adl
 
 
@@ -43,12 +44,13 @@ def test_ecma_pattern_translation() -> None:
     assert not ecma_pattern(r"^\d$").search("٣")
 
 
-def test_override_must_hold_schemas(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("ADL_ENFORCER_SPEC_DIR", str(tmp_path))
+def test_override_must_hold_schemas(tmp_path: Path) -> None:
+    spec_dir = read_settings({"ADL_ENFORCER_SPEC_DIR": str(tmp_path)}).spec_dir
+    assert spec_dir == tmp_path
     with pytest.raises(SpecMissing, match="ADL_ENFORCER_SPEC_DIR"):
-        spec_root()
-    monkeypatch.delenv("ADL_ENFORCER_SPEC_DIR")
-    assert spec_root() == PACKAGED_SCHEMAS
+        spec_root(spec_dir)
+    assert read_settings({}).spec_dir is None
+    assert spec_root(None) == spec_root() == PACKAGED_SCHEMAS
 
 
 def test_extension_member_names_end_at_the_end(schemas: SchemaSet) -> None:
