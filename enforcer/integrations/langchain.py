@@ -16,7 +16,7 @@ Invoked with a tool call, the ToolMessage's artifact carries the decision:
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -40,7 +40,7 @@ class GuardedTool(BaseTool):
     async_client: AsyncClient | None = None
     approval_wait_s: float | None = None
     on_ask: OnAsk | None = None
-    response_format: str = "content_and_artifact"
+    response_format: Literal["content", "content_and_artifact"] = "content_and_artifact"
 
     def _decided(self, result: Result, message: Any) -> tuple[Any, dict[str, Any]]:
         meta = {"decision": result.decision, "decision_id": result.decision_id}

@@ -183,7 +183,8 @@ class Gateway:
         arguments = dict(params.arguments or {})
         result = await self.decide(ctx, params.name, arguments)
         if not result.allowed:
-            return types.CallToolResult(
+            # The SDK's model is populated by field name; mypy sees only its `_meta` alias as a parameter.
+            return types.CallToolResult(  # type: ignore[call-arg]
                 content=[types.TextContent(type="text", text=refusal_text(params.name, result))],
                 is_error=True,
                 meta={"adl-enforcer/decision": _decision_meta(result)},
