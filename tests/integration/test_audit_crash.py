@@ -154,3 +154,47 @@ def test_follow_prints_new_matching_records(tmp_path: Path) -> None:
     finally:
         follower.kill()
         follower.wait(timeout=10)
+
+
+ROTATION_CRASH_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from enforcer.audit import AuditWriter, WriterSettings
+    from enforcer.audit.writer import log_name
+
+    switch_to = AuditWriter._switch_to
+
+    def crash_before_the_next_file(self, path, *, create):
+        # The rotate record is written and synced; the process dies before the next file exists.
+        if create and path.name != log_name(1):
+            os._exit(9)
+        switch_to(self, path, create=create)
+
+    AuditWriter._switch_to = crash_before_the_next_file
+    writer = AuditWriter(sys.argv[1], sys.argv[2], settings=WriterSettings(rotate_bytes=2000))
+    for i in range(100):
+        receipt = writer.append("decision", {"decision": "deny", "n": i, "pad": "x" * 200}, sync=True)
+        os.write(1, b"%d\\n" % receipt.seq)
+    """
+)
+
+
+def test_a_crash_between_the_rotate_record_and_the_next_file_leaves_a_log_that_opens(tmp_path: Path) -> None:
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    child = subprocess.run(
+        [sys.executable, "-c", ROTATION_CRASH_SCRIPT, str(directory), str(key)], capture_output=True, timeout=60
+    )
+    assert child.returncode == 9, child.stderr  # it died inside the rotation
+    acked = [int(x) for x in child.stdout.split()]
+    assert acked
+    rotate = [r for r in iter_records(directory) if records.kind_of(r) == records.ROTATE]
+    assert len(rotate) == 1 and not (directory / rotate[0]["payload"]["next_file"]).exists()
+    # The next start continues the chain in the file the rotation named: the log is not stuck.
+    with AuditWriter(directory, key) as again:
+        again.append(records.DECISION, {"decision": "deny", "n": "after"}, sync=True)
+    assert (directory / rotate[0]["payload"]["next_file"]).exists()
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    decisions = [r for r in iter_records(directory) if records.kind_of(r) == records.DECISION]
+    assert set(acked) <= {r["seq"] for r in decisions}
+    assert decisions[-1]["payload"]["n"] == "after"
