@@ -334,7 +334,11 @@ class AuditWriter(Appender):
                 self._write(records.GAP, gap, priority="high")
             if records.kind_of(record) != records.ROTATE or last is None:
                 return
-            self._switch_to(self.directory / record["payload"]["next_file"], create=False)
+            next_file = self.directory / record["payload"]["next_file"]
+            # A crash after the rotate record but before the next file existed: the rotation is
+            # finished here, in the file it named (only ever the name a rotation gives it).
+            create = not next_file.exists() and next_file.name == log_name(record["seq"] + 1)
+            self._switch_to(next_file, create=create)
 
     def _rotate(self) -> None:
         """Seal the current file, point it at the next one, and continue the chain there."""
