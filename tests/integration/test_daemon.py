@@ -401,6 +401,52 @@ def test_max_concurrent_session_identity_and_terminate(daemon: RunningDaemon) ->
             first.wait()
 
 
+def test_a_caller_that_goes_away_ends_its_session_at_any_step(daemon: RunningDaemon) -> None:
+    """adl-exec killed (Ctrl-C, SIGKILL) as soon as the daemon has accepted its launch, while the
+    supervisor still compiles and plans, or once the agent runs: the session ends then, never at
+    the policy's max_duration_sec (5 s here) with nobody left to see it. Early leaves race the
+    stage's own cgroup join, hence the repeats."""
+    for attempt, after_start in enumerate((False, False, False, False, True)):
+        session_file = daemon.box.ws / f"session-{attempt}.json"
+        argv = daemon.exec_argv(
+            "python3",
+            "-c",
+            "import time; print('up', flush=True); time.sleep(60)",
+            options=("--session-file", str(session_file)),
+        )
+        client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            if after_start:
+                assert client.stdout is not None and client.stdout.readline() == "up\n"
+            else:
+                while not (session_file.exists() and session_file.stat().st_size):
+                    assert time.monotonic() < deadline and client.poll() is None
+                    time.sleep(0.001)
+            client.kill()
+            client.wait(timeout=10)
+            session = json.loads(session_file.read_text())["session"]
+            ends: list[dict] = []
+            while not ends and time.monotonic() < deadline:
+                time.sleep(0.05)
+                ends = [
+                    r for r in daemon.records() if r["corr"] == session and r["intent"].endswith((".exit", ".refused"))
+                ]
+            assert ends, (attempt, "the session's end is not in the log")
+            reason = ends[0]["payload"]["reason"]
+            assert reason != "timeout", (attempt, "the agent outlived its caller")
+            if after_start:
+                assert reason == "signal", reason
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    deadline = time.monotonic() + 10
+    while daemon.sessions_left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert daemon.sessions_left() == []
+
+
 def test_daemon_killed_mid_session_restarts_clean_with_a_continuous_audit_chain(daemon: RunningDaemon) -> None:
     client = subprocess.Popen(
         daemon.exec_argv("python3", "-c", "import time; print('up', flush=True); time.sleep(60)"),
