@@ -335,11 +335,23 @@ def _supervise_prepared(
     from ..audit import AuditWriter, WriterSettings
     from ..sandbox.identity import Identity
 
+    # The stage, named by a descriptor taken while it is surely not reaped: a signal sent through it
+    # later can only reach that process, never one that took its pid.
+    try:
+        stage = os.pidfd_open(prepared.stage.pid)
+    except OSError:
+        stage = -1
+
     def stop_when_caller_leaves() -> None:
-        # adl-exec going away (Ctrl-C, SIGKILL) ends its session, as in embedded mode.
+        # adl-exec going away (Ctrl-C, SIGKILL) ends its session at whatever step it is, as in
+        # embedded mode. The stage is killed itself: while the policy is compiled it may not have
+        # joined the session's cgroup yet, and kill_all would miss it and the agent it starts.
         with contextlib.suppress(OSError):
             while client.recv(4096):
                 pass
+        if stage >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(stage, signal.SIGKILL)
         if prepared.group is not None:
             with contextlib.suppress(OSError):
                 prepared.group.kill_all()
