@@ -336,7 +336,8 @@ def _supervise_prepared(
     from ..sandbox.identity import Identity
 
     # The stage, named by a descriptor taken while it is surely not reaped: a signal sent through it
-    # later can only reach that process, never one that took its pid.
+    # later can only reach that process, never one that took its pid. A kernel without pidfds
+    # (before 5.3, so without Landlock too) leaves only the cgroup kill below.
     try:
         stage = os.pidfd_open(prepared.stage.pid)
     except OSError:
