@@ -275,15 +275,14 @@ def _supervise(order: LaunchOrder, fds: list[int], config: SpawnerConfig, helper
         os.close(fd)
     client = socket.socket(fileno=client_fd)
     terminated = threading.Event()
-    made: list[Prepared] = []
+    made: list[_Made] = []
 
     def terminate(_signum: int, _frame: Any) -> None:
-        # TerminateSession: end the session at whatever step it is; the cgroup holds the stage or agent.
+        # TerminateSession: end the session at whatever step it is. Set first: a signal that lands
+        # before the stage exists is seen by the launch path's checks.
         terminated.set()
-        group = made[0].group if made else None
-        if group is not None:
-            with contextlib.suppress(OSError):
-                group.kill_all()
+        if made:
+            made[0].kill()
 
     signal.signal(signal.SIGUSR1, terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
@@ -291,13 +290,42 @@ def _supervise(order: LaunchOrder, fds: list[int], config: SpawnerConfig, helper
     # then overlaps compiling the policy below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config.cgroup_group)
-    made.append(prepared)
+    made.append(_Made(prepared))
     # The move (an RCU grace period on v1) overlaps compiling the policy too.
     joining = _Join(helper_joins)
     try:
-        return _supervise_prepared(order, config, client, prepared, terminated, joining)
+        return _supervise_prepared(order, config, client, made[0], terminated, joining)
     finally:
+        made[0].close()
         prepared.discard()
+
+
+class _Made:
+    """The session's stage and cgroup, to end at whatever step the session is. The stage is named by
+    a descriptor taken while it is surely not reaped: a signal sent through it later can only reach
+    that process, never one that took its pid. It is killed itself because until it has joined the
+    session's cgroup (while the policy is compiled) kill_all misses it and the agent it would start.
+    A kernel without pidfds (before 5.3, so without Landlock either) leaves only the cgroup kill."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.prepared = prepared
+        try:
+            self.stage_fd = os.pidfd_open(prepared.stage.pid)
+        except OSError:
+            self.stage_fd = -1
+
+    def kill(self) -> None:
+        if self.stage_fd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.stage_fd, signal.SIGKILL)
+        if self.prepared.group is not None:
+            with contextlib.suppress(OSError):
+                self.prepared.group.kill_all()
+
+    def close(self) -> None:
+        if self.stage_fd >= 0:
+            os.close(self.stage_fd)
+            self.stage_fd = -1
 
 
 class _Join(threading.Thread):
@@ -327,7 +355,7 @@ def _supervise_prepared(
     order: LaunchOrder,
     config: SpawnerConfig,
     client: socket.socket,
-    prepared: Prepared,
+    made: _Made,
     terminated: threading.Event,
     joining: _Join,
 ) -> int:
@@ -335,27 +363,15 @@ def _supervise_prepared(
     from ..audit import AuditWriter, WriterSettings
     from ..sandbox.identity import Identity
 
-    # The stage, named by a descriptor taken while it is surely not reaped: a signal sent through it
-    # later can only reach that process, never one that took its pid. A kernel without pidfds
-    # (before 5.3, so without Landlock too) leaves only the cgroup kill below.
-    try:
-        stage = os.pidfd_open(prepared.stage.pid)
-    except OSError:
-        stage = -1
+    prepared = made.prepared
 
     def stop_when_caller_leaves() -> None:
         # adl-exec going away (Ctrl-C, SIGKILL) ends its session at whatever step it is, as in
-        # embedded mode. The stage is killed itself: while the policy is compiled it may not have
-        # joined the session's cgroup yet, and kill_all would miss it and the agent it starts.
+        # embedded mode.
         with contextlib.suppress(OSError):
             while client.recv(4096):
                 pass
-        if stage >= 0:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(stage, signal.SIGKILL)
-        if prepared.group is not None:
-            with contextlib.suppress(OSError):
-                prepared.group.kill_all()
+        made.kill()
 
     def open_audit() -> AuditWriter:
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
