@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -38,16 +39,36 @@ def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    # Written whole under a temporary name, then linked into place: a concurrent start never reads
+    # a half-written key, a crash never leaves an empty one, and link() fails if another start won.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _load_private(path)
+        with os.fdopen(fd, "wb") as out:
+            out.write(pem)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return _load_private(path)
+    finally:
+        os.unlink(temporary)
+    _sync_directory(path.parent)
+    public = public_path(path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{public.name}.")
     with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-        out.flush()
-        os.fsync(out.fileno())
-    public_path(path).write_bytes(public_pem(key.public_key()))
+        out.write(public_pem(key.public_key()))
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, public)
     return key
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:
