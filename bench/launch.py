@@ -202,7 +202,7 @@ def interleaved(rounds: int) -> None:
         sleeper.write_text(json.dumps(sleeper_doc))
 
         def adl_exec(policy: Path, *command: str) -> list[str]:
-            return [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--", *command]
+            return [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(policy), "--user", USER, "--", *command]
 
         commands: dict[str, tuple[list[str], dict[str, str], int]] = {
             "python -c pass": ([sys.executable, "-c", "pass"], env, 0),

@@ -50,9 +50,9 @@ def _syscall_name(number: int | None) -> str | None:
     if number is None:
         return None
     try:
-        import pyseccomp
+        from .seccomp import sc  # pyseccomp, imported without its library lookups
 
-        return pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, number).decode()
+        return sc.resolve_syscall(sc.Arch.NATIVE, number).decode()
     except Exception:  # an unknown number is shown as a number
         return str(number)
 

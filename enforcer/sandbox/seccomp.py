@@ -10,16 +10,53 @@ upper half of a register cannot slip past; a foreign architecture kills the proc
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import errno
 import functools
+import importlib
 import os
 import platform
 import socket
 from dataclasses import dataclass
-
-import pyseccomp as sc
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .creation_guard import GUARDED, METADATA, WATCH
+
+# The sonames pyseccomp asks ctypes.util.find_library for when it is imported.
+_SONAMES = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
+
+
+def _import_pyseccomp() -> ModuleType:
+    """Import pyseccomp without its two `ldconfig -p` runs (one per find_library call, in every
+    process that imports it). find_library only names a soname, which pyseccomp then opens with
+    dlopen; the dynamic loader resolves that soname from the same cache itself. So, while the module
+    loads, a name in _SONAMES that the loader opens is answered with that soname (the library
+    pyseccomp then loads is the one the loader just opened); any other name, or a soname the loader
+    cannot open, goes to the usual lookup."""
+    usual = ctypes.util.find_library
+
+    def find_library(name: str) -> str | None:
+        soname = _SONAMES.get(name)
+        if soname is not None:
+            try:
+                ctypes.CDLL(soname)
+            except OSError:
+                return usual(name)
+            return soname
+        return usual(name)
+
+    ctypes.util.find_library = find_library
+    try:
+        return importlib.import_module("pyseccomp")
+    finally:
+        ctypes.util.find_library = usual
+
+
+if TYPE_CHECKING:
+    import pyseccomp as sc
+else:
+    sc = _import_pyseccomp()
 
 # Syscalls denied outright, grouped by why.
 DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
