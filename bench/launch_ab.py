@@ -28,7 +28,17 @@ def main() -> None:
             ADL_ENFORCER_AUDIT_KEY=f"{tmp}/key.pem",
             ADL_ENFORCER_CACHE_DIR=f"{tmp}/cache",
         )
-        adl_exec = [sys.executable, "-m", "enforcer.cli.exec", "--adl", policy, "--user", "65534:65534", "--", "/bin/true"]
+        adl_exec = [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--adl",
+            policy,
+            "--user",
+            "65534:65534",
+            "--",
+            "/bin/true",
+        ]
         variants = {
             "python -c pass": ([sys.executable, "-c", "pass"], env),
             "other tree": (adl_exec, {**env, "PYTHONPATH": other}),

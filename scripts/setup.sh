@@ -8,7 +8,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 # libseccomp for the seccomp baseline.
-# nftables and iproute2 for the egress filter (the agent namespace's capture rules and routes).
+# nftables for the egress filter (the agent namespace's capture rules); iproute2 for the tests' network lab.
 missing=()
 ldconfig -p | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
 PATH="$PATH:/usr/sbin:/sbin" command -v nft >/dev/null || missing+=(nftables)

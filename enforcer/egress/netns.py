@@ -9,10 +9,13 @@ agent's namespace and dials out from its own.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -58,7 +61,7 @@ table inet {TABLE} {{
 
 def missing_tools() -> list[str]:
     """The programs the namespace setup needs that this host lacks."""
-    return [tool for tool in ("nft", "ip") if _which(tool) is None]
+    return [tool for tool in ("nft",) if _which(tool) is None]
 
 
 def _which(tool: str) -> str | None:
@@ -88,7 +91,7 @@ def create(filter_port: int = FILTER_PORT, dns_port: int = DNS_PORT) -> AgentNam
         try:
             agent_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             namespaces.loopback_up()
-            _run([_which("ip") or "ip", "-4", "route", "add", "default", "dev", "lo", "src", "127.0.0.1"])
+            add_default_route(socket.AF_INET, "lo", source="127.0.0.1")
             ipv6 = _ipv6_route()
             _run([_which("nft") or "nft", "-f", "-"], ruleset(filter_port, dns_port))
             tcp = [_listen(socket.AF_INET, "127.0.0.1", filter_port, socket.SOCK_STREAM)]
@@ -110,10 +113,95 @@ def _ipv6_route() -> bool:
     if not os.path.exists("/proc/sys/net/ipv6"):
         return False
     try:
-        _run([_which("ip") or "ip", "-6", "route", "add", "default", "dev", "lo"])
+        add_default_route(socket.AF_INET6, "lo")
     except OSError:
         return False
     return True
+
+
+# rtnetlink (linux/netlink.h, linux/rtnetlink.h)
+_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_RTATTR = struct.Struct("=HH")  # length, type
+_NLMSG_ERROR = 2
+_RTM_NEWROUTE = 24
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+_RT_TABLE_MAIN, _RTPROT_BOOT, _RTN_UNICAST = 254, 3, 1
+_RT_SCOPE_UNIVERSE, _RT_SCOPE_LINK = 0, 253
+_RTA_OIF, _RTA_PREFSRC = 4, 7
+
+
+def _attribute(kind: int, data: bytes) -> bytes:
+    size = _RTATTR.size + len(data)
+    return _RTATTR.pack(size, kind) + data + b"\0" * (-size % 4)
+
+
+def add_default_route(family: int, device: str, source: str | None = None) -> None:
+    """Add a default route through `device` in the calling thread's network namespace, as `ip route
+    add default dev DEVICE [src SOURCE]` does (same table, protocol, scope and type), over rtnetlink
+    rather than by running ip. OSError with the kernel's answer if it refuses."""
+    # A directly connected route: link scope for IPv4; IPv6 routes are always universe scope.
+    scope = _RT_SCOPE_LINK if family == socket.AF_INET else _RT_SCOPE_UNIVERSE
+    body = _RTMSG.pack(family, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, scope, _RTN_UNICAST, 0)
+    body += _attribute(_RTA_OIF, struct.pack("=I", socket.if_nametoindex(device)))
+    if source is not None:
+        body += _attribute(_RTA_PREFSRC, socket.inet_pton(family, source))
+    flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_EXCL | _NLM_F_CREATE
+    message = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), _RTM_NEWROUTE, flags, 1, 0) + body
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE) as sock:
+        sock.settimeout(10)
+        sock.sendto(message, (0, 0))
+        reply = sock.recv(65536)
+    _length, kind, _flags, sequence, _port = _NLMSG_HEADER.unpack_from(reply)
+    if kind != _NLMSG_ERROR or sequence != 1:
+        raise OSError(f"adding the default route: unexpected netlink answer (type {kind})")
+    (code,) = struct.unpack_from("=i", reply, _NLMSG_HEADER.size)
+    if code != 0:  # the acknowledgement carries 0; an error, the negative errno
+        raise OSError(-code, f"adding the default route through {device}: {os.strerror(-code)}")
+
+
+class _Ifaddrs(ctypes.Structure):
+    pass
+
+
+_Ifaddrs._fields_ = [
+    ("ifa_next", ctypes.POINTER(_Ifaddrs)),
+    ("ifa_name", ctypes.c_char_p),
+    ("ifa_flags", ctypes.c_uint),
+    ("ifa_addr", ctypes.c_void_p),
+    ("ifa_netmask", ctypes.c_void_p),
+    ("ifa_ifu", ctypes.c_void_p),
+    ("ifa_data", ctypes.c_void_p),
+]
+_SOCKADDR_FAMILY = struct.Struct("=H")
+_ADDRESS_AT = {socket.AF_INET: (4, 4), socket.AF_INET6: (8, 16)}  # sockaddr_in / sockaddr_in6: offset, size
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.getifaddrs.argtypes = (ctypes.POINTER(ctypes.POINTER(_Ifaddrs)),)
+_libc.freeifaddrs.argtypes = (ctypes.POINTER(_Ifaddrs),)
+_libc.freeifaddrs.restype = None
+
+
+def interface_addresses() -> list[str]:
+    """Every IPv4 and IPv6 address of every interface in the calling thread's network namespace, as
+    getifaddrs(3) lists them (without an IPv6 scope suffix), sorted, without duplicates."""
+    head = ctypes.POINTER(_Ifaddrs)()
+    if _libc.getifaddrs(ctypes.byref(head)) != 0:
+        code = ctypes.get_errno() or errno.EIO
+        raise OSError(code, f"getifaddrs: {os.strerror(code)}")
+    found = set()
+    try:
+        entry = head
+        while entry:
+            address = entry.contents.ifa_addr
+            if address:
+                (family,) = _SOCKADDR_FAMILY.unpack(ctypes.string_at(address, _SOCKADDR_FAMILY.size))
+                if family in _ADDRESS_AT:
+                    offset, size = _ADDRESS_AT[family]
+                    found.add(socket.inet_ntop(family, ctypes.string_at(address + offset, size)))
+            entry = entry.contents.ifa_next
+    finally:
+        _libc.freeifaddrs(head)
+    return sorted(found)
 
 
 def _listen(family: int, address: str, port: int, kind: int) -> socket.socket:

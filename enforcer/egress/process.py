@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
 from ..egress_settings import EgressSettings
@@ -90,12 +88,7 @@ class EgressProcess:
 
 def host_addresses() -> list[str]:
     """The enforcer's own addresses (in the namespace it dials from): never reachable for an agent."""
-    found = []
-    for entries in psutil.net_if_addrs().values():
-        for entry in entries:
-            if entry.family in (socket.AF_INET, socket.AF_INET6):
-                found.append(entry.address.split("%")[0])
-    return sorted(set(found))
+    return netns.interface_addresses()
 
 
 def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> EgressProcess:
