@@ -19,8 +19,10 @@ Prints medians of N runs for:
 
 Run: .venv/bin/python bench/launch.py detail [N]
 
-`bench/launch.py daemon [ROUNDS]`: `adl-exec --daemon -- /bin/true` against a running adl-enforcerd
-(the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass` and bwrap.
+`bench/launch.py daemon [ROUNDS [OTHER_TREE]]`: `adl-exec --daemon -- /bin/true` against a running
+adl-enforcerd (the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass`
+and bwrap, and with OTHER_TREE's client (PYTHONPATH; compile its bytecode first, as the client runs as
+the agents' test user) against the same daemon.
 
 The default, `.venv/bin/python bench/launch.py [ROUNDS]`, times whole runs interleaved: each round
 runs every command below once, in a rotated order, and each figure is reported as its median and the
@@ -245,7 +247,7 @@ def interleaved(rounds: int) -> None:
         print(f"  {name:<58} {uss:8.1f} {pss:8.1f}")
 
 
-def daemon_runs(rounds: int) -> None:
+def daemon_runs(rounds: int, other_tree: str | None = None) -> None:
     sys.path.insert(0, str(REPO))
     from tests.helpers.daemon import RunningDaemon
     from tests.helpers.sandbox import Sandbox, agent_tmp_dir
@@ -262,29 +264,38 @@ def daemon_runs(rounds: int) -> None:
                 "bwrap --unshare-all": ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "/bin/true"],
                 "adl-exec --daemon": running.exec_argv("/bin/true"),
             }
-            for argv in commands.values():
-                subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+            environs = {name: env for name in commands}
+            if other_tree:  # the client of another tree of the project (e.g. an unpacked git archive)
+                commands["other tree's client"] = running.exec_argv("/bin/true")
+                environs["other tree's client"] = {**env, "PYTHONPATH": other_tree}
+            for name, argv in commands.items():
+                subprocess.run(argv, env=environs[name], check=True, stdout=subprocess.DEVNULL, cwd=tmp)
             names = list(commands)
             samples: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
                     start = time.perf_counter()
-                    subprocess.run(commands[name], env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+                    subprocess.run(commands[name], env=environs[name], check=True, stdout=subprocess.DEVNULL, cwd=tmp)
                     samples[name].append((time.perf_counter() - start) * 1000)
         finally:
             running.cleanup()
+
+    def ratio(name: str, base: str) -> str:
+        per_round = [a / b for a, b in zip(samples[name], samples[base], strict=True)]
+        return f"{statistics.median(per_round):5.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+
     print(f"whole runs, {rounds} interleaved rounds: median ms; per-round ratio median (range)")
     for name in names:
-        per_round = [a / b for a, b in zip(samples[name], samples["python -c pass"], strict=True)]
+        against_other = f"   vs other tree's client {ratio(name, names[-1])}" if other_tree else ""
         print(
             f"  {name:<22} {statistics.median(samples[name]):8.1f}   vs python -c pass "
-            f"{statistics.median(per_round):5.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+            f"{ratio(name, 'python -c pass')}{against_other}"
         )
 
 
 def main() -> None:
     if sys.argv[1:2] == ["daemon"]:
-        daemon_runs(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+        daemon_runs(int(sys.argv[2]) if len(sys.argv) > 2 else 10, sys.argv[3] if len(sys.argv) > 3 else None)
         return
     if sys.argv[1:2] != ["detail"]:
         interleaved(int(sys.argv[1]) if len(sys.argv) > 1 else 10)

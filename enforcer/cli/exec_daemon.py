@@ -12,10 +12,9 @@ import os
 import socket
 import sys
 
-from ..documents import PolicyFileError, read_document
 from ..framing import FrameError, recv_frame, send_frame
-from ..v1 import enforcer_pb2 as pb
 from .exec_common import EXIT_REFUSED, print_report, refuse
+from .launch_messages import LaunchReply, decode_launch_reply, decode_session_ended, encode_launch_request
 
 
 def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -23,6 +22,8 @@ def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
         return str(args.agent)
     if args.adl is None:
         parser.error("--daemon needs --agent NAME or --adl FILE (to name the agent)")
+    from ..documents import PolicyFileError, read_document  # only to name the agent: not with --agent
+
     try:
         document = read_document(args.adl, "adl")
     except PolicyFileError as exc:
@@ -33,7 +34,7 @@ def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return agent
 
 
-def _write_session_file(fd: int, reply: pb.LaunchReply) -> None:
+def _write_session_file(fd: int, reply: LaunchReply) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"session": reply.session, "session_token": reply.session_token}, f)
 
@@ -62,12 +63,12 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
     address = str(args.daemon)
     if not address.startswith("unix:"):
         parser.error(f"--daemon {address}: expected unix:PATH (the daemon's launch socket)")
-    request = pb.LaunchRequest(
+    request = encode_launch_request(
         agent=_agent(parser, args),
         argv=command,
         environ=dict(os.environ),
         cwd=os.getcwd(),
-        accept_unenforced=args.accept_unenforced,
+        accept_unenforced=list(args.accept_unenforced),
         pids_max=args.pids_max,
     )
     session_fd = None
@@ -79,13 +80,16 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         try:
             conn.connect(address[len("unix:") :])
-            send_frame(conn, request.SerializeToString(), [0, 1, 2])
+            send_frame(conn, request, [0, 1, 2])
             frame = recv_frame(conn)
         except (OSError, FrameError) as exc:
             return refuse(f"cannot reach adl-enforcerd at {address}: {exc}")
         if frame is None:
             return refuse("adl-enforcerd closed the connection without answering")
-        reply = pb.LaunchReply.FromString(frame[0])
+        try:
+            reply = decode_launch_reply(frame[0])
+        except ValueError as exc:
+            return refuse(f"adl-enforcerd sent a malformed reply: {exc}")
         if not reply.accepted:
             return refuse(reply.refusal)
         if session_fd is not None:
@@ -97,7 +101,11 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if frame is None:
         print(f"adl-exec: {reply.session}: lost contact with adl-enforcerd; the session was ended", file=sys.stderr)
         return EXIT_REFUSED
-    ended = pb.SessionEnded.FromString(frame[0])
+    try:
+        ended = decode_session_ended(frame[0])
+    except ValueError as exc:
+        print(f"adl-exec: {reply.session}: adl-enforcerd sent a malformed end of session: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     if ended.reason == "refused":
         return refuse(ended.detail)
     if args.report:
