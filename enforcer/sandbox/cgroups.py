@@ -103,6 +103,10 @@ class Cgroup(ABC):
     def kill_all(self) -> None:
         """SIGKILL every member, double-forked ones included."""
 
+    @abstractmethod
+    def kill_files(self) -> list[str]:
+        """The cgroup.kill file kill_all writes when it exists (the guardian kills the same way)."""
+
     def remove(self, timeout: float = 5.0) -> None:
         """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
         deadline = time.monotonic() + timeout
@@ -160,6 +164,9 @@ class CgroupV2(Cgroup):
             _read_keyed(self.path / "pids.events").get("max", 0),
         )
 
+    def kill_files(self) -> list[str]:
+        return [str(self.path / "cgroup.kill")]
+
     def kill_all(self) -> None:
         try:
             _write(self.path / "cgroup.kill", "1")
@@ -192,6 +199,9 @@ class CgroupV1(Cgroup):
     def counters(self) -> Counters:
         oom = _read_keyed(self.memory / "memory.oom_control").get("oom_kill", 0)
         return Counters(oom, _read_keyed(self.pids / "pids.events").get("max", 0))
+
+    def kill_files(self) -> list[str]:
+        return [str(self.unified / "cgroup.kill")] if self.unified is not None else []
 
     def kill_all(self) -> None:
         if self.unified is not None and (self.unified / "cgroup.kill").exists():

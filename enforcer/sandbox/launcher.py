@@ -102,6 +102,10 @@ def run(
         )
         started = time.monotonic()
         try:
+            prepared.guardian.confirm()
+        except OSError as exc:
+            raise LaunchError(f"sandbox setup failed: {exc}") from exc
+        try:
             prepared.stage.start(order, netns_fd, report_write if guarded else None)
         except StageError as exc:
             with contextlib.suppress(ChildProcessError):

@@ -5,8 +5,8 @@ milliseconds in page-table copies and copy-on-write faults on both sides. So `pr
 session's cgroup and forks two processes early (adl-exec does it before its heavy imports, while
 they run on the other core):
 
-- the **guardian**, which is told the session's cgroup and removes it (killing everything in it)
-  when the launcher goes away, even by SIGKILL;
+- the **guardian** (guardian.py, exec'd as a fresh small interpreter), which is told the session's cgroup
+  and removes it (killing everything in it) when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: this keeps that wait off the launch path), then
   forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
@@ -47,13 +47,14 @@ import secrets
 import select
 import signal
 import socket
+import sys
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
-from . import cgroups, pidns
+from . import cgroups, guardian, pidns
 
 if TYPE_CHECKING:
     from .creation_guard import DeniedNames
@@ -184,12 +185,31 @@ class Stage:
 
 
 class Guardian:
+    """The process that removes the session's cgroup when the launcher goes (guardian.py)."""
+
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self._sock = sock
+        self._running = False
 
     def watch(self, group: cgroups.Cgroup) -> None:
-        send_frame(self._sock, pickle.dumps(group, pickle.HIGHEST_PROTOCOL))
+        send_frame(self._sock, guardian.encode([str(d) for d in group.directories], group.kill_files()))
+
+    def confirm(self, timeout_s: float = 30.0) -> None:
+        """Return once the guardian runs; OSError if it could not start. Nothing of the agent's may
+        run unguarded: the launcher asks before it starts the agent."""
+        if self._running:
+            return
+        self._sock.settimeout(timeout_s)
+        try:
+            answer = self._sock.recv(len(guardian.READY))
+        except TimeoutError as exc:
+            raise OSError("the session's guardian did not start in time") from exc
+        finally:
+            self._sock.settimeout(None)
+        if answer != guardian.READY:
+            raise OSError("the session's guardian did not start")
+        self._running = True
 
     def release(self) -> None:
         """The launcher is done (its cgroup is gone): the guardian removes what is left and exits.
@@ -227,11 +247,11 @@ def prepare(
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
     builds its one program before forking instead)."""
-    guardian = Guardian(*_fork(_guardian_main))
+    watcher = Guardian(*_fork(_exec_guardian))
     group, error = None, None
     try:
         group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
-        guardian.watch(group)
+        watcher.watch(group)
     except (OSError, FrameError) as exc:
         error = str(exc)
     join_files = group.join_files() if group is not None else []
@@ -240,7 +260,7 @@ def prepare(
     main = functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write)
     pid, sock = _fork(main)
     os.close(status_write)
-    return Prepared(session, Stage(pid, sock, status_read), guardian, group, error)
+    return Prepared(session, Stage(pid, sock, status_read), watcher, group, error)
 
 
 def _fork(main: Any) -> tuple[int, socket.socket]:
@@ -262,15 +282,14 @@ def _fork(main: Any) -> tuple[int, socket.socket]:
     return pid, ours
 
 
-def _guardian_main(sock: socket.socket) -> None:
-    close_all_but({0, 1, 2, sock.fileno()})  # hold nothing of a session open (an agent's namespace)
+def _exec_guardian(sock: socket.socket) -> None:
+    """Become the guardian: a fresh interpreter, without site or environment, running guardian.py
+    (a fork would keep private copies of the launcher's pages for the whole session)."""
+    fd = sock.fileno()
+    close_all_but({0, 1, 2, fd})  # hold nothing of a session open (an agent's namespace)
+    os.set_inheritable(fd, True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    group = None
-    with contextlib.suppress(OSError, FrameError):
-        while (frame := recv_frame(sock)) is not None:
-            group = pickle.loads(frame[0])
-    if group is not None:
-        group.remove(timeout=10)
+    os.execv(sys.executable, [sys.executable, "-S", "-I", guardian.__file__, str(fd)])
 
 
 def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int) -> None:

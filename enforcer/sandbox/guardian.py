@@ -1,0 +1,123 @@
+"""The guardian: removes a session's cgroup, killing everything in it, once its launcher is gone.
+
+stage.prepare() forks it and execs it as `python -S -I guardian.py FD` (see stage.py): a fork of the
+launcher would keep a private copy of every page the launcher writes afterwards, for the whole
+session, while a fresh interpreter running this file holds a few. So this file imports nothing but
+the standard library's built-in modules, and no other module of the project.
+
+The launcher holds the other end of socket FD. It sends the session's cgroup as frames (a 4-byte
+big-endian length, then NUL-separated entries: `d` + a directory of the group, `k` + a cgroup.kill
+file to use when it exists); the last whole frame counts. End of stream, by the launcher's release
+or its death (even by SIGKILL), makes the guardian kill every member and remove the directories,
+as cgroups.Cgroup.remove does. It writes one byte on FD when it is running, which the launcher
+waits for before it starts the agent.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import struct
+import sys
+import time
+
+READY = b"R"
+_HEADER = struct.Struct("!I")
+REMOVE_TIMEOUT_S = 10.0
+
+
+def encode(directories: list[str], kill_files: list[str]) -> bytes:
+    """The frame body the launcher sends for a cgroup."""
+    entries = [b"d" + os.fsencode(d) for d in directories] + [b"k" + os.fsencode(k) for k in kill_files]
+    if any(b"\0" in entry for entry in entries):
+        raise ValueError("a cgroup path holds a NUL byte")
+    return b"\0".join(entries)
+
+
+def decode_last(stream: bytes) -> tuple[list[str], list[str]] | None:
+    """The last whole frame of `stream` as (directories, kill files); None without one."""
+    last = None
+    at = 0
+    while at + _HEADER.size <= len(stream):
+        (size,) = _HEADER.unpack_from(stream, at)
+        if at + _HEADER.size + size > len(stream):
+            break  # cut short: the launcher died while sending it
+        last = stream[at + _HEADER.size : at + _HEADER.size + size]
+        at += _HEADER.size + size
+    if last is None:
+        return None
+    directories: list[str] = []
+    kill_files: list[str] = []
+    for entry in last.split(b"\0") if last else []:
+        (directories if entry[:1] == b"d" else kill_files).append(os.fsdecode(entry[1:]))
+    return directories, kill_files
+
+
+def members(directories: list[str]) -> list[int]:
+    pids: set[int] = set()
+    for directory in directories:
+        try:
+            with open(os.path.join(directory, "cgroup.procs")) as f:
+                pids.update(int(p) for p in f.read().split())
+        except FileNotFoundError:
+            continue
+    return sorted(pids)
+
+
+def kill_all(directories: list[str], kill_files: list[str]) -> None:
+    """cgroup.kill where the group has one (double-forked members included); else SIGKILL each member."""
+    for path in kill_files:
+        try:
+            with open(path, "w") as f:
+                f.write("1")
+            return
+        except OSError:
+            continue
+    for pid in members(directories):
+        try:  # noqa: SIM105 - contextlib is not loaded in a bare interpreter: kept that way
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def remove(directories: list[str], kill_files: list[str], timeout: float = REMOVE_TIMEOUT_S) -> None:
+    """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while members(directories):
+        kill_all(directories, kill_files)
+        if time.monotonic() > deadline:
+            raise OSError(errno.EBUSY, f"processes still in {directories[0]}: {members(directories)}")
+        time.sleep(0.01)
+    for directory in reversed(directories):
+        for _ in range(100):
+            try:
+                os.rmdir(directory)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                time.sleep(0.01)
+
+
+def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's signals are not for the guardian
+    try:  # noqa: SIM105 - as above
+        os.write(fd, READY)
+    except OSError:
+        pass  # the launcher is gone already: what it sent is still to be read
+    stream = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            stream += chunk
+    except OSError:
+        pass  # a reset is an end of stream too
+    group = decode_last(stream)
+    if group is not None and group[0]:
+        remove(*group)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

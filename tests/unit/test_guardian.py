@@ -1,0 +1,112 @@
+"""The guardian (enforcer/sandbox/guardian.py): a fresh interpreter that removes the session's
+cgroup once its launcher's end of the socket closes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from enforcer.sandbox import cgroups, guardian, stage
+
+ROOT = Path("/sys/fs/cgroup")
+needs_cgroups = pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect(ROOT) == "none", reason="needs root and cgroups")
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+def test_the_last_whole_frame_counts() -> None:
+    first = guardian.encode(["/sys/fs/cgroup/a"], ["/sys/fs/cgroup/a/cgroup.kill"])
+    second = guardian.encode(["/sys/fs/cgroup/m/b", "/sys/fs/cgroup/p/b"], [])
+    assert guardian.decode_last(b"") is None
+    assert guardian.decode_last(frame(first)) == (["/sys/fs/cgroup/a"], ["/sys/fs/cgroup/a/cgroup.kill"])
+    both = frame(first) + frame(second)
+    assert guardian.decode_last(both) == (["/sys/fs/cgroup/m/b", "/sys/fs/cgroup/p/b"], [])
+    for cut in range(1, len(frame(second))):  # the launcher died while sending the second one
+        assert guardian.decode_last(frame(first) + frame(second)[:cut])[0] == ["/sys/fs/cgroup/a"]  # type: ignore[index]
+    with pytest.raises(ValueError):
+        guardian.encode(["/sys/fs/cgroup/a\0b"], [])
+
+
+def test_the_guardian_imports_nothing_of_the_project() -> None:
+    """It runs as `python -S -I guardian.py`: nothing of the project's, nothing it does not need."""
+    ours, theirs = socket.socketpair()
+    ours.close()  # the launcher is gone: the guardian finds nothing to remove and exits
+    run = subprocess.run(
+        [sys.executable, "-S", "-I", "-X", "importtime", guardian.__file__, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    theirs.close()
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.count("|") == 2}
+    assert imported and not any(name.startswith(("enforcer", "contextlib", "site")) for name in imported), imported
+
+
+@needs_cgroups
+def test_a_session_cgroup_is_removed_with_its_members_when_the_launcher_goes() -> None:
+    """As stage.prepare() makes it: forked, exec'd, told the group; then the launcher's end closes
+    (as on its death) and the member, double-forked and in its own session, must die."""
+    name = f"adl-test-guardian-{uuid.uuid4().hex[:8]}"
+    group = cgroups.create(name, ROOT, group=cgroups.GROUP)
+    member = None
+    try:
+        pid, sock = stage._fork(stage._exec_guardian)
+        watcher = stage.Guardian(pid, sock)
+        watcher.watch(group)
+        watcher.confirm()
+        member = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        for path in group.join_files():
+            with open(path, "w") as f:
+                f.write(str(member.pid))
+        assert member.pid in group.members()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[1:3] == [b"-S", b"-I"] and cmdline[3] == guardian.__file__.encode()
+        watcher.reap()  # closes the launcher's end and waits for the guardian
+        assert member.wait(timeout=10) == -signal.SIGKILL
+        assert not any(Path(d).exists() for d in group.directories)
+    finally:
+        if member is not None and member.poll() is None:
+            member.kill()
+        if any(Path(d).exists() for d in group.directories):
+            group.remove()
+
+
+@needs_cgroups
+def test_a_guardian_that_cannot_start_is_noticed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    pid, sock = stage._fork(stage._exec_guardian)
+    watcher = stage.Guardian(pid, sock)
+    try:
+        with pytest.raises(OSError, match="guardian did not start"):
+            watcher.confirm(timeout_s=10)
+    finally:
+        watcher.reap()
+
+
+def test_the_guardian_reads_what_was_sent_before_the_launcher_died(tmp_path: Path) -> None:
+    """The launcher may be gone before the guardian runs: what it sent is still acted on."""
+    ours, theirs = socket.socketpair()
+    directory = tmp_path / "group"  # no cgroup.procs: no members, only the directory to remove
+    directory.mkdir()
+    ours.sendall(frame(guardian.encode([str(directory)], [])))
+    ours.close()
+    subprocess.run(
+        [sys.executable, "-S", "-I", guardian.__file__, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        check=True,
+        timeout=30,
+    )
+    theirs.close()
+    assert not directory.exists()
