@@ -50,8 +50,9 @@ def _syscall_name(number: int | None) -> str | None:
     if number is None:
         return None
     try:
-        from .seccomp import sc  # pyseccomp, imported without its library lookups
+        from .seccomp import pyseccomp
 
+        sc = pyseccomp()
         return sc.resolve_syscall(sc.Arch.NATIVE, number).decode()
     except Exception:  # an unknown number is shown as a number
         return str(number)

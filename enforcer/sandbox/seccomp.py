@@ -27,9 +27,13 @@ from .creation_guard import GUARDED, METADATA, WATCH
 _SONAMES = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
 
 
-def _import_pyseccomp() -> ModuleType:
-    """Import pyseccomp without its two `ldconfig -p` runs (one per find_library call, in every
-    process that imports it). find_library only names a soname, which pyseccomp then opens with
+@functools.cache
+def pyseccomp() -> ModuleType:
+    """pyseccomp, imported on first use: only a process that builds a filter or names syscalls
+    loads it and libseccomp (a launcher whose stage builds its filter does neither).
+
+    Imported without its two `ldconfig -p` runs (one per find_library call, in every process that
+    imports it). find_library only names a soname, which pyseccomp then opens with
     dlopen; the dynamic loader resolves that soname from the same cache itself. So, while the module
     loads, a name in _SONAMES that the loader opens is answered with that soname (the library
     pyseccomp then loads is the one the loader just opened); any other name, or a soname the loader
@@ -55,8 +59,6 @@ def _import_pyseccomp() -> ModuleType:
 
 if TYPE_CHECKING:
     import pyseccomp as sc
-else:
-    sc = _import_pyseccomp()
 
 # Syscalls denied outright, grouped by why.
 DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
@@ -245,11 +247,13 @@ def load(bpf: bytes, *, listener: bool) -> int:
 @functools.cache
 def guarded_syscall_numbers() -> dict[int, str]:
     """Syscall number -> name for the calls the creation guard answers (names and metadata)."""
+    sc = pyseccomp()
     return {sc.resolve_syscall(sc.Arch.NATIVE, name): name for name in (*GUARDED, *METADATA, WATCH)}
 
 
 def _build(plan: SeccompPlan) -> sc.SyscallFilter:
     """Never denies execve, close_range or anything _posixsubprocess still needs after preexec_fn."""
+    sc = pyseccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     eperm = sc.ERRNO(errno.EPERM)
