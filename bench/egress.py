@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers.netlab import NetLab  # noqa: E402
-from tests.helpers.sandbox import Sandbox  # noqa: E402
+from tests.helpers.sandbox import Sandbox, agent_tmp_dir  # noqa: E402
 
 CLIENT = REPO / "bench" / "egress_client.py"
 PORT = 9000
@@ -44,7 +43,7 @@ def main() -> None:
         raise SystemExit("bench/egress.py needs root (network namespaces)")
     direct: list[dict[str, Any]] = []
     filtered: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="adl-bench-egress-") as tmp:
+    with agent_tmp_dir() as tmp:  # the agent's uid must reach the workspace in it
         root = Path(tmp)
         (root / "lab").mkdir()
         lab = NetLab(root / "lab")

@@ -31,8 +31,9 @@ median and range of its per-round ratio to `python -c pass` and to bwrap timed i
   adl-exec, allowed hosts      the same, with the egress filter up (DNS stub, capture, relay)
   adl-exec, new documents      cache off: read, validate, compile, plan, launch
   adl-exec, refused            a command the policy does not allow (validation cached)
-then the USS (private memory) and PSS summed over the enforcer's processes while a session runs
-`sleep`, without and with the egress filter.
+and firejail and Codex's sandbox when installed (see other_sandboxes()), then the USS (private memory)
+and PSS summed over the sandbox's own processes while a session runs `sleep`: adl-exec without and
+with the egress filter, and each other sandbox.
 """
 
 from __future__ import annotations
@@ -181,6 +182,18 @@ def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]
         proc.wait(timeout=30)
 
 
+def other_sandboxes() -> dict[str, list[str]]:
+    """The other sandboxes installed here, as command prefixes: firejail, and Codex's sandbox when
+    CODEX_BIN names its native binary (it keeps helper files under $HOME/.codex, which must not be
+    below /tmp)."""
+    found: dict[str, list[str]] = {}
+    if shutil.which("firejail"):
+        found["firejail --net=none"] = ["firejail", "--quiet", "--noprofile", "--net=none"]
+    if os.environ.get("CODEX_BIN"):
+        found["codex sandbox"] = [os.environ["CODEX_BIN"], "sandbox", "--"]
+    return found
+
+
 def interleaved(rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="adl-bench-launch-") as tmp:
         # An installed package has its bytecode cached; without it every module is compiled from
@@ -214,6 +227,9 @@ def interleaved(rounds: int) -> None:
             "adl-exec, new documents": (adl_exec(plain, "/bin/true"), {**env, "ADL_ENFORCER_CACHE_DIR": "off"}, 0),
             "adl-exec, refused": (adl_exec(plain, "/bin/cat", "/etc/hostname"), env, 125),
         }
+        others = other_sandboxes()
+        for name, prefix in others.items():
+            commands[name] = ([*prefix, "/bin/true"], env, 0)
         for argv, environ, expected in commands.values():  # warm the page cache and the policy cache
             code = subprocess.run(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
             if code != expected:
@@ -229,6 +245,10 @@ def interleaved(rounds: int) -> None:
         memory = {
             "no network": session_uss_mib(adl_exec(sleeper, "sleep", "3"), env),
             "egress filter": session_uss_mib(adl_exec(net, "sleep", "3"), env),
+            "bwrap --unshare-all": session_uss_mib(
+                ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "sleep", "3"], env
+            ),
+            **{name: session_uss_mib([*prefix, "sleep", "3"], env) for name, prefix in others.items()},
         }
 
     def ratio(name: str, base: str) -> str:
@@ -242,7 +262,7 @@ def interleaved(rounds: int) -> None:
             f"  {name:<28} {statistics.median(samples[name]):8.1f}   "
             f"{ratio(name, 'python -c pass'):<22} {ratio(name, 'bwrap --unshare-all'):<22}"
         )
-    print("the enforcer's processes during a session, summed (MiB):      USS      PSS")
+    print("the sandbox's own processes during a session, summed (MiB):   USS      PSS")
     for name, (uss, pss) in memory.items():
         print(f"  {name:<58} {uss:8.1f} {pss:8.1f}")
 

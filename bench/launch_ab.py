@@ -41,7 +41,8 @@ def main() -> None:
         ]
         variants = {
             "python -c pass": ([sys.executable, "-c", "pass"], env),
-            "other tree": (adl_exec, {**env, "PYTHONPATH": other}),
+            # Its own cache: trees may key and evict entries differently.
+            "other tree": (adl_exec, {**env, "PYTHONPATH": other, "ADL_ENFORCER_CACHE_DIR": f"{tmp}/cache-other"}),
             "this tree, cache warm": (adl_exec, env),
             "this tree, cache off": (adl_exec, {**env, "ADL_ENFORCER_CACHE_DIR": "off"}),
         }
