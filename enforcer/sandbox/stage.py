@@ -299,6 +299,8 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
     from . import creation_guard, execmounts, landlock, namespaces, seccomp  # noqa: F401
 
+    seccomp.pyseccomp()  # with libseccomp: the module loads them on first use
+
     join_error = None
     try:
         for path in join_files:
