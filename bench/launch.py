@@ -19,6 +19,9 @@ Prints medians of N runs for:
 
 Run: .venv/bin/python bench/launch.py detail [N]
 
+`bench/launch.py memory [ROUNDS [OTHER_TREE]]`: each enforcer process's USS and PSS during a `sleep`
+session, without and with the egress filter, alternating with OTHER_TREE's (PYTHONPATH).
+
 `bench/launch.py daemon [ROUNDS [OTHER_TREE]]`: `adl-exec --daemon -- /bin/true` against a running
 adl-enforcerd (the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass`
 and bwrap, and with OTHER_TREE's client (PYTHONPATH; compile its bytecode first, as the client runs as
@@ -160,11 +163,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+def session_uss_mib(
+    argv: list[str],
+    env: dict[str, str],
+    per_process: list[tuple[str, float, float]] | None = None,
+    cwd: str | None = None,
+) -> tuple[float, float]:
     """(USS, PSS) summed over adl-exec and every process under it but the agent (`sleep`),
     mid-session. Pages the enforcer's own processes share after a fork count in neither one's USS;
-    PSS splits them."""
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    PSS splits them. `per_process` receives (command line, USS, PSS) for each."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, cwd=cwd)
     try:
         time.sleep(1.5)
         uss = pss = 0
@@ -173,10 +181,15 @@ def session_uss_mib(argv: list[str], env: dict[str, str]) -> tuple[float, float]
                 with open(f"/proc/{pid}/comm") as f:
                     if f.read().strip() == "sleep":
                         continue
-                uss += uss_kib(pid)
-                pss += uss_kib(pid, ("Pss:",))
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                own, proportional = uss_kib(pid), uss_kib(pid, ("Pss:",))
             except OSError:
                 continue
+            uss += own
+            pss += proportional
+            if per_process is not None:
+                per_process.append((command, own / 1024, proportional / 1024))
         return uss / 1024, pss / 1024
     finally:
         proc.wait(timeout=30)
@@ -242,6 +255,8 @@ def interleaved(rounds: int) -> None:
                 start = time.perf_counter()
                 subprocess.run(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 samples[name].append((time.perf_counter() - start) * 1000)
+        # The sessions measured below hit the policy cache, as the usual launch does.
+        subprocess.run(adl_exec(sleeper, "sleep", "0"), env=env, check=True, stdout=subprocess.DEVNULL)
         memory = {
             "no network": session_uss_mib(adl_exec(sleeper, "sleep", "3"), env),
             "egress filter": session_uss_mib(adl_exec(net, "sleep", "3"), env),
@@ -313,7 +328,42 @@ def daemon_runs(rounds: int, other_tree: str | None = None) -> None:
         )
 
 
+def memory_per_process(rounds: int, other_tree: str | None) -> None:
+    """Each enforcer process's USS and PSS during a `sleep` session, without and with the egress
+    filter, for this tree and OTHER_TREE (PYTHONPATH) alternately."""
+    trees = {"this tree": None, **({"other tree": other_tree} if other_tree else {})}
+    with tempfile.TemporaryDirectory(prefix="adl-bench-memory-") as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(ADL_ENFORCER_AUDIT_DIR=f"{tmp}/audit", ADL_ENFORCER_AUDIT_KEY=f"{tmp}/key.pem")
+        sleeper = json.loads(json.dumps(POLICY))
+        sleeper["permissions"]["execution"]["allowed_commands"] = ["sleep"]
+        net = json.loads(json.dumps(sleeper))
+        net["permissions"]["network"] = {"allowed_hosts": ["example.com"], "allowed_ports": [443]}
+        for name, doc in (("sleep", sleeper), ("net", net)):
+            (Path(tmp) / f"{name}.adl.json").write_text(json.dumps(doc))
+        for r in range(-1, rounds):  # round -1 fills each tree's policy cache, unreported
+            for tree, path in trees.items():
+                environ = {**env, "ADL_ENFORCER_CACHE_DIR": f"{tmp}/cache-{tree.split()[0]}"}
+                if path:
+                    environ["PYTHONPATH"] = path
+                for name in ("sleep", "net"):
+                    argv = [sys.executable, "-m", "enforcer.cli.exec", "--adl", f"{tmp}/{name}.adl.json"]
+                    if r < 0:
+                        subprocess.run([*argv, "--user", USER, "--", "sleep", "0"], env=environ, check=True, cwd=tmp)
+                        continue
+                    rows: list[tuple[str, float, float]] = []
+                    # From the temporary directory: `python -m` puts the working directory first on sys.path.
+                    uss, pss = session_uss_mib([*argv, "--user", USER, "--", "sleep", "3"], environ, rows, cwd=tmp)
+                    print(f"round {r + 1}, {tree}, {'egress filter' if name == 'net' else 'no network'}: "
+                          f"USS {uss:.1f} PSS {pss:.1f} MiB")  # fmt: skip
+                    for command, own, proportional in rows:
+                        print(f"  {own:6.1f} {proportional:6.1f}  {command[:100]}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["memory"]:
+        memory_per_process(int(sys.argv[2]) if len(sys.argv) > 2 else 2, sys.argv[3] if len(sys.argv) > 3 else None)
+        return
     if sys.argv[1:2] == ["daemon"]:
         daemon_runs(int(sys.argv[2]) if len(sys.argv) > 2 else 10, sys.argv[3] if len(sys.argv) > 3 else None)
         return
