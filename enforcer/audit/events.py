@@ -106,14 +106,15 @@ def caller_fields(uid: int, cwd: str | None) -> dict[str, Any]:
     return {"caller_uid": uid, "cwd": cwd}
 
 
+def refused_members(reason: str) -> dict[str, Any]:
+    """What every `refused` record says: a denied action (`adl-audit search --decision deny` finds
+    it) and why."""
+    return {"decision": "deny", "reason": "refused", "refusal": reason}
+
+
 def refusal_payload(policy: Policy | None, reason: str, argv: Sequence[str]) -> dict[str, Any]:
     """A launch that was refused, before or while its sandbox was set up."""
-    payload: dict[str, Any] = {
-        "decision": "deny",  # a refused launch is a denied action: `adl-audit search --decision deny` finds it
-        "reason": "refused",
-        "refusal": reason,
-        "argv": Masker().mask(list(argv)).value,
-    }
+    payload = {**refused_members(reason), "argv": Masker().mask(list(argv)).value}
     if policy is not None:
         payload.update(agent=agent_of(policy), policy_digest=policy.digest)
     return payload

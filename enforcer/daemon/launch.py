@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..audit import AuditUnavailable, records
-from ..audit.events import caller_fields
+from ..audit.events import caller_fields, refused_members
 from ..framing import MAX_FRAME, FrameError, peer_credentials, send_frame
 from ..policy import Policy
 from ..sandbox import DOMAINS
@@ -133,9 +133,7 @@ def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> N
             sink.append(
                 records.REFUSED,
                 {
-                    "decision": "deny",
-                    "reason": "refused",
-                    "refusal": f"{listener} socket accept() failed: {exc.strerror or exc}",
+                    **refused_members(f"{listener} socket accept() failed: {exc.strerror or exc}"),
                     "errno": errno.errorcode.get(exc.errno or 0, str(exc.errno)),
                     "accept_errors": count,
                 },
