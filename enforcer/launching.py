@@ -8,6 +8,7 @@ supervisor reports SessionEnded to the caller that asked for the session.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -80,7 +81,9 @@ class PolicyFiles:
 @dataclass(frozen=True)
 class PolicyDocuments:
     """Documents the daemon has checked, compiled again here (LaunchRequest.policy_digest holds
-    what they compiled to when the daemon decided)."""
+    what they compiled to when the daemon decided). Compiled policies are remembered in this
+    process (see _COMPILED): the daemon's spawner compiles an order's documents before it forks the
+    session's supervisor, which finds them compiled."""
 
     adl: dict[str, Any]
     aaif: dict[str, Any] | None
@@ -90,16 +93,75 @@ class PolicyDocuments:
     home_region: str | None
     spec_dir: Path | None = None  # the schemas to validate with (None: the package's own)
 
-    def load(self, features: HostFeatures) -> CompiledPolicy:
-        from .documents import load_regions, schema_set
+    def load(self, features: HostFeatures | None = None) -> CompiledPolicy:
+        # Compiling does not read the host's features: they are not in the key.
+        from .documents import read_bytes
+
+        regions, baseline = read_bytes(self.regions), self.baseline.read_bytes()
+        key = self._key(regions, baseline)
+        now = datetime.now(UTC)
+        remembered = _COMPILED.get(key)
+        if remembered is not None and remembered.valid_from <= now.timestamp() < remembered.valid_until:
+            return remembered.compiled
+        entry = self._compile(regions, baseline, now)
+        _COMPILED.pop(key, None)
+        while len(_COMPILED) >= COMPILED_ENTRIES:
+            del _COMPILED[next(iter(_COMPILED))]  # the oldest
+        _COMPILED[key] = entry
+        return entry.compiled
+
+    def _key(self, regions: bytes, baseline: bytes) -> str:
+        """Every input of the compilation: the documents, the region map's and the baseline's paths
+        and bytes, the compile settings and the schemas' directory (this process's own code)."""
+        inputs = [
+            json.dumps([self.adl, self.aaif], sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+            str(self.regions),
+            hashlib.sha256(regions).hexdigest(),
+            str(self.baseline),
+            hashlib.sha256(baseline).hexdigest(),
+            self.production,
+            self.home_region,
+            None if self.spec_dir is None else str(self.spec_dir),
+        ]
+        return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
+
+    def _compile(self, regions: bytes, baseline: bytes, now: datetime) -> _Remembered:
+        from .documents import regions_from_bytes, schema_set
         from .policy import CompileOptions, compile_policy
+        from .policy.compiler import time_boundaries
         from .sandbox.plan import load_baseline
 
+        # Compiled from the very bytes the key digests: a file changed meanwhile cannot be filed
+        # under the old content's key.
         options = CompileOptions(
-            production=self.production, regions=load_regions(self.regions), home_region=self.home_region
+            production=self.production,
+            regions=regions_from_bytes(regions, str(self.regions)),
+            home_region=self.home_region,
         )
-        policy = compile_policy(self.adl, self.aaif, schema_set(self.spec_dir), datetime.now(UTC), options)
-        return CompiledPolicy(policy, load_baseline(self.baseline), self.adl)
+        policy = compile_policy(self.adl, self.aaif, schema_set(self.spec_dir), now, options)
+        loaded = load_baseline(self.baseline)
+        if loaded.digest != "sha256:" + hashlib.sha256(baseline).hexdigest():
+            raise PlanError(f"{self.baseline} changed while it was read")
+        # The time decides only at these boundaries: the policy is exact until the next one.
+        moment, boundaries = now.timestamp(), [b.timestamp() for b in time_boundaries(self.adl)]
+        return _Remembered(
+            CompiledPolicy(policy, loaded, self.adl),
+            max((b for b in boundaries if b <= moment), default=float("-inf")),
+            min((b for b in boundaries if b > moment), default=float("inf")),
+        )
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    compiled: CompiledPolicy
+    valid_from: float  # the POSIX times between which compiling again gives the same policy
+    valid_until: float
+
+
+# The policies PolicyDocuments compiled in this process, by _key(). Only this process and its
+# forks read it; each supervisor is a fork of the spawner and checks the policy's digest as before.
+COMPILED_ENTRIES = 32
+_COMPILED: dict[str, _Remembered] = {}
 
 
 def parsed_adl(data: bytes, path: Path) -> dict[str, Any]:

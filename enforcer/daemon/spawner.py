@@ -32,7 +32,7 @@ from ..framing import FrameError, recv_frame, send_frame
 from .orders import LaunchOrder, OrderError, SpawnerConfig, TerminateOrder, read_order, session_named
 
 if TYPE_CHECKING:
-    from ..launching import Masks, Result
+    from ..launching import Masks, PolicyDocuments, Result
     from ..sandbox.stage import Prepared
 
 PR_SET_PDEATHSIG = 1
@@ -109,10 +109,18 @@ def start(config: SpawnerConfig) -> SpawnerHandle:
 
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
-    # Imported and compiled here, once, so each supervisor forks with the launcher loaded and the
-    # seccomp programs built (its stage is forked on the launch path and would build its own).
+    # Imported and built here, once, so that each supervisor forks with what every launch needs
+    # already loaded (and its pages shared with the spawner's): the launch path, the policy
+    # compiler and its schemas, the region map and baseline parsers, the audit writer, the message
+    # it reports SessionEnded in, and the seccomp programs (its stage is forked on the launch path
+    # and would build its own). The schemas' validators are built by the first compilation ahead.
     from .. import launching  # noqa: F401
-    from ..sandbox import seccomp
+    from ..audit import AuditWriter  # noqa: F401
+    from ..policy import compile_policy  # noqa: F401
+    from ..sandbox import seccomp, stage  # noqa: F401
+    from ..sandbox.identity import Identity  # noqa: F401
+    from ..sandbox.plan import load_baseline  # noqa: F401
+    from ..v1 import enforcer_pb2  # noqa: F401 - protobuf only: no gRPC, no thread
 
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
@@ -169,6 +177,7 @@ def _serve_orders(
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
             continue
+        _compile_ahead(order, config)
         try:
             helper_group = _helpers_cgroup(order.session, config)
             joins = helper_group.join_files()
@@ -193,6 +202,36 @@ def _serve_orders(
         if helper_group is not None:
             helpers[pid] = helper_group
         send_frame(sock, json.dumps({"event": "started", "session": order.session, "pid": pid}).encode())
+
+
+def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> None:
+    """Compile the order's documents here, unless already compiled (launching.PolicyDocuments
+    remembers them), so that the supervisor forked next finds them compiled: one compilation per
+    set of documents and settings instead of one per session. What fails here is left to the
+    supervisor, which compiles the documents itself and refuses the session with the reason."""
+    from ..policy.errors import Refusal
+
+    try:
+        policy_documents(order, config).load()
+    except (Refusal, OSError):
+        pass
+    except Exception as exc:  # never the spawner's end: the supervisor meets it too and refuses
+        print(f"adl-enforcerd spawner: compiling ahead failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def policy_documents(order: LaunchOrder, config: SpawnerConfig) -> PolicyDocuments:
+    """The documents of an order, as the launch path compiles them with the daemon's settings."""
+    from ..launching import PolicyDocuments
+
+    return PolicyDocuments(
+        adl=dict(order.adl),
+        aaif=dict(order.aaif) if order.aaif is not None else None,
+        regions=config.regions,
+        baseline=config.baseline,
+        production=config.production,
+        home_region=config.egress.home_region,
+        spec_dir=config.spec_dir,
+    )
 
 
 def _refuse_order(sock: socket.socket, data: bytes, fds: list[int], error: OrderError) -> None:
@@ -382,15 +421,7 @@ def _supervise_prepared(
         session=order.session,
         argv=order.argv,
         environ=order.environ,
-        policy=launching.PolicyDocuments(
-            adl=dict(order.adl),
-            aaif=dict(order.aaif) if order.aaif is not None else None,
-            regions=config.regions,
-            baseline=config.baseline,
-            production=config.production,
-            home_region=config.egress.home_region,
-            spec_dir=config.spec_dir,
-        ),
+        policy=policy_documents(order, config),
         policy_digest=order.policy_digest,
         user=Identity(order.uid, order.gid, "caller"),
         cwd=order.cwd,
