@@ -5,6 +5,7 @@ in the plan. No session is run here (tests/integration runs them)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,102 @@ def test_terminated_before_the_agent_started(tmp_path: Path, compiled: Any) -> N
     (refused,) = log.records("refused")
     assert refused["refusal"] == "terminated by TerminateSession before the agent started"
     assert not log.records("launch")  # nothing ran
+
+
+# -- the compiled policies PolicyDocuments remembers (the daemon's spawner compiles ahead) ------
+
+
+@pytest.fixture
+def documents(tmp_path: Path, schemas: Any) -> launching.PolicyDocuments:
+    regions, baseline = tmp_path / "regions.yaml", tmp_path / "baseline.yaml"
+    regions.write_bytes((REPO / "policies" / "regions.yaml").read_bytes())
+    baseline.write_bytes((REPO / "policies" / "runtime-baseline.yaml").read_bytes())
+    return launching.PolicyDocuments(
+        adl=base_adl(id=AGENT_ID),
+        aaif=None,
+        regions=regions,
+        baseline=baseline,
+        production=False,
+        home_region=None,
+        spec_dir=schemas.root,
+    )
+
+
+def test_the_same_documents_and_settings_are_compiled_once(documents: launching.PolicyDocuments) -> None:
+    first = documents.load()
+    again = launching.PolicyDocuments(**{**vars(documents), "adl": base_adl(id=AGENT_ID)})  # equal, not the same
+    assert again.load() is first
+    assert first.policy.agent_id == AGENT_ID
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["adl", "aaif", "regions bytes", "regions path", "baseline bytes", "production", "home_region", "spec_dir"],
+)
+def test_a_changed_document_or_setting_is_compiled_again(
+    documents: launching.PolicyDocuments, tmp_path: Path, change: str
+) -> None:
+    first = documents.load()
+    changed = dict(vars(documents))
+    if change == "adl":
+        changed["adl"] = base_adl(id=AGENT_ID, description="another")
+    elif change == "aaif":
+        changed["adl"] = base_adl(id=AGENT_ID, name="Fast")
+        changed["aaif"] = {
+            "sc_standard": "SC-006",
+            "sc_version": "3.2.0",
+            "agent_id": "a1c0ffee-0000-4000-8000-00000000fa57",
+            "status": "active",
+            "agent": {"name": "Fast", "goal": "remembered policies"},
+        }
+        first = launching.PolicyDocuments(**changed).load()  # compared with another AAIF document below
+        changed["aaif"] = {**changed["aaif"], "agent": {"name": "Fast", "goal": "another goal"}}
+    elif change == "regions bytes":
+        documents.regions.write_bytes(documents.regions.read_bytes() + b"\n# edited\n")
+    elif change == "regions path":
+        moved = tmp_path / "regions-copy.yaml"
+        moved.write_bytes(documents.regions.read_bytes())
+        changed["regions"] = moved
+    elif change == "baseline bytes":
+        documents.baseline.write_bytes(documents.baseline.read_bytes() + b"\n# edited\n")
+    elif change == "production":
+        changed["production"] = True
+    elif change == "home_region":
+        changed["home_region"] = "eu"
+    else:
+        changed["spec_dir"] = None if documents.spec_dir is not None else REPO / "enforcer" / "data" / "schemas"
+    again = launching.PolicyDocuments(**changed).load()
+    assert again is not first
+    if change == "adl":
+        assert again.policy.digest != first.policy.digest
+    if change == "baseline bytes":
+        assert again.baseline.digest != first.baseline.digest
+
+
+def test_a_remembered_policy_is_used_only_until_the_time_changes_what_it_compiles_to(
+    documents: launching.PolicyDocuments,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from enforcer.policy.adl import NEAR_EXPIRY
+
+    # Its sunset enters the warning window a second from now: compiled after that, it warns.
+    sunset = datetime.now(UTC) + NEAR_EXPIRY + timedelta(seconds=1.5)
+    lifecycle = {"status": "active", "sunset_date": sunset.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    expiring = launching.PolicyDocuments(**{**vars(documents), "adl": base_adl(id=AGENT_ID, lifecycle=lifecycle)})
+    first = expiring.load()
+    assert expiring.load() is first
+    time.sleep(max(0.0, (sunset - NEAR_EXPIRY - datetime.now(UTC)).total_seconds()) + 0.05)
+    later = expiring.load()
+    assert later is not first
+    assert len(later.policy.warnings) > len(first.policy.warnings)
+
+
+def test_the_documents_are_compiled_from_the_bytes_they_are_remembered_by(
+    documents: launching.PolicyDocuments,
+) -> None:
+    documents.baseline.write_bytes(b"read: [relative/path]\n")  # what the compilation refuses
+    with pytest.raises(PlanError):
+        documents.load()
+    with pytest.raises(PlanError):  # a refusal is not remembered: the next load meets it again
+        documents.load()
