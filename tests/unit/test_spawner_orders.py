@@ -4,6 +4,7 @@ when a field is missing, unknown or of the wrong type."""
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from enforcer.daemon.orders import (
     session_named,
 )
 from enforcer.egress_settings import EgressSettings
+from enforcer.policy.errors import Refusal
+
+from ..helpers.documents import base_adl
 
 
 def order(**changes: Any) -> LaunchOrder:
@@ -223,3 +227,32 @@ def test_the_spawner_refuses_a_mistyped_order_and_launches_nothing(tmp_path: Pat
     assert "launch order refused" in detail and "uid" in detail
     assert reported["daemon"] == {"event": "ended", "session": "s-mistyped", "status": 125}
     assert "order refused" in result.stderr
+
+
+def test_the_spawner_compiles_an_orders_documents_before_it_forks_the_supervisor(schemas: Any) -> None:
+    """What the spawner compiles ahead, the supervisor (its fork) finds compiled; documents that
+    do not compile are left to the supervisor, which refuses the session with the reason."""
+    from enforcer import launching
+    from enforcer.daemon import spawner
+
+    repo = Path(__file__).resolve().parents[2]
+    settings = config(
+        regions=repo / "policies" / "regions.yaml",
+        baseline=repo / "policies" / "runtime-baseline.yaml",
+        spec_dir=schemas.root,
+    )
+    adl = {**base_adl(id="did:web:agents.example:ahead"), "description": f"compiled ahead {uuid.uuid4()}"}
+    launch = order(adl=adl)
+    before = set(launching._COMPILED)
+    spawner._compile_ahead(launch, settings)
+    (key,) = set(launching._COMPILED) - before
+    compiled = spawner.policy_documents(launch, settings).load()
+    assert compiled is launching._COMPILED[key].compiled
+    assert compiled.policy.agent_id == "did:web:agents.example:ahead"
+
+    rejected = order(adl={"adl_spec": "0.3.0", "name": "Coder"})  # required members missing
+    before = set(launching._COMPILED)
+    spawner._compile_ahead(rejected, settings)  # the spawner goes on
+    assert set(launching._COMPILED) == before
+    with pytest.raises(Refusal):
+        spawner.policy_documents(rejected, settings).load()
