@@ -4,9 +4,10 @@ Forking from a process that runs gRPC threads crashes children, so every session
 here. The daemon sends a launch order (orders.LaunchOrder, JSON) with the caller's stdin, stdout,
 stderr and launch connection attached; the spawner forks one supervisor per session, which hands
 it to the launch path embedded adl-exec uses too (enforcer/launching.py): the policy is compiled
-again from the very documents the daemon checked (and refused if the digest differs), and the
-session is audited with the supervisor's own writer on the same log. The supervisor reports
-SessionEnded straight to the caller; the spawner tells the daemon when each supervisor ends.
+again from the very documents the daemon checked (and refused if the digest differs), by the
+spawner before the fork, once per set of documents and settings, and the session is audited
+with the supervisor's own writer on the same log. The supervisor reports SessionEnded straight
+to the caller; the spawner tells the daemon when each supervisor ends.
 
 Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG); a supervisor's
 death releases the launcher's guardian, which kills the session's cgroup.
@@ -326,11 +327,11 @@ def _supervise(order: LaunchOrder, fds: list[int], config: SpawnerConfig, helper
     signal.signal(signal.SIGUSR1, terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
-    # then overlaps compiling the policy below. Only then does this process move into its helpers'
+    # then overlaps opening the audit log below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config.cgroup_group)
     made.append(_Made(prepared))
-    # The move (an RCU grace period on v1) overlaps compiling the policy too.
+    # The move (an RCU grace period on v1) overlaps opening the audit log too.
     joining = _Join(helper_joins)
     try:
         return _supervise_prepared(order, config, client, made[0], terminated, joining)
