@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,18 +112,15 @@ def start(config: SpawnerConfig) -> SpawnerHandle:
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     # Imported and built here, once, so that each supervisor forks with what every launch needs
-    # already loaded (and its pages shared with the spawner's): the launch path, the policy
-    # compiler and its schemas, the region map and baseline parsers, the audit writer, the message
-    # it reports SessionEnded in, and the seccomp programs (its stage is forked on the launch path
-    # and would build its own). The schemas' validators are built by the first compilation ahead.
+    # loaded, its pages shared with the spawner's: the launch path, the message it reports
+    # SessionEnded in, the caches its first uses build, and the seccomp programs (its stage is
+    # forked on the launch path and would build its own). The policy compiler, its schemas'
+    # validators and the region map's parser are loaded by the first order's compilation ahead.
     from .. import launching  # noqa: F401
-    from ..audit import AuditWriter  # noqa: F401
-    from ..policy import compile_policy  # noqa: F401
-    from ..sandbox import seccomp, stage  # noqa: F401
-    from ..sandbox.identity import Identity  # noqa: F401
-    from ..sandbox.plan import load_baseline  # noqa: F401
+    from ..sandbox import seccomp
     from ..v1 import enforcer_pb2  # noqa: F401 - protobuf only: no gRPC, no thread
 
+    _first_uses()
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
 
@@ -132,6 +130,22 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
         _serve_orders(sock, config, children, helpers)
     finally:
         _remove_helper_groups(config)
+
+
+def _first_uses() -> None:
+    """What a supervisor's audit writer does first in a process, done once here: parse a timestamp
+    (time.strptime imports its module and compiles its patterns) and load a PEM key (OpenSSL
+    sets up its decoders). The key is a throwaway: the spawner never holds the audit key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from ..audit import records
+
+    records.parse_ts(records.format_ts(time.time_ns()))
+    throwaway = ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    serialization.load_pem_private_key(throwaway, password=None)
 
 
 def _remove_helper_groups(config: SpawnerConfig) -> None:
