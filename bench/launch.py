@@ -25,7 +25,8 @@ session, without and with the egress filter, alternating with OTHER_TREE's (PYTH
 `bench/launch.py daemon [ROUNDS [OTHER_TREE]]`: `adl-exec --daemon -- /bin/true` against a running
 adl-enforcerd (the tests' daemon set-up, in a temporary directory), interleaved with `python -c pass`
 and bwrap, and with OTHER_TREE's client (PYTHONPATH; compile its bytecode first, as the client runs as
-the agents' test user) against the same daemon.
+the agents' test user) against the same daemon; then the USS and PSS of each enforcer process of a
+daemon session running `sleep` (its supervisor and the processes under it).
 
 The default, `.venv/bin/python bench/launch.py [ROUNDS]`, times whole runs interleaved: each round
 runs every command below once, in a rotated order, and each figure is reported as its median and the
@@ -41,6 +42,7 @@ with the egress filter, and each other sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -290,7 +292,7 @@ def daemon_runs(rounds: int, other_tree: str | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     with agent_tmp_dir() as tmp:  # the caller (the agent's uid) must reach the launch socket in it
         running = RunningDaemon(Path(tmp), Sandbox(Path(tmp) / "box"))
-        running.box.permissions["execution"]["allowed_commands"] = ["true"]
+        running.box.permissions["execution"]["allowed_commands"] = ["true", "sleep"]
         running.write_agents(max_concurrent=None)
         try:
             running.start()
@@ -312,6 +314,7 @@ def daemon_runs(rounds: int, other_tree: str | None = None) -> None:
                     start = time.perf_counter()
                     subprocess.run(commands[name], env=environs[name], check=True, stdout=subprocess.DEVNULL, cwd=tmp)
                     samples[name].append((time.perf_counter() - start) * 1000)
+            memory = daemon_session_memory(running.exec_argv("sleep", "3"), running.proc.pid, env, tmp)
         finally:
             running.cleanup()
 
@@ -326,6 +329,47 @@ def daemon_runs(rounds: int, other_tree: str | None = None) -> None:
             f"  {name:<22} {statistics.median(samples[name]):8.1f}   vs python -c pass "
             f"{ratio(name, 'python -c pass')}{against_other}"
         )
+    print("a daemon session running `sleep`, 1.5 s in, its enforcer processes (MiB):   USS    PSS")
+    for role, own, proportional in memory:
+        print(f"  {role:<70} {own:6.1f} {proportional:6.1f}")
+    print(f"  {'summed':<70} {sum(m[1] for m in memory):6.1f} {sum(m[2] for m in memory):6.1f}")
+
+
+def daemon_session_memory(
+    argv: list[str], daemon: int, env: dict[str, str], cwd: str
+) -> list[tuple[str, float, float]]:
+    """(role, USS, PSS) of each enforcer process of one daemon session: its supervisor (the fork
+    of the spawner in the session's helpers cgroup) and every process under it but the agent."""
+    client = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)
+        supervisors = []
+        for pid in descendants(daemon):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as f:
+                if ".helpers/session-" in f.read():
+                    supervisors.append(pid)
+        if len(supervisors) != 1:
+            raise SystemExit(f"expected one session's supervisor under the daemon, found {supervisors}")
+        (supervisor,) = supervisors
+        rows = []
+        for pid in descendants(supervisor):
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+            if pid == supervisor:
+                role = "supervisor"
+            elif "enforcerd" in command:  # a fork: named by its uid and its pid in the session
+                role = f"fork of the supervisor, uid {status['Uid'].split()[0]}, pid {status['NSpid'].split()[-1]}"
+            else:
+                role = command[:70]
+            rows.append((role, uss_kib(pid) / 1024, uss_kib(pid, ("Pss:",)) / 1024))
+        return rows
+    finally:
+        client.wait(timeout=30)
 
 
 def memory_per_process(rounds: int, other_tree: str | None) -> None:
