@@ -35,6 +35,7 @@ from .config import Settings, as_plain
 from .core import Core
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
+from .orders import SessionStarted
 from .registry import SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
@@ -338,10 +339,10 @@ class Daemon:
 
     def _spawner_events(self) -> None:
         for event in self.spawner.events():
-            if event.get("event") == "started":
-                self.registry.set_pid(event["session"], event["pid"])
-            elif event.get("event") == "ended":
-                self.registry.end(event["session"])
+            if isinstance(event, SessionStarted):
+                self.registry.set_pid(event.session, event.pid)
+            else:
+                self.registry.end(event.session)
         if not self._stop_wanted.is_set():
             log.error("the spawner stopped; launches are refused until the daemon restarts")
             with contextlib.suppress(OSError):

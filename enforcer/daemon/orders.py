@@ -148,6 +148,55 @@ def session_named(data: bytes) -> str | None:
     return session if isinstance(session, str) and session else None
 
 
+@dataclass(frozen=True)
+class SessionStarted:
+    """The spawner to the daemon: a session's supervisor runs, as `pid`."""
+
+    session: str
+    pid: int
+
+    def __post_init__(self) -> None:
+        if not (_is_text(self.session) and self.session and _is_int(self.pid) and self.pid > 0):
+            raise OrderError("started event: invalid session or pid")
+
+    def to_json(self) -> bytes:
+        return _encode("started", {"session": self.session, "pid": self.pid})
+
+
+@dataclass(frozen=True)
+class SessionGone:
+    """The spawner to the daemon: a session's supervisor ended (or its order was refused: 125)."""
+
+    session: str
+    status: int
+
+    def __post_init__(self) -> None:
+        if not (_is_text(self.session) and self.session and _is_int(self.status)):
+            raise OrderError("ended event: invalid session or status")
+
+    def to_json(self) -> bytes:
+        return _encode("ended", {"session": self.session, "status": self.status})
+
+
+SpawnerEvent = SessionStarted | SessionGone
+_EVENTS: dict[str, type[SessionStarted] | type[SessionGone]] = {"started": SessionStarted, "ended": SessionGone}
+
+
+def read_event(data: bytes) -> SpawnerEvent:
+    """A report in a frame from the spawner: {"started": {...}} or {"ended": {...}}."""
+    try:
+        message = json.loads(data)
+    except ValueError as exc:
+        raise OrderError(f"a spawner event that is not JSON: {exc}") from None
+    if not isinstance(message, dict) or len(message) != 1:
+        raise OrderError("a spawner event is an object with one member, its kind")
+    ((kind, members),) = message.items()
+    if kind not in _EVENTS or not isinstance(members, dict):
+        raise OrderError(f"unknown spawner event {kind!r}")
+    _exact_members(f"{kind} event", members, _EVENTS[kind])
+    return _EVENTS[kind](**members)
+
+
 def _exact_members(what: str, members: Mapping[str, Any], cls: type) -> None:
     expected = {f.name for f in fields(cls)}
     missing, unknown = expected - set(members), set(members) - expected

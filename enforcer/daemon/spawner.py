@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import resource
 import select
@@ -26,17 +27,29 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
-from .orders import LaunchOrder, OrderError, SpawnerConfig, TerminateOrder, read_order, session_named
+from .orders import (
+    LaunchOrder,
+    OrderError,
+    SessionGone,
+    SessionStarted,
+    SpawnerConfig,
+    SpawnerEvent,
+    TerminateOrder,
+    read_event,
+    read_order,
+    session_named,
+)
 
 if TYPE_CHECKING:
     from ..launching import Masks, PolicyDocuments, Result
     from ..sandbox.stage import Prepared
 
+log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgroup_group>.helpers
 HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
@@ -70,8 +83,8 @@ class SpawnerHandle:
             mark()
             send_frame(self.sock, TerminateOrder(session).to_json())
 
-    def events(self) -> Any:
-        """Yield the spawner's reports ({"event": "started"|"ended", ...}) until it goes away."""
+    def events(self) -> Iterator[SpawnerEvent]:
+        """Yield the spawner's reports until it goes away (or sends one that is not a report)."""
         while True:
             try:
                 frame = recv_frame(self.sock)
@@ -79,7 +92,11 @@ class SpawnerHandle:
                 return
             if frame is None:
                 return
-            yield json.loads(frame[0])
+            try:
+                yield read_event(frame[0])
+            except OrderError as exc:
+                log.error("the spawner sent a report that is not one (%s); its reports are no longer read", exc)
+                return
 
 
 def start(config: SpawnerConfig) -> SpawnerHandle:
@@ -216,7 +233,7 @@ def _serve_orders(
         children[pid] = order.session
         if helper_group is not None:
             helpers[pid] = helper_group
-        send_frame(sock, json.dumps({"event": "started", "session": order.session, "pid": pid}).encode())
+        send_frame(sock, SessionStarted(order.session, pid).to_json())
 
 
 def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> None:
@@ -269,7 +286,7 @@ def _refuse_order(sock: socket.socket, data: bytes, fds: list[int], error: Order
         with contextlib.suppress(OSError):
             os.close(fd)
     if session is not None:
-        send_frame(sock, json.dumps({"event": "ended", "session": session, "status": 125}).encode())
+        send_frame(sock, SessionGone(session, 125).to_json())
 
 
 def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
@@ -305,8 +322,8 @@ def _reap(children: dict[int, str], sock: socket.socket, helpers: dict[int, Any]
                 _remove_helper_groups(config)
         session = children.pop(pid, None)
         if session is not None:
-            event = {"event": "ended", "session": session, "status": os.waitstatus_to_exitcode(status)}
-            send_frame(sock, json.dumps(event).encode())
+            event = SessionGone(session, os.waitstatus_to_exitcode(status))
+            send_frame(sock, event.to_json())
 
 
 def daemon_masks(config: SpawnerConfig) -> Masks:

@@ -14,8 +14,11 @@ import pytest
 from enforcer.daemon.orders import (
     LaunchOrder,
     OrderError,
+    SessionGone,
+    SessionStarted,
     SpawnerConfig,
     TerminateOrder,
+    read_event,
     read_order,
     session_named,
 )
@@ -225,7 +228,7 @@ def test_the_spawner_refuses_a_mistyped_order_and_launches_nothing(tmp_path: Pat
     session, reason, exit_code, detail = reported["caller"]
     assert (session, reason, exit_code) == ("s-mistyped", "refused", 125)
     assert "launch order refused" in detail and "uid" in detail
-    assert reported["daemon"] == {"event": "ended", "session": "s-mistyped", "status": 125}
+    assert reported["daemon"] == {"ended": {"session": "s-mistyped", "status": 125}}
     assert "order refused" in result.stderr
 
 
@@ -256,3 +259,29 @@ def test_the_spawner_compiles_an_orders_documents_before_it_forks_the_supervisor
     assert set(launching._COMPILED) == before
     with pytest.raises(Refusal):
         spawner.policy_documents(rejected, settings).load()
+
+
+def test_spawner_events_read_back_as_sent() -> None:
+    for event in (SessionStarted("s-1", 4242), SessionGone("s-1", -9), SessionGone("s-2", 125)):
+        assert read_event(event.to_json()) == event
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"not json",
+        b"[]",
+        b'{"started": {"session": "s", "pid": 1}, "ended": {"session": "s", "status": 0}}',
+        b'{"event": "started", "session": "s", "pid": 1}',
+        b'{"started": {"session": "s"}}',
+        b'{"started": {"session": "s", "pid": 1, "uid": 0}}',
+        b'{"started": {"session": "s", "pid": "1"}}',
+        b'{"started": {"session": "s", "pid": 0}}',
+        b'{"started": {"session": "", "pid": 1}}',
+        b'{"ended": {"session": "s", "status": true}}',
+        b'{"ended": {"session": 7, "status": 0}}',
+    ],
+)
+def test_a_spawner_event_that_is_not_one_is_refused(frame: bytes) -> None:
+    with pytest.raises(OrderError):
+        read_event(frame)
