@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from enforcer.cli import launch_messages as wire
 from enforcer.v1 import enforcer_pb2 as pb
@@ -100,6 +101,7 @@ def test_defaults_unknown_fields_and_repeats_follow_proto3() -> None:
         b"\x00\x00",  # field number 0
         b"\x0a\x01x",  # a string where a bool is declared
         b"\x10\x01",  # a varint where a string is declared
+        b"\x80\x80\x80\x80\x10\x00",  # field number 2**29, past protobuf's largest
     ],
 )
 def test_malformed_replies_raise(data: bytes) -> None:
@@ -115,3 +117,13 @@ def test_the_daemon_client_imports_no_protobuf_documents_or_cgroups() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_field_number_protobuf_rejects_is_no_default_end_of_session() -> None:
+    """Field numbers past 2**29 - 1 are malformed for protobuf's own parser: this one must not skip
+    them as unknown fields and report an exit code from a corrupt message either."""
+    corrupt = b"\x82\x80\x80\x80\x10\x04exit" + pb.SessionEnded(reason="signal", exit_code=137).SerializeToString()
+    with pytest.raises(DecodeError):
+        pb.SessionEnded.FromString(corrupt)
+    with pytest.raises(ValueError):
+        wire.decode_session_ended(corrupt)
