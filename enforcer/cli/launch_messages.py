@@ -15,6 +15,7 @@ from typing import Any
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _UINT32, _UINT64 = (1 << 32) - 1, (1 << 64) - 1
+_MAX_FIELD_NUMBER = (1 << 29) - 1
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ def _decode(data: bytes, schema: dict[int, tuple[str, str]]) -> dict[str, Any]:
     while at < len(data):
         key, at = _read_varint(data, at)
         number, wire = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
+        if not 0 < number <= _MAX_FIELD_NUMBER:  # as protobuf's parser: corrupt, not an unknown field
+            raise ValueError(f"field number {number} is out of range")
         if wire == _VARINT:
             value, at = _read_varint(data, at)
         elif wire == _LENGTH:
