@@ -66,3 +66,42 @@ def test_a_soname_the_loader_cannot_open_takes_the_usual_lookup() -> None:
     )
     assert found["runs"] >= 1  # the usual lookup ran
     assert found["seccomp"] == found["usual"]
+
+
+def test_concurrent_first_uses_leave_the_usual_lookup_in_place() -> None:
+    """Two threads loading pyseccomp at once: the one that replaces find_library second must not
+    save the first one's replacement as the usual lookup and restore it when it is done."""
+    found = _fresh(
+        """
+        import ctypes.util, importlib, json, threading
+        from enforcer.sandbox import seccomp
+        usual = ctypes.util.find_library
+        second_in, first_done = threading.Event(), threading.Event()
+        calls = []
+
+        class Slow:
+            @staticmethod
+            def import_module(name):
+                calls.append(name)
+                if len(calls) == 1:
+                    second_in.wait(2)  # the first import, while the second thread enters
+                else:
+                    second_in.set()
+                    first_done.wait(2)
+                return importlib.import_module(name)
+
+        seccomp.importlib = Slow
+        first = threading.Thread(target=seccomp.pyseccomp)
+        second = threading.Thread(target=seccomp.pyseccomp)
+        first.start()
+        while not calls:
+            pass
+        second.start()
+        first.join()
+        first_done.set()
+        second.join()
+        print(json.dumps({"restored": ctypes.util.find_library is usual, "calls": len(calls)}))
+        """
+    )
+    assert found["calls"] == 2
+    assert found["restored"] is True
