@@ -17,6 +17,7 @@ import importlib
 import os
 import platform
 import socket
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from .creation_guard import GUARDED, METADATA, WATCH
 
 # The sonames pyseccomp asks ctypes.util.find_library for when it is imported.
 _SONAMES = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
+# One replacement at a time: a second thread would save the first one's as the usual lookup.
+_REPLACING = threading.Lock()
 
 
 @functools.cache
@@ -38,6 +41,11 @@ def pyseccomp() -> ModuleType:
     loads, a name in _SONAMES that the loader opens is answered with that soname (the library
     pyseccomp then loads is the one the loader just opened); any other name, or a soname the loader
     cannot open, goes to the usual lookup."""
+    with _REPLACING:
+        return _import_pyseccomp()
+
+
+def _import_pyseccomp() -> ModuleType:
     usual = ctypes.util.find_library
 
     def find_library(name: str) -> str | None:
