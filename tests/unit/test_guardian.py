@@ -110,3 +110,23 @@ def test_the_guardian_reads_what_was_sent_before_the_launcher_died(tmp_path: Pat
     )
     theirs.close()
     assert not directory.exists()
+
+
+def test_the_guardian_runs_the_code_the_launcher_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """guardian.py replaced after the launcher (or the daemon) loaded it, by an upgrade in place or by
+    whoever can write there, is not what a session's guardian runs: the launcher's own copy is."""
+    marker = tmp_path / "replaced-ran"
+    replaced = tmp_path / "guardian.py"
+    replaced.write_text(f"import os, sys\nopen({str(marker)!r}, 'w').close()\nos.write(int(sys.argv[1]), b'R')\n")
+    monkeypatch.setattr(guardian, "__file__", str(replaced))
+    directory = tmp_path / "group"
+    directory.mkdir()
+    pid, sock = stage._fork(stage._exec_guardian)
+    watcher = stage.Guardian(pid, sock)
+    try:
+        stage.send_frame(sock, guardian.encode([str(directory)], []))
+        watcher.confirm(timeout_s=30)
+    finally:
+        watcher.reap()
+    assert not marker.exists()
+    assert not directory.exists()  # removed by the real guardian once the launcher's end closed
