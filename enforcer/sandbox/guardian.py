@@ -1,8 +1,9 @@
 """The guardian: removes a session's cgroup, killing everything in it, once its launcher is gone.
 
-stage.prepare() forks it and execs it as `python -S -I guardian.py FD` (see stage.py): a fork of the
-launcher would keep a private copy of every page the launcher writes afterwards, for the whole
-session, while a fresh interpreter running this file holds a few. So this file imports nothing but
+stage.prepare() forks it and execs it as `python -S -I -c CODE FD`, CODE being this file as the
+launcher read it when it loaded stage.py: a fork of the launcher would keep a private copy of every
+page the launcher writes afterwards, for the whole session, while a fresh interpreter running this
+file holds a few. So this file imports nothing but
 the standard library's built-in modules, and no other module of the project.
 
 The launcher holds the other end of socket FD. It sends the session's cgroup as frames (a 4-byte

@@ -5,7 +5,7 @@ milliseconds in page-table copies and copy-on-write faults on both sides. So `pr
 session's cgroup and forks two processes early (adl-exec does it before its heavy imports, while
 they run on the other core):
 
-- the **guardian** (guardian.py, exec'd as a fresh small interpreter), which is told the session's cgroup
+- the **guardian** (guardian.py's code, exec'd as a fresh small interpreter), which is told the session's cgroup
   and removes it (killing everything in it) when the launcher goes away, even by SIGKILL;
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: this keeps that wait off the launch path), then
@@ -61,6 +61,11 @@ if TYPE_CHECKING:
     from .execmounts import ExecMounts
     from .landlock import LandlockPlan
     from .seccomp import SeccompPlan
+
+# The guardian's code as this process loaded it: a session's guardian runs what its launcher (or the
+# daemon) started with, never what guardian.py holds later (an upgrade in place between a daemon's
+# start and its restart, a write by whoever can write the installation).
+GUARDIAN_CODE = Path(guardian.__file__).read_text(encoding="utf-8")
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -283,13 +288,13 @@ def _fork(main: Any) -> tuple[int, socket.socket]:
 
 
 def _exec_guardian(sock: socket.socket) -> None:
-    """Become the guardian: a fresh interpreter, without site or environment, running guardian.py
+    """Become the guardian: a fresh interpreter, without site or environment, running GUARDIAN_CODE
     (a fork would keep private copies of the launcher's pages for the whole session)."""
     fd = sock.fileno()
     close_all_but({0, 1, 2, fd})  # hold nothing of a session open (an agent's namespace)
     os.set_inheritable(fd, True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.execv(sys.executable, [sys.executable, "-S", "-I", guardian.__file__, str(fd)])
+    os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", GUARDIAN_CODE, str(fd)])
 
 
 def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int) -> None:

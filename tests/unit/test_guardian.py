@@ -72,7 +72,8 @@ def test_a_session_cgroup_is_removed_with_its_members_when_the_launcher_goes() -
                 f.write(str(member.pid))
         assert member.pid in group.members()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert cmdline[1:3] == [b"-S", b"-I"] and cmdline[3] == guardian.__file__.encode()
+        assert cmdline[1:4] == [b"-S", b"-I", b"-c"] and cmdline[4] == stage.GUARDIAN_CODE.encode()
+        assert Path(guardian.__file__).read_text() == stage.GUARDIAN_CODE
         watcher.reap()  # closes the launcher's end and waits for the guardian
         assert member.wait(timeout=10) == -signal.SIGKILL
         assert not any(Path(d).exists() for d in group.directories)
