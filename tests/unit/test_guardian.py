@@ -9,12 +9,15 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from enforcer.sandbox import cgroups, guardian, stage
+
+from ..helpers.sandbox import Sandbox
 
 ROOT = Path("/sys/fs/cgroup")
 needs_cgroups = pytest.mark.skipif(os.geteuid() != 0 or cgroups.detect(ROOT) == "none", reason="needs root and cgroups")
@@ -131,3 +134,43 @@ def test_the_guardian_runs_the_code_the_launcher_loaded(tmp_path: Path, monkeypa
         watcher.reap()
     assert not marker.exists()
     assert not directory.exists()  # removed by the real guardian once the launcher's end closed
+
+
+def test_a_launch_whose_guardian_cannot_start_runs_nothing(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launcher.run asks the guardian before it hands the stage its order: an agent never runs
+    without one, and the session's cgroup is removed all the same."""
+    from enforcer.documents import load_policy
+    from enforcer.sandbox import launcher
+    from enforcer.sandbox.plan import build_plan, load_baseline
+    from enforcer.session import host_features
+
+    marker = sandbox.ws / "ran"
+    plan = build_plan(
+        load_policy(sandbox.policy()),
+        ["python3", "-c", f"open({str(marker)!r}, 'w')"],
+        baseline=load_baseline(Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"),
+        environ={},
+        features=host_features(),
+    )
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    real_members = cgroups.Cgroup.members
+    looked: list[int] = []
+
+    def just_before_the_join(group: cgroups.Cgroup) -> list[int]:
+        """The race this reproduces: the launcher finds the group empty, then the stage it forked
+        ahead joins it, before the launcher removes the directories."""
+        found = real_members(group)
+        if not found and not looked:
+            looked.append(1)
+            deadline = time.monotonic() + 3
+            while not real_members(group) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return found
+
+    monkeypatch.setattr(cgroups.Cgroup, "members", just_before_the_join)
+    session = stage.new_session_id()
+    with pytest.raises(launcher.LaunchError, match="sandbox setup failed"):
+        launcher.run(plan, session, cgroup_group=sandbox.group)
+    assert not marker.exists()
+    # The sandbox fixture then checks that no session cgroup is left: there is no guardian to remove
+    # it later, so the launcher removes it once the stage it forked has joined it and is gone.
