@@ -104,6 +104,9 @@ def run(
         try:
             prepared.guardian.confirm()
         except OSError as exc:
+            # No guardian will remove the session's cgroup later: the stage, which may still be
+            # joining it, is collected first, so that the removal below finds it for good.
+            prepared.stage.discard()
             raise LaunchError(f"sandbox setup failed: {exc}") from exc
         try:
             prepared.stage.start(order, netns_fd, report_write if guarded else None)

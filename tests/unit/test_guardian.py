@@ -162,7 +162,7 @@ def test_a_launch_whose_guardian_cannot_start_runs_nothing(sandbox: Sandbox, mon
         found = real_members(group)
         if not found and not looked:
             looked.append(1)
-            deadline = time.monotonic() + 3
+            deadline = time.monotonic() + 2
             while not real_members(group) and time.monotonic() < deadline:
                 time.sleep(0.005)
         return found
