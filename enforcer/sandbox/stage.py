@@ -210,6 +210,8 @@ class Guardian:
             answer = self._sock.recv(len(guardian.READY))
         except TimeoutError as exc:
             raise OSError("the session's guardian did not start in time") from exc
+        except OSError as exc:  # a reset: it is gone with the launcher's frame unread
+            raise OSError(f"the session's guardian did not start: {exc.strerror or exc}") from exc
         finally:
             self._sock.settimeout(None)
         if answer != guardian.READY:

@@ -169,7 +169,7 @@ def test_a_launch_whose_guardian_cannot_start_runs_nothing(sandbox: Sandbox, mon
 
     monkeypatch.setattr(cgroups.Cgroup, "members", just_before_the_join)
     session = stage.new_session_id()
-    with pytest.raises(launcher.LaunchError, match="sandbox setup failed: the session.s guardian did not start"):
+    with pytest.raises(launcher.LaunchError, match="sandbox setup failed: the session's guardian did not start"):
         launcher.run(plan, session, cgroup_group=sandbox.group)
     assert not marker.exists()
     # The sandbox fixture then checks that no session cgroup is left: there is no guardian to remove
