@@ -174,3 +174,25 @@ def test_a_launch_whose_guardian_cannot_start_runs_nothing(sandbox: Sandbox, mon
     assert not marker.exists()
     # The sandbox fixture then checks that no session cgroup is left: there is no guardian to remove
     # it later, so the launcher removes it once the stage it forked has joined it and is gone.
+
+
+def test_the_guardian_imports_nothing_from_the_launchers_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adl-exec runs from the caller's directory, which an agent may have written: modules there,
+    named as the standard library's the guardian imports, are not what the guardian (root) loads."""
+    marker = tmp_path / "planted-ran"
+    for name in ("struct", "signal", "errno", "time", "os"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    directory = tmp_path / "group"
+    directory.mkdir()
+    pid, sock = stage._fork(stage._exec_guardian)
+    watcher = stage.Guardian(pid, sock)
+    try:
+        stage.send_frame(sock, guardian.encode([str(directory)], []))
+        watcher.confirm(timeout_s=30)
+    finally:
+        watcher.reap()
+    assert not marker.exists()
+    assert not directory.exists()
