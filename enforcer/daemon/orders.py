@@ -122,17 +122,23 @@ def _encode(kind: str, members: dict[str, Any]) -> bytes:
     return json.dumps({kind: members}).encode()
 
 
-def read_order(data: bytes) -> Order:
-    """The order in a frame from the daemon: {"launch": {...}} or {"terminate": {...}}."""
+def _decode(data: bytes, what: str, kinds: Mapping[str, type]) -> tuple[str, dict[str, Any]]:
+    """(kind, members) of a message {kind: {members}} whose kind is one of `kinds`."""
     try:
         message = json.loads(data)
     except ValueError as exc:
-        raise OrderError(f"an order that is not JSON: {exc}") from None
+        raise OrderError(f"{what} that is not JSON: {exc}") from None
     if not isinstance(message, dict) or len(message) != 1:
-        raise OrderError("an order is an object with one member, its kind")
+        raise OrderError(f"{what} is an object with one member, its kind")
     ((kind, members),) = message.items()
-    if kind not in _KINDS or not isinstance(members, dict):
-        raise OrderError(f"unknown order {kind!r}")
+    if kind not in kinds or not isinstance(members, dict):
+        raise OrderError(f"{what}: unknown kind {kind!r}")
+    return kind, members
+
+
+def read_order(data: bytes) -> Order:
+    """The order in a frame from the daemon: {"launch": {...}} or {"terminate": {...}}."""
+    kind, members = _decode(data, "an order", _KINDS)
     return _KINDS[kind].from_members(members)
 
 
@@ -184,15 +190,7 @@ _EVENTS: dict[str, type[SessionStarted] | type[SessionGone]] = {"started": Sessi
 
 def read_event(data: bytes) -> SpawnerEvent:
     """A report in a frame from the spawner: {"started": {...}} or {"ended": {...}}."""
-    try:
-        message = json.loads(data)
-    except ValueError as exc:
-        raise OrderError(f"a spawner event that is not JSON: {exc}") from None
-    if not isinstance(message, dict) or len(message) != 1:
-        raise OrderError("a spawner event is an object with one member, its kind")
-    ((kind, members),) = message.items()
-    if kind not in _EVENTS or not isinstance(members, dict):
-        raise OrderError(f"unknown spawner event {kind!r}")
+    kind, members = _decode(data, "a spawner event", _EVENTS)
     _exact_members(f"{kind} event", members, _EVENTS[kind])
     return _EVENTS[kind](**members)
 
