@@ -116,13 +116,8 @@ def test_the_guardian_reads_what_was_sent_before_the_launcher_died(tmp_path: Pat
     assert not directory.exists()
 
 
-def test_the_guardian_runs_the_code_the_launcher_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """guardian.py replaced after the launcher (or the daemon) loaded it, by an upgrade in place or by
-    whoever can write there, is not what a session's guardian runs: the launcher's own copy is."""
-    marker = tmp_path / "replaced-ran"
-    replaced = tmp_path / "guardian.py"
-    replaced.write_text(f"import os, sys\nopen({str(marker)!r}, 'w').close()\nos.write(int(sys.argv[1]), b'R')\n")
-    monkeypatch.setattr(guardian, "__file__", str(replaced))
+def _guard_a_group_and_release(tmp_path: Path) -> Path:
+    """A guardian started as the stage starts one, given a group directory, then released."""
     directory = tmp_path / "group"
     directory.mkdir()
     pid, sock = stage._fork(stage._exec_guardian)
@@ -132,6 +127,17 @@ def test_the_guardian_runs_the_code_the_launcher_loaded(tmp_path: Path, monkeypa
         watcher.confirm(timeout_s=30)
     finally:
         watcher.reap()
+    return directory
+
+
+def test_the_guardian_runs_the_code_the_launcher_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """guardian.py replaced after the launcher (or the daemon) loaded it, by an upgrade in place or by
+    whoever can write there, is not what a session's guardian runs: the launcher's own copy is."""
+    marker = tmp_path / "replaced-ran"
+    replaced = tmp_path / "guardian.py"
+    replaced.write_text(f"import os, sys\nopen({str(marker)!r}, 'w').close()\nos.write(int(sys.argv[1]), b'R')\n")
+    monkeypatch.setattr(guardian, "__file__", str(replaced))
+    directory = _guard_a_group_and_release(tmp_path)
     assert not marker.exists()
     assert not directory.exists()  # removed by the real guardian once the launcher's end closed
 
@@ -185,14 +191,6 @@ def test_the_guardian_imports_nothing_from_the_launchers_directory(
     for name in ("struct", "signal", "errno", "time", "os"):
         (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
-    directory = tmp_path / "group"
-    directory.mkdir()
-    pid, sock = stage._fork(stage._exec_guardian)
-    watcher = stage.Guardian(pid, sock)
-    try:
-        stage.send_frame(sock, guardian.encode([str(directory)], []))
-        watcher.confirm(timeout_s=30)
-    finally:
-        watcher.reap()
+    directory = _guard_a_group_and_release(tmp_path)
     assert not marker.exists()
     assert not directory.exists()
