@@ -31,7 +31,7 @@ from .sandbox.stage import Prepared
 from .session import host_features, record_refusal, run_session
 
 if TYPE_CHECKING:  # pydantic is slow to import: only plans with a network layer load it
-    from .egress_settings import EgressSettings
+    from .egress_values import EgressValues
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class LaunchRequest:
     accept_unenforced: frozenset[str] = frozenset()
     pids_max: int = DEFAULT_PIDS_MAX
     # The egress filter's settings, or what loads them when the plan has a network (None: defaults).
-    egress: EgressSettings | Callable[[], EgressSettings] | None = None
+    egress: EgressValues | Callable[[], EgressValues] | None = None
     masks: Masks | None = None
     cgroup_group: str = cgroups.GROUP
     presets: Path = data.PRESETS  # the runtime presets catalog

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import data
-from ..egress_settings import EgressSettings
+from ..egress_values import EgressValues
 
 
 class OrderError(ValueError):
@@ -218,7 +218,7 @@ class SpawnerConfig:
     baseline: Path
     cgroup_group: str
     helper_memory_mb: int
-    egress: EgressSettings
+    egress: EgressValues
     presets: Path = data.PRESETS
     spec_dir: Path | None = None  # None: the package's own schemas
     kernel_audit: bool = True
@@ -234,7 +234,7 @@ class SpawnerConfig:
             "baseline": isinstance(self.baseline, Path),
             "cgroup_group": _is_text(self.cgroup_group) and bool(self.cgroup_group),
             "helper_memory_mb": _is_int(self.helper_memory_mb) and self.helper_memory_mb > 0,
-            "egress": isinstance(self.egress, EgressSettings),
+            "egress": isinstance(self.egress, EgressValues),
             "presets": isinstance(self.presets, Path),
             "spec_dir": self.spec_dir is None or isinstance(self.spec_dir, Path),
             "kernel_audit": isinstance(self.kernel_audit, bool),

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
 from ..audit.events import agent_of
-from ..egress_settings import EgressSettings
+from ..egress_values import EgressValues
 from ..policy import Policy
 from ..sandbox import namespaces
 from ..sandbox.stage import close_all_but
@@ -91,7 +91,7 @@ def host_addresses() -> list[str]:
     return netns.interface_addresses()
 
 
-def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> EgressProcess:
+def start(policy: Policy, settings: EgressValues, audit: AuditTarget, session: str) -> EgressProcess:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -123,7 +123,7 @@ def start(policy: Policy, settings: EgressSettings, audit: AuditTarget, session:
     return EgressProcess(pid, fds[0], ours)
 
 
-def _serve(control: socket.socket, policy: Policy, settings: EgressSettings, audit: AuditTarget, session: str) -> int:
+def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit: AuditTarget, session: str) -> int:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the terminal's signals are for the agent; the launcher stops us

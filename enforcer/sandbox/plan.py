@@ -27,7 +27,7 @@ from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
 if TYPE_CHECKING:  # pydantic is slow to import: only plans with a network layer load it
-    from ..egress_settings import EgressSettings
+    from ..egress_values import EgressValues
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DEFAULT_PIDS_MAX = 512
@@ -116,7 +116,7 @@ class LaunchPlan:
     secrets: list[str]  # values of secret variables handed over: masked out of the audit log
     refusals: list[str]  # explain_only: why a real launch would be refused
     creation_denied: creation_guard.DeniedNames | None = None  # path -> denied pattern it matches
-    egress: EgressSettings | None = None  # None: an empty network namespace, nothing leaves
+    egress: EgressValues | None = None  # None: an empty network namespace, nothing leaves
     exec_mounts: ExecMounts | None = None  # what stays executable; every other mount is noexec
     residual: list[str] = field(default_factory=list)  # what this kernel cannot close: explained and in the evidence
 
@@ -209,7 +209,7 @@ class EnvironmentPart:
 @dataclass
 class NetworkPart:
     layer: Layer
-    egress: EgressSettings | None  # None: nothing leaves the namespace
+    egress: EgressValues | None  # None: nothing leaves the namespace
     missing: str | None = None  # what this host lacks to enforce the declared network
 
 
@@ -232,7 +232,7 @@ def build_plan(
     cwd: str | None = None,
     pids_max: int = DEFAULT_PIDS_MAX,
     explain_only: bool = False,
-    egress: EgressSettings | Callable[[], EgressSettings] | None = None,
+    egress: EgressValues | Callable[[], EgressValues] | None = None,
 ) -> LaunchPlan:
     """Raises PlanError for anything that must be refused; with explain_only, layers that cannot be
     enforced are reported as unavailable (and in `refusals`) instead. `egress`: the egress filter's
@@ -428,7 +428,7 @@ def environment(policy: Policy, environ: dict[str, str], search_path: str) -> En
 
 
 def network(
-    policy: Policy, tools_missing: tuple[str, ...], egress: EgressSettings | Callable[[], EgressSettings] | None
+    policy: Policy, tools_missing: tuple[str, ...], egress: EgressValues | Callable[[], EgressValues] | None
 ) -> NetworkPart:
     """No declared host: an empty namespace. Declared hosts: the egress filter, with `egress` (or what
     it loads; None: the defaults); without the filter's tools, loopback only."""
@@ -516,12 +516,12 @@ def residual(policy: Policy) -> tuple[list[str], Layer]:
     )
 
 
-def _egress_settings(given: EgressSettings | Callable[[], EgressSettings] | None) -> EgressSettings:
-    from ..egress_settings import EgressSettings
+def _egress_settings(given: EgressValues | Callable[[], EgressValues] | None) -> EgressValues:
+    from ..egress_values import EgressValues
 
     if given is None:
-        return EgressSettings()
-    if isinstance(given, EgressSettings):
+        return EgressValues()
+    if isinstance(given, EgressValues):
         return given
     try:
         return given()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import data, paths
 
 if TYPE_CHECKING:
-    from ..egress_settings import EgressSettings
+    from ..egress_values import EgressValues
 
 PREFIX = "ADL_ENFORCER_"
 # Variables the defaults depend on; they are not settings themselves.
@@ -111,12 +111,10 @@ class LaunchSettings:
     cgroup_group: str
     environment: Mapping[str, str]  # what they were read from (settings_environment)
 
-    def egress(self) -> EgressSettings:
-        """The egress filter's settings from the same environment, validated by their part of the
-        model (pydantic, imported only now; pydantic-settings not at all)."""
-        from pydantic import ValidationError
-
-        from ..egress_settings import EgressSettings
+    def egress(self) -> EgressValues:
+        """The egress filter's settings from the same environment, validated (only when a launch
+        uses them) by the functions the model validates those fields with."""
+        from ..egress_values import EgressValueError, validated
 
         given = {
             key[len(PREFIX) :].lower(): value
@@ -124,9 +122,9 @@ class LaunchSettings:
             if key.upper().startswith(PREFIX)
         }
         try:
-            return EgressSettings.model_validate({k: v for k, v in given.items() if k in EgressSettings.model_fields})
-        except ValidationError as exc:
-            raise SettingsError(describe(exc.errors())) from None
+            return validated(given)
+        except EgressValueError as exc:
+            raise SettingsError("; ".join(f"{name} ({variable(name)}): {msg}" for name, msg in exc.problems)) from None
 
 
 def read(environ: Mapping[str, str]) -> LaunchSettings:

@@ -26,6 +26,7 @@ from pydantic_settings import (
 
 from .. import data
 from ..egress_settings import EgressSettings
+from ..egress_values import EgressValues
 from .launch import (
     ADL_EXEC_CGROUP_GROUP,
     PREFIX,
@@ -156,9 +157,9 @@ class EnforcerSettings(BaseSettings, EgressSettings):
             _Defaults(settings_cls, environ),
         )
 
-    def egress(self) -> EgressSettings:
-        """The egress filter's part, as the model a session's filter is given."""
-        return EgressSettings.model_validate(self.egress_config())
+    def egress(self) -> EgressValues:
+        """The egress filter's part, as the values a session's filter is given."""
+        return self.values()
 
 
 S = TypeVar("S", bound=EnforcerSettings)

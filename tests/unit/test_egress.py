@@ -18,7 +18,8 @@ import pytest
 from enforcer.egress import netns
 from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
 from enforcer.egress.sniff import Malformed, protocol_name, sniff
-from enforcer.egress_settings import EgressSettings, parse_endpoint, system_resolver
+from enforcer.egress_settings import EgressSettings
+from enforcer.egress_values import EgressValues, parse_endpoint, system_resolver
 from enforcer.policy import NetworkConnect, decide
 from enforcer.sandbox.plan import HostFeatures, PlanError, build_plan, load_baseline
 from enforcer.settings.model import load as load_settings
@@ -77,13 +78,15 @@ def test_settings_from_environment(tmp_path: Path) -> None:
     }
     settings = load_settings(env).egress()
     assert settings.resolver() == ("2001:db8::53", 5353)
-    assert settings.public_test_ranges == ["198.51.100.0/24", "203.0.113.0/24"]
+    assert settings.public_test_ranges == ("198.51.100.0/24", "203.0.113.0/24")
     with pytest.raises(ValueError, match="documentation range"):
         load_settings({**env, "ADL_ENFORCER_PUBLIC_TEST_RANGES": "8.8.8.0/24"})
     with pytest.raises(ValueError, match="IP:PORT"):
         load_settings({"ADL_ENFORCER_UPSTREAM_DNS": "dns.example.com:53"})
-    with pytest.raises(ValueError, match="documentation range"):  # the model a session is given checks too
+    with pytest.raises(ValueError, match="documentation range"):  # the model checks too
         EgressSettings(public_test_ranges=["8.8.8.0/24"])
+    with pytest.raises(ValueError, match="documentation range"):  # and the values a session is given
+        EgressValues(public_test_ranges=("8.8.8.0/24",))
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("# comment\nsearch example\nnameserver fe80::1%eth0\nnameserver 10.0.0.2\n")
     assert system_resolver(resolv) == "[fe80::1]:53" and parse_endpoint("10.0.0.2") == ("10.0.0.2", 53)
@@ -180,14 +183,14 @@ def test_plan_refuses_network_without_the_filter_tools(schemas: Any) -> None:
     )  # fmt: skip
     assert plan.egress is None and plan.accepted_unenforced == ["network"]
     ok = HostFeatures(landlock_abi=4, cgroups="v1")
-    plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=ok, egress=EgressSettings())
+    plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=ok, egress=EgressValues())
     assert plan.egress is not None and not plan.landlock.deny_tcp_connect and plan.landlock.deny_tcp_bind
 
 
 def test_plan_reads_egress_settings_only_for_a_network_and_refuses_bad_ones(schemas: Any) -> None:
     calls = []
 
-    def loader() -> EgressSettings:
+    def loader() -> EgressValues:
         calls.append(1)
         return load_settings({"ADL_ENFORCER_UPSTREAM_DNS": "resolver.example"}).egress()  # a name, not an address
 

@@ -6,21 +6,24 @@ The layers, lowest first. A module may import from its own group and from any gr
 layer, nothing else.
 
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
-                  socket's frames), egress_settings (the egress filter's settings model)
-  1 settings      the settings model the commands load (and its pydantic-free launch reader)
-  2 policy        the pure policy core: documents in, decisions out, no I/O
-  3 documents, keyring, explain
+                  socket's frames), egress_values (the egress filter's settings as plain values, and
+                  their validators)
+  1 egress_settings
+                  the egress filter's settings model (pydantic), validated by egress_values
+  2 settings      the settings model the commands load (and its pydantic-free launch reader)
+  3 policy        the pure policy core: documents in, decisions out, no I/O
+  4 documents, keyring, explain
                   reading documents and keys from disk; explaining a compiled policy
-  4 audit         the tamper-evident log
-  5 sandbox       one module per kernel mechanism, the launch plan and the stage
-  6 egress        the egress filter process (runs in namespaces the sandbox layer builds)
-  7 session, policy_cache
+  5 audit         the tamper-evident log
+  6 sandbox       one module per kernel mechanism, the launch plan and the stage
+  7 egress        the egress filter process (runs in namespaces the sandbox layer builds)
+  8 session, policy_cache
                   one whole session (sandbox + egress + audit); the compiled-policy cache
-  8 launching     one launch from a request (policy, plan, session, refusals): adl-exec's and the
+  9 launching     one launch from a request (policy, plan, session, refusals): adl-exec's and the
                   daemon's
-  9 daemon, client
+ 10 daemon, client
                   adl-enforcerd; the gRPC client the integrations use
- 10 cli, integrations
+ 11 cli, integrations
                   the commands and the agent-framework integrations
 """
 
@@ -34,7 +37,8 @@ import enforcer
 ROOT = Path(enforcer.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_settings"),
+    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values"),
+    ("egress_settings",),
     ("settings",),
     ("policy",),
     ("documents", "keyring", "explain"),

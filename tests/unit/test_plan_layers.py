@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from enforcer.egress_settings import EgressSettings
+from enforcer.egress_values import EgressValues
 from enforcer.policy.model import Lifecycle
 from enforcer.policy.patterns import PatternList
 from enforcer.sandbox import landlock
@@ -296,7 +296,7 @@ def test_network_without_hosts_is_an_empty_namespace(schemas: Any) -> None:
 
 def test_network_with_hosts_uses_the_filter_or_says_what_is_missing(schemas: Any) -> None:
     policy = policy_with(schemas, **NETWORK)
-    settings = EgressSettings(upstream_dns="192.0.2.53:5353", public_test_ranges=["198.51.100.0/24"])
+    settings = EgressValues(upstream_dns="192.0.2.53:5353", public_test_ranges=("198.51.100.0/24",))
     part = network(policy, (), settings)
     assert part.egress is settings and part.missing is None
     assert "hosts: api.example.test (other names: NXDOMAIN, never sent upstream)" in part.layer.details
@@ -324,7 +324,7 @@ def test_network_loads_egress_settings_through_the_loader_it_is_given(
     # None: the defaults; the process's environment is not read.
     monkeypatch.setenv("ADL_ENFORCER_UPSTREAM_DNS", "not-an-address")
     part = network(policy_with(schemas, **NETWORK), (), None)
-    assert part.egress == EgressSettings()
+    assert part.egress == EgressValues()
 
 
 def test_syscalls_start_the_guard_for_what_it_must_check() -> None:
@@ -400,7 +400,7 @@ def test_build_plan_composes_the_layers_in_order(schemas: Any, tmp_path: Path) -
         baseline=baseline_in(tmp_path),
         environ={"HOME": str(tmp_path)},
         features=HostFeatures(landlock_abi=6, cgroups="v2"),
-        egress=EgressSettings(upstream_dns="192.0.2.53:53"),
+        egress=EgressValues(upstream_dns="192.0.2.53:53"),
     )
     assert [layer.name for layer in plan.layers] == [
         "filesystem",

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from pydantic_core import PydanticUndefined
 
-from enforcer import data
+from enforcer import data, egress_values
 from enforcer.daemon import notify
 from enforcer.daemon.config import CONFIG_VARIABLE, Settings
 from enforcer.egress_settings import EgressSettings
+from enforcer.egress_values import EgressValues
 from enforcer.settings import launch
 from enforcer.settings.launch import PREFIX, LaunchSettings, SettingsError
 from enforcer.settings.model import EnforcerSettings, load
@@ -175,6 +176,25 @@ def test_defaults() -> None:
     assert launch.read({"ADL_ENFORCER_CACHE_DIR": "off"}).cache_dir is None
 
 
+# Each egress setting at and around its bounds, and the endpoints and ranges accepted and refused.
+EGRESS_BOUNDS = {
+    "dns_timeout_s": (["0.001", "30", " 2.5 ", "1e1"], ["0", "-1", "30.01", "nan", "inf", "two", ""]),
+    "connect_timeout_s": (["0.5", "120"], ["0", "120.5", "-inf", "1s"]),
+    "max_connections": (["1", "65536", " 8 "], ["0", "65537", "1.5", "8.0", "x", "-1"]),
+    "sniff_timeout_ms": (["10", "5000"], ["9", "5001", "many"]),
+    "message_timeout_ms": (["100", "60000"], ["99", "60001", "1e3"]),
+    "upstream_dns": (
+        ["192.0.2.1", "192.0.2.1:53", "[2001:db8::53]:5353", "[2001:db8::53]", "2001:db8::53", " 192.0.2.1:1 "],
+        ["resolver.example:53", "resolver.example", "192.0.2.1:0", "192.0.2.1:65536", "192.0.2.1:x",
+         "[2001:db8::53", "[2001:db8::53]x", "[2001:db8::53]:", "192.0.2.256", "192.0.2.1:53:53"],
+    ),
+    "public_test_ranges": (
+        ["198.51.100.0/24", "198.51.100.0/24, 203.0.113.0/24,", "192.0.2.7", "198.51.100.128/25", "2001:db8::/32",
+         "2001:db8:1::/48", "192.0.2.1/24"],
+        ["8.8.8.0/24", "192.0.2.0/23", "198.51.0.0/16", "2001:db9::/32", "2001:db8::/31", "::/0", "10.0.0.1",
+         "198.51.100.0/24,8.8.8.8", "garbage", '["198.51.100.0/24"]'],  # comma-separated, never JSON
+    ),
+}  # fmt: skip
 EGRESS_ENVIRONMENTS: list[dict[str, str]] = [
     {},
     {"ADL_ENFORCER_UPSTREAM_DNS": "[2001:db8::53]:5353", "ADL_ENFORCER_HOME_REGION": "EU"},
@@ -185,40 +205,100 @@ EGRESS_ENVIRONMENTS: list[dict[str, str]] = [
         "ADL_ENFORCER_MESSAGE_TIMEOUT_MS": "60000",
         "ADL_ENFORCER_UPSTREAM_DNS": "",
     },
+    *({launch.variable(name): value} for name, (good, _) in EGRESS_BOUNDS.items() for value in good),
 ]
 EGRESS_REFUSED: list[dict[str, str]] = [
-    {"ADL_ENFORCER_UPSTREAM_DNS": "resolver.example:53"},
-    {"ADL_ENFORCER_PUBLIC_TEST_RANGES": "8.8.8.0/24"},
-    {"ADL_ENFORCER_PUBLIC_TEST_RANGES": '["198.51.100.0/24"]'},  # comma-separated, never JSON
-    {"ADL_ENFORCER_DNS_TIMEOUT_S": "0"},
-    {"ADL_ENFORCER_MAX_CONNECTIONS": "1.5"},
-    {"ADL_ENFORCER_SNIFF_TIMEOUT_MS": "many"},
+    *({launch.variable(name): value} for name, (_, bad) in EGRESS_BOUNDS.items() for value in bad if value),
+    {"ADL_ENFORCER_DNS_TIMEOUT_S": "0", "ADL_ENFORCER_MAX_CONNECTIONS": "x", "ADL_ENFORCER_UPSTREAM_DNS": "a"},
 ]
+
+
+def test_the_egress_values_are_the_egress_model() -> None:
+    assert list(EgressSettings.model_fields) == list(egress_values.NAMES) == list(egress_values.CHECKS)
+    assert EgressSettings().values() == EgressValues() == launch.read({}).egress() == load({}).egress()
 
 
 @pytest.mark.parametrize("environ", EGRESS_ENVIRONMENTS, ids=str)
 def test_a_launch_validates_egress_settings_as_the_model_does(environ: dict[str, str]) -> None:
-    assert launch.read(environ).egress() == load(environ).egress()
+    values = launch.read(environ).egress()
+    assert isinstance(values, EgressValues) and values == load(environ).egress()
+    daemon = load({}, Settings, **{k[len(PREFIX) :].lower(): v for k, v in settings_of(environ).items()})
+    assert values == daemon.egress()  # the daemon's TOML path
+
+
+def settings_of(environ: dict[str, str]) -> dict[str, str]:
+    return {k.upper(): v for k, v in environ.items() if k.upper().startswith(PREFIX) and v != ""}
 
 
 @pytest.mark.parametrize("environ", EGRESS_REFUSED, ids=str)
 def test_a_launch_refuses_egress_settings_the_model_refuses(environ: dict[str, str]) -> None:
-    (variable,) = environ
     plain = launch.read(environ)  # the plain settings leave them alone: a launch without a network is not refused
-    with pytest.raises(SettingsError, match=re.escape(f"({variable}): ")) as refused:
+    with pytest.raises(SettingsError) as refused:
         plain.egress()
+    for variable in environ:
+        assert f"({variable}): " in str(refused.value)
     with pytest.raises(SettingsError) as model:
         load(environ)
     assert str(refused.value) == str(model.value)
+    with pytest.raises(SettingsError) as daemon:  # the daemon's TOML path too
+        load({}, Settings, **{k[len(PREFIX) :].lower(): v for k, v in environ.items()})
+    assert str(daemon.value) == str(model.value)
+
+
+# Values as adl-enforcerd's TOML file gives them (numbers, lists), through the model and the dataclass.
+TYPED_ACCEPTED: list[dict[str, Any]] = [
+    {"dns_timeout_s": 30, "connect_timeout_s": 0.25, "max_connections": 65536, "sniff_timeout_ms": 10},
+    {"max_connections": 8.0, "message_timeout_ms": 100, "public_test_ranges": ["2001:db8::/64", "192.0.2.0/24"]},
+    {"upstream_dns": "[2001:db8::53]:53", "home_region": "EU", "public_test_ranges": []},
+]
+TYPED_REFUSED: list[dict[str, Any]] = [
+    {"dns_timeout_s": 0},
+    {"dns_timeout_s": True},
+    {"dns_timeout_s": float("nan")},
+    {"connect_timeout_s": 120.5},
+    {"max_connections": 1.5},
+    {"max_connections": False},
+    {"max_connections": 0},
+    {"sniff_timeout_ms": [10]},
+    {"message_timeout_ms": 60001},
+    {"upstream_dns": 53},
+    {"upstream_dns": "192.0.2.1:70000"},
+    {"public_test_ranges": ["203.0.112.0/23"]},
+    {"public_test_ranges": [198]},
+    {"public_test_ranges": {"198.51.100.0/24": True}},
+    {"home_region": 3},
+]
+
+
+@pytest.mark.parametrize("values", TYPED_ACCEPTED, ids=str)
+def test_typed_egress_values_are_accepted_alike(values: dict[str, Any]) -> None:
+    expected = EgressValues(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    assert load({}, Settings, **values).egress() == EgressSettings(**values).values() == expected
+    assert expected == egress_values.validated(values)
+
+
+@pytest.mark.parametrize("values", TYPED_REFUSED, ids=str)
+def test_typed_egress_values_are_refused_alike(values: dict[str, Any]) -> None:
+    ((name, _),) = values.items()
+    with pytest.raises(SettingsError) as model:
+        load({}, Settings, **values)
+    with pytest.raises(ValueError) as plain:
+        EgressValues(**values)
+    with pytest.raises(egress_values.EgressValueError) as validated:
+        egress_values.validated(values)
+    assert validated.value.problems == [(name, str(plain.value))]
+    assert str(model.value) == f"{name} ({launch.variable(name)}): {plain.value}"
 
 
 def test_egress_settings_are_validated_by_the_model_with_the_variable_named() -> None:
     settings = load({"ADL_ENFORCER_DNS_TIMEOUT_S": "3.5", "ADL_ENFORCER_HOME_REGION": "EU"}).egress()
-    assert isinstance(settings, EgressSettings) and settings.dns_timeout_s == 3.5 and settings.home_region == "EU"
+    assert isinstance(settings, EgressValues) and settings.dns_timeout_s == 3.5 and settings.home_region == "EU"
     with pytest.raises(SettingsError, match=r"ADL_ENFORCER_DNS_TIMEOUT_S\): Input should be less than or equal"):
         load({"ADL_ENFORCER_DNS_TIMEOUT_S": "300"})
     # The launch reader leaves them to the model: a launch without a network layer does not validate them.
     assert launch.read({"ADL_ENFORCER_DNS_TIMEOUT_S": "300"}).environment == {"ADL_ENFORCER_DNS_TIMEOUT_S": "300"}
+    with pytest.raises(SettingsError, match=r"^dns_timeout_s \(ADL_ENFORCER_DNS_TIMEOUT_S\): Input should be less"):
+        launch.read({"ADL_ENFORCER_DNS_TIMEOUT_S": "300"}).egress()
 
 
 def test_the_model_reads_only_the_environment_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,7 +309,7 @@ def test_the_model_reads_only_the_environment_it_is_given(monkeypatch: pytest.Mo
 
 
 def test_a_launch_reading_its_settings_imports_no_pydantic() -> None:
-    """Nor pydantic-settings when it validates the egress filter's."""
+    """Nor when it validates the egress filter's."""
     probe = (
         "import os, sys\n"
         "from enforcer.cli import exec, exec_embedded\n"
@@ -243,7 +323,7 @@ def test_a_launch_reading_its_settings_imports_no_pydantic() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     plain, egress = out.stdout.splitlines()
     assert plain == "[]"
-    assert "'pydantic'" in egress and "pydantic_settings" not in egress and "enforcer.settings.model" not in egress
+    assert egress == "[]"
 
 
 # ---- systemd's variables are read by the command ---------------------------------------------------------

@@ -22,7 +22,7 @@ from enforcer.daemon.orders import (
     read_order,
     session_named,
 )
-from enforcer.egress_settings import EgressSettings
+from enforcer.egress_values import EgressValues
 from enforcer.policy.errors import Refusal
 
 from ..helpers.documents import base_adl
@@ -143,7 +143,7 @@ def config(**changes: Any) -> SpawnerConfig:
         "baseline": Path("/etc/baseline.yaml"),
         "cgroup_group": "adl-enforcer",
         "helper_memory_mb": 256,
-        "egress": EgressSettings.model_validate({"max_connections": 8}),
+        "egress": EgressValues(max_connections=8),
     }
     members.update(changes)
     return SpawnerConfig(**members)
@@ -180,7 +180,7 @@ import json, os, socket, sys, uuid
 from pathlib import Path
 from enforcer.daemon import spawner
 from enforcer.daemon.orders import SpawnerConfig
-from enforcer.egress_settings import EgressSettings
+from enforcer.egress_values import EgressValues
 from enforcer.framing import recv_frame, send_frame
 
 tmp = Path(sys.argv[1])
@@ -188,7 +188,7 @@ config = SpawnerConfig(
     audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
     production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
     cgroup_group=f"adl-test-orders-{uuid.uuid4().hex[:8]}", helper_memory_mb=64,
-    egress=EgressSettings.model_validate({}),
+    egress=EgressValues(),
 )
 handle = spawner.start(config)
 members = json.loads(sys.argv[2])
