@@ -1,4 +1,5 @@
-"""A launch whose documents are in the compiled-policy cache loads none of the validation code."""
+"""A launch whose documents are in the compiled-policy cache loads none of the validation code, and
+none loads the settings model (pydantic), with or without the egress filter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import os
 import subprocess
 import sys
 
-from tests.helpers.sandbox import AGENT_USER, needs_root
+from tests.helpers.netlab import NetLab, needs_nft
+from tests.helpers.sandbox import AGENT_USER, Sandbox, needs_root
 
 # What validating and compiling documents loads; a warm launch must need none of it.
 VALIDATION = (
@@ -68,3 +70,30 @@ def test_a_warm_cache_launch_imports_no_validator(sandbox):
     # Changing the document's bytes misses the cache: that launch validates again.
     policy.write_text(policy.read_text() + "\n")
     assert set(VALIDATION) <= set(launch()["modules"])
+
+
+@needs_root
+@needs_nft
+def test_a_launch_with_allowed_hosts_imports_no_pydantic(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    """The egress filter's settings are read and validated without the settings model."""
+    policy = net_sandbox.policy()
+    env = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(net_sandbox.root / "audit-key.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": net_sandbox.group,
+        "ADL_ENFORCER_CACHE_DIR": str(net_sandbox.root / "policy-cache"),
+        **netlab.env(),
+    }
+    argv = [
+        *netlab.wrap(), sys.executable, "-c", LAUNCHER, "--adl", str(policy), "--user", AGENT_USER, "--",
+        "curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://api.example.test/",
+    ]  # fmt: skip
+    for _ in range(2):  # cold, then warm
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "host=api.example.test" in proc.stdout, proc.stdout  # through the filter, so it ran
+        modules = set(json.loads(proc.stdout.splitlines()[-1])["modules"])
+        assert "enforcer.egress.process" in modules and "enforcer.egress_values" in modules
+        assert not {m for m in modules if m.split(".")[0].startswith("pydantic")}
+        assert not {"enforcer.settings.model", "enforcer.egress_settings"} & modules
