@@ -3,8 +3,9 @@
 enforcer/settings/model.py is the one definition of every setting (name, default, validation).
 Importing pydantic costs a launch tens of milliseconds, so adl-exec reads the plain values it always
 needs here, under the same names and with the same parsing functions the model validates with; a
-test (tests/unit/test_settings.py) keeps the two equal. Values that need the model (the egress
-filter's) are validated by it only when a launch uses them, from `LaunchSettings.environment`.
+test (tests/unit/test_settings.py) keeps the two equal. The egress filter's are validated only when
+a launch uses them, from `LaunchSettings.environment`, by the validators the model uses for them
+(enforcer/egress_values.py).
 
 Nothing here reads os.environ: `read` is given the command's environment.
 """

@@ -4,8 +4,8 @@ whose own settings extend this model (enforcer/daemon/config.py).
 
 The commands load it (`load(os.environ)`) and pass values down: no module below them reads
 os.environ. Embedded adl-exec reads the plain fields through enforcer/settings/launch.py, which
-shares the parsing functions used here, so that a launch imports no pydantic unless it needs the
-egress filter's settings.
+shares the parsing functions used here (and the egress filter's validators, enforcer/egress_values.py),
+so that a launch imports no pydantic.
 """
 
 from __future__ import annotations
