@@ -2,7 +2,7 @@
 
 The settings model (enforcer/egress_settings.py, pydantic) declares them and validates each field
 with the functions here; a launch reads them from its environment with the same functions
-(`from_strings`) without importing pydantic. Both give the filter an `EgressValues`.
+(`validated`) without importing pydantic. Both give the filter an `EgressValues`.
 """
 
 from __future__ import annotations
