@@ -2,7 +2,8 @@
 
 The settings model (enforcer/egress_settings.py, pydantic) declares them and validates each field
 with the functions here; a launch reads them from its environment with the same functions
-(`validated`) without importing pydantic. Both give the filter an `EgressValues`.
+(`validated`) without importing pydantic, whose import would be most of what a launch with allowed
+hosts spends on its settings (bench/RESULTS.md). Both give the filter an `EgressValues`.
 """
 
 from __future__ import annotations
