@@ -4,6 +4,7 @@ runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -91,7 +92,14 @@ def run_session(
         joined,
         record=kernel_audit,
     )
-    outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
+    try:
+        outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
+    except BaseException:
+        # A launch that failed (its filter did not start, its stage died) still stops the reader and
+        # records what it saw; the launch's own error is the one raised.
+        with contextlib.suppress(Exception):
+            kernel_denials.finish()
+        raise
     denials = _denials_summary(kernel_denials, plan)
     if on_denials is not None:
         on_denials(denials)
