@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from .. import paths
 from ..v1 import enforcer_pb2 as pb
 from ..v1 import enforcer_pb2_grpc as pb_grpc
 from ..version import version_text
@@ -34,14 +35,16 @@ examples:
   adl-approve reject apr-0123456789abcdef0123 --as "alice (on call)" --note "amount too high"
   adl-approve watch --agent invoice-processor
 
-The admin socket is ADL_ENFORCER_ADMIN_SOCKET or /run/adl-enforcer/admin.sock (--admin overrides).
+The admin socket is ADL_ENFORCER_ADMIN_SOCKET, else the daemon's default: /run/adl-enforcer/admin.sock
+as root, ~/.local/state/adl-enforcer/run/admin.sock for a daemon run as a user (--admin overrides).
 exit codes: 0 done, 1 nothing pending / no such approval, 2 usage or connection error,
             3 the daemon refused (already decided, expired, audit log unavailable).
 """
 
 
 def default_admin_address() -> str:
-    path = os.environ.get("ADL_ENFORCER_ADMIN_SOCKET") or "/run/adl-enforcer/admin.sock"
+    # The same default as adl-enforcerd's own admin_socket, so that one user's daemon is found too.
+    path = os.environ.get("ADL_ENFORCER_ADMIN_SOCKET") or str(paths.runtime_dir(os.environ) / "admin.sock")
     return path if path.startswith("unix:") else "unix:" + path
 
 
