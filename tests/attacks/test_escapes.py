@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers.sandbox import Result, Sandbox, needs_root
+from ..helpers.sandbox import PROBE_CHECK, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 
@@ -31,16 +31,7 @@ def blocked(box: Sandbox, code: str, **kw: object) -> str:
     return result.out
 
 
-TRY = """
-import ctypes, errno, os, socket, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def check(label, fn):
-    try:
-        fn()
-        print("ESCAPED", label)
-    except OSError as exc:
-        print("BLOCKED", label, exc.errno)
-"""
+TRY = PROBE_CHECK
 
 
 def test_symlink_to_denied_and_outside_files(sandbox: Sandbox) -> None:

@@ -12,19 +12,11 @@ from typing import Any
 
 import pytest
 
-from ..helpers.sandbox import AGENT_USER, Result, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_USER, PROBE_CHECK, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 
-TRY = """
-import ctypes, errno, os, socket, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def check(label, fn):
-    try:
-        fn()
-        print("ESCAPED", label)
-    except OSError as exc:
-        print("BLOCKED", label, exc.errno)
+TRY = PROBE_CHECK + """
 def works(label, fn):
     try:
         fn()

@@ -10,25 +10,18 @@ import fcntl
 import os
 import textwrap
 
-from ..helpers.sandbox import AGENT_UID, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_UID, PROBE_CHECK, Sandbox, needs_root
 
 pytestmark = needs_root
 
 FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_FSGETXATTR = 0x801C581F
 
-PROBE = """
-import array, ctypes, fcntl, os, struct
-libc = ctypes.CDLL(None, use_errno=True)
+PROBE = PROBE_CHECK + """
+import array, fcntl, struct
 libc.syscall.restype = ctypes.c_long
 path = os.environ["ALLOWED_FILE"]
 fd = os.open(path, os.O_RDONLY)
-def check(label, fn):
-    try:
-        fn()
-        print("ESCAPED", label)
-    except OSError as exc:
-        print("BLOCKED", label, exc.errno)
 def setflags():
     flags = array.array("l", [0])
     fcntl.ioctl(fd, 0x80086601, flags, True)  # FS_IOC_GETFLAGS

@@ -11,19 +11,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..helpers.sandbox import Sandbox, needs_root
+from ..helpers.sandbox import PROBE_CHECK, Sandbox, needs_root
 
 pytestmark = needs_root
 
-PROBE = """
-import os, socket
+PROBE = PROBE_CHECK + """
 where = os.environ["ALLOWED_HOST_SOCKETS"]
-def check(label, fn):
-    try:
-        fn()
-        print("ESCAPED", label)
-    except OSError as exc:
-        print("BLOCKED", label, exc.errno)
 def datagram_sendto():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     a.sendto(b"FROM-THE-AGENT sendto", where + "/dgram.sock")

@@ -26,6 +26,19 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox tests need ro
 # The agents' identity in tests: nobody/nogroup owns nothing on the host. adl-exec refuses to run an
 # agent as root, so every test launch names it and every workspace is chowned to it.
 AGENT_UID = AGENT_GID = 65534
+
+# The start of an attack probe run by the agent: check(label, fn) prints ESCAPED when fn got
+# through and BLOCKED with the errno when the kernel refused it; the tests read those lines.
+PROBE_CHECK = """
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(label, fn):
+    try:
+        fn()
+        print("ESCAPED", label)
+    except OSError as exc:
+        print("BLOCKED", label, exc.errno)
+"""
 AGENT_USER = f"{AGENT_UID}:{AGENT_GID}"
 
 
