@@ -373,14 +373,8 @@ class CallerRelay:
             pair.clock.feed(data, time.monotonic())
         else:  # every byte, or the frame boundaries are lost
             pair.clock.feed_server(data)
-        try:
-            sent = target.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._close(pair)
-            return
-        if sent == len(data):  # the usual case: all passed on, nothing to wait for
+        sent = self._send(pair, target, data)
+        if sent is None or sent == len(data):  # closed, or the usual case: all passed on
             return
         pair.backlog[target] = data[sent:]
         self._interest(pair, target)
@@ -419,15 +413,21 @@ class CallerRelay:
             for pair, _ in held:
                 self._close(pair)
 
+    def _send(self, pair: _Pair, target: socket.socket, data: bytes) -> int | None:
+        """How much of `data` `target` took now; None when the pair was closed on an error."""
+        try:
+            return target.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self._close(pair)
+            return None
+
     def _flush(self, pair: _Pair, target: socket.socket) -> None:
         data = pair.backlog[target]
         if data:
-            try:
-                sent = target.send(data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._close(pair)
+            sent = self._send(pair, target, data)
+            if sent is None:
                 return
             pair.backlog[target] = data[sent:]
         self._interest(pair, target)
