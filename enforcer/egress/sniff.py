@@ -106,13 +106,18 @@ def _may_be_http(data: bytes) -> bool:
     return not rest or rest[0] in _TCHAR_FIRST
 
 
-def sniff_http(data: bytes) -> Sniffed:
-    """An HTTP request head, or text that is no HTTP request ('tcp'), or need-more."""
-    start = 0
-    empty = 0
+def _leading_empty_lines(data: bytes) -> tuple[int, int]:
+    """(where the request line starts, how many empty lines, CRLF or bare LF, come before it)."""
+    start = empty = 0
     while data.startswith(b"\n", start) or data.startswith(b"\r\n", start):
         start += 1 if data[start] == 0x0A else 2
         empty += 1
+    return start, empty
+
+
+def sniff_http(data: bytes) -> Sniffed:
+    """An HTTP request head, or text that is no HTTP request ('tcp'), or need-more."""
+    start, empty = _leading_empty_lines(data)
     if empty > MAX_LEADING_EMPTY_LINES:
         return Sniffed("http", malformed="too many empty lines before the request line")
     line_end = data.find(b"\n", start)
@@ -163,11 +168,7 @@ def head_end(data: bytes, start: int = 0) -> int:
 def parse_head(data: bytes) -> RequestHead | None:
     """Parse one request head at the start of `data` (None: incomplete). Strict where servers
     differ: the filter forwards the head re-serialised, so the server reads exactly what was checked."""
-    start = 0
-    empty = 0
-    while data.startswith(b"\n", start) or data.startswith(b"\r\n", start):
-        start += 1 if data[start] == 0x0A else 2
-        empty += 1
+    start, empty = _leading_empty_lines(data)
     if empty > MAX_LEADING_EMPTY_LINES:
         raise Malformed("too many empty lines before the request line")
     end = head_end(data, start)
