@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from . import keys
 from .appender import Receipt
 from .chain import Signer
+from .logfiles import sync_directory
 from .records import canonical, format_ts
 
 HEAD_FILE = "HEAD.json"
@@ -66,11 +67,7 @@ def replace_head(directory: Path, head: dict[str, Any], tmp_tag: str) -> bool:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, head_path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    sync_directory(directory)
     return True
 
 

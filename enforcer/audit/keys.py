@@ -12,6 +12,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from .logfiles import sync_directory
+
 
 class AuditKeyError(Exception):
     """The signing key cannot be read or created."""
@@ -53,7 +55,7 @@ def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
             return _load_private(path)
     finally:
         os.unlink(temporary)
-    _sync_directory(path.parent)
+    sync_directory(path.parent)
     public = public_path(path)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{public.name}.")
     with os.fdopen(fd, "wb") as out:
@@ -61,14 +63,6 @@ def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
     os.chmod(temporary, 0o644)
     os.replace(temporary, public)
     return key
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:

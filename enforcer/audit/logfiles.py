@@ -78,6 +78,15 @@ def previous_tail(directory: Path, path: Path) -> bytes:
     return last
 
 
+def sync_directory(directory: Path) -> None:
+    """Make the names created or replaced in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def set_torn_aside(directory: Path, path: Path, fd: int, end: int, torn: bytes) -> dict[str, Any]:
     """Move the bytes of a torn last line of `path` (open as `fd`) to torn/, durably, and cut the
     file back to its last whole line at `end`. The payload of the gap record that says so."""
