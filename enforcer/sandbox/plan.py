@@ -8,6 +8,7 @@ cannot disagree about what a pattern means.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import os
@@ -126,6 +127,34 @@ class HostFeatures:
     landlock_abi: int
     cgroups: str  # v2 | v1 | none
     egress_tools_missing: tuple[str, ...] = ()  # programs the egress filter needs (nft, ip) not installed
+
+
+def _with_real_denied(fs: Any, cwd: str, home: str) -> Any:
+    """The filesystem rules with every denied pattern also spelled by the real path of its literal
+    prefix. Landlock follows symbolic links when it applies a grant, and masks and the creation guard
+    see real paths: a directory granted through a link and denied by its real path (or the reverse)
+    must stay denied under both spellings."""
+    if fs is None or not fs.denied.patterns:
+        return fs
+    patterns = list(fs.denied.patterns)
+    for pattern in fs.denied.patterns:
+        prefix = literal_prefix(pattern, cwd, home)
+        real = os.path.realpath(prefix)
+        if real == prefix:
+            continue
+        segments = pattern.split("/")
+        first_glob = next((i for i, segment in enumerate(segments) if GLOB_CHARS & set(segment)), len(segments))
+        rest = "/".join(segments[first_glob:])
+        resolved = real.rstrip("/") + "/" + rest if rest else real
+        if resolved not in patterns:
+            patterns.append(resolved)
+    if len(patterns) == len(fs.denied.patterns):
+        return fs
+    try:
+        denied = PatternList.compile(patterns, "path")
+    except ValueError as exc:
+        raise PlanError(f"denied_paths: a pattern's real path is not a valid pattern: {exc}") from None
+    return dataclasses.replace(fs, denied=denied)
 
 
 def literal_prefix(pattern: str, cwd: str, home: str) -> str:
@@ -248,7 +277,7 @@ def build_plan(
     fs_status = unenforced.status("filesystem", no_landlock)
     exec_status = unenforced.status("execution", no_landlock)
 
-    fs = policy.filesystem
+    fs = _with_real_denied(policy.filesystem, cwd, home)
     base = baseline_grants(baseline, fs.denied if fs is not None and fs.denied.patterns else None, cwd, home)
     files = filesystem(fs, base, cwd, home, abi)
     files.layer.status = fs_status
@@ -704,7 +733,8 @@ def denied_masks(fs: Any, cwd: str, home: str, baseline: Masks, *, guarded: bool
         layer.status = "not declared"
         return layer, masks
     visited = 0
-    roots = sorted({literal_prefix(p, cwd, home) for p in fs.allowed.patterns})
+    # Walked by their real paths: Landlock grants what a link points to, and masks are mounted there.
+    roots = sorted({os.path.realpath(literal_prefix(p, cwd, home)) for p in fs.allowed.patterns})
     denied_inodes: set[tuple[int, int]] = set()
     regular_files: list[tuple[str, os.stat_result]] = []
     for root in roots:
