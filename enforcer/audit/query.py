@@ -142,6 +142,12 @@ def _target(payload: dict[str, Any]) -> str:
     return next((f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k)), "")
 
 
+def printable(text: str) -> str:
+    """`text` with every control character escaped. Records carry names agents and API callers chose
+    (paths, command names, tools): printed raw, they could drive the terminal or start a forged line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def one_line(record: dict[str, Any]) -> str:
     payload: dict[str, Any] = record["payload"] if isinstance(record.get("payload"), dict) else {}
     ts = str(record.get("ts", ""))
@@ -156,7 +162,7 @@ def one_line(record: dict[str, Any]) -> str:
         if payload.get(key) is not None:
             detail.append(f"{key}={payload[key]}")
     agent = payload.get("agent") or "-"
-    return (
+    return printable(
         f"{record.get('seq', '?'):>7} {short_ts} {kind:<16} {decision:<5} {agent} {record.get('corr', '-')} "
         + " ".join(detail)
     )

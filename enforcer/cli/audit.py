@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ..audit import keys, records
-from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
+from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, printable, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
 from ..settings import launch as launch_settings
@@ -218,17 +218,19 @@ def _report(directory: Path, filters: Filters, args: argparse.Namespace) -> int:
             if summary[key]:
                 print(f"{title}:")
                 for name, count in summary[key].items():
-                    print(f"  {count:>8}  {name}")
+                    print(f"  {count:>8}  {printable(str(name))}")
         if summary["top_denials"]:
             print("top denials:")
             for item in summary["top_denials"]:
-                print(f"  {item['count']:>8}  {item['what']}")
+                print(f"  {item['count']:>8}  {printable(str(item['what']))}")
         if summary["sessions"]:
             print("sessions:")
             for s in summary["sessions"]:
                 outcome = s.get("reason") or "running or unknown"
                 code = f" (exit code {s['exit_code']})" if s.get("exit_code") is not None else ""
-                print(f"  {s['session']}  {s.get('agent') or '-'}  {s.get('started') or '-'}  {outcome}{code}")
+                print(
+                    printable(f"  {s['session']}  {s.get('agent') or '-'}  {s.get('started') or '-'}  {outcome}{code}")
+                )
     return EXIT_OK if summary["records"] else EXIT_NOTHING
 
 

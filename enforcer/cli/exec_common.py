@@ -19,12 +19,6 @@ def refuse(message: str) -> int:
     return EXIT_REFUSED
 
 
-def _printable(line: str) -> str:
-    """A report line with every control character escaped: it carries names the agent chose (its
-    command name, paths), which must not move the cursor or start a line of their own."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
-
-
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """--report: the session's typed outcome on stderr (embedded and daemon mode alike)."""
     if as_json:
@@ -39,10 +33,11 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         file=sys.stderr,
     )
     if report.get("kernel_denials"):
+        from ..audit.query import printable  # the lines carry the agent's command name and paths
         from ..sandbox.denials import report_lines
 
         for line in report_lines(report["kernel_denials"]):
-            print(f"adl-exec: {_printable(line)}", file=sys.stderr)
+            print(f"adl-exec: {printable(line)}", file=sys.stderr)
     if report.get("audit_dir"):
         where = f"{report['audit_dir']} (adl-audit search --session {report['session']})"
         print(f"adl-exec: audit log: {where}", file=sys.stderr)
