@@ -21,9 +21,10 @@ import socket
 import struct
 import threading
 import traceback
+from collections import Counter as Tally
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 START_TIMEOUT_S = 30.0
+# Refused DNS names and connections written one by one per session; later ones are counted by rule
+# in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
+MAX_DETAILED_DENIALS = 1000
 STOP_TIMEOUT_S = 15.0
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
 
@@ -196,17 +200,49 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit
 @dataclass
 class _Recorder:
     """The filter's records in the session's log: each names the agent and carries the session as its
-    correlation; denials go ahead of routine records."""
+    correlation; denials go ahead of routine records. Past `max_detailed_denials` refusals, further
+    ones are only counted (`counted()`, in net.summary); what was allowed is always written."""
 
     writer: AuditWriter
     agent: str
     session: str
+    max_detailed_denials: int = MAX_DETAILED_DENIALS
+    _denials: int = 0
+    _counted: Tally[str] = field(default_factory=Tally)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
         high = payload.get("decision") == "deny"
+        if high and kind != "net.summary":
+            with self._lock:
+                self._denials += 1
+                over = self._denials - self.max_detailed_denials
+                if over > 0:
+                    self._counted[str((payload.get("rules") or [kind])[0])] += 1
+            if over == 1:
+                self._write(
+                    "net.denials_counted",
+                    {
+                        "decision": "deny",
+                        "rules": ["net.denials_counted"],
+                        "text": f"{self.max_detailed_denials} refusals recorded one by one; later ones are "
+                        "counted by rule in this session's net.summary",
+                    },
+                    high=True,
+                )
+            if over > 0:
+                return
+        self._write(kind, payload, high=high)
+
+    def _write(self, kind: str, payload: dict[str, Any], *, high: bool) -> None:
         self.writer.append(
             kind, {"agent": self.agent, **payload}, corr=self.session, priority="high" if high else "normal"
         )
+
+    def counted(self) -> dict[str, Any]:
+        """The refusals not written one by one: their number, and how many under each rule."""
+        with self._lock:
+            return {"total": sum(self._counted.values()), "by_rule": dict(self._counted)}
 
 
 class _FilterServer:
@@ -215,7 +251,7 @@ class _FilterServer:
 
     def __init__(
         self,
-        record: Callable[[str, dict[str, Any]], None],
+        record: _Recorder,
         stub: DnsStub,
         connections: ConnectionFilter,
         workers: Executor,
@@ -325,7 +361,12 @@ class _FilterServer:
         self._dns_pool.shutdown(wait=True, cancel_futures=True)
         with self._dns_lock:
             dns_stats = dict(self.dns_stats)
-        summary = {"connections": dict(self.connections.stats), "dns": dns_stats, "dropped_packets": dropped}
+        summary = {
+            "connections": dict(self.connections.stats),
+            "dns": dns_stats,
+            "dropped_packets": dropped,
+            "denials_counted_only": self.record.counted(),
+        }
         rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
         self.record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
         return summary

@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
-
 from ..helpers.netlab import needs_nft, payloads
 from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = [needs_root, needs_nft]
 
 FLOOD_SECONDS = 3
-# Kernel denials and creation refusals are written one by one up to a bound, then only counted;
-# refused connections and DNS names are the same kind of agent-driven flood.
+# Refused connections and DNS names are written one by one up to a bound, then only counted
+# (enforcer.egress.process.MAX_DETAILED_DENIALS), as kernel denials and creation refusals are.
 MAX_DETAILED = 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the egress filter writes one record per refused DNS name and connection, unbounded: "
-    "it needs the kernel denials' per-session budget (record a burst, then count in net.summary)",
-)
 def test_a_flood_of_refused_connections_does_not_grow_the_audit_log(net_sandbox: Sandbox) -> None:
     result = net_sandbox.python(
         textwrap.dedent(
@@ -47,3 +40,7 @@ def test_a_flood_of_refused_connections_does_not_grow_the_audit_log(net_sandbox:
     print(f"tried {tried}, records {written}, net.dns {len(dns)}, net.connect {len(connects)}, {size} bytes")
     assert tried > MAX_DETAILED, f"the flood was too slow to tell ({tried} attempts)"
     assert written <= MAX_DETAILED + 50, f"{tried} refused names wrote {written} audit records"
+    (summary,) = payloads(result, "net.summary")
+    counted = summary["denials_counted_only"]
+    assert counted["total"] > 0 and sum(counted["by_rule"].values()) == counted["total"], counted
+    assert len(payloads(result, "net.denials_counted")) == 1

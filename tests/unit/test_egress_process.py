@@ -123,6 +123,24 @@ def test_records_name_the_agent_and_the_session_and_put_denials_first(setup: Set
     assert allowed["from"] == "adl-egress"
 
 
+def test_refusals_past_the_bound_are_counted_and_allowed_ones_always_written(setup: Setup) -> None:
+    setup.record.max_detailed_denials = 3
+    for i in range(7):
+        setup.record("net.dns", {"decision": "deny", "rules": ["net.dns_name_not_allowed"], "host": f"x{i}.test"})
+        setup.record("net.connect", {"decision": "allow", "host": "api.example.test"})
+    setup.record("net.connect", {"decision": "deny", "rules": ["net.port_not_allowed"], "host": "api.example.test"})
+    setup.writer.sync()
+    written = audit_records(setup.log)
+    kinds = [r["intent"].removeprefix("adl.enforcer.") for r in written]
+    assert kinds.count("net.dns") == 3 and kinds.count("net.connect") == 7
+    assert kinds.count("net.denials_counted") == 1
+    assert kinds.index("net.denials_counted") > max(i for i, k in enumerate(kinds) if k == "net.dns")
+    assert setup.record.counted() == {
+        "total": 5,
+        "by_rule": {"net.dns_name_not_allowed": 4, "net.port_not_allowed": 1},
+    }
+
+
 def test_answers_are_recorded_and_counted(setup: Setup) -> None:
     allowed = dns.message.from_wire(setup.server.answer(query("api.example.test")) or b"")
     assert allowed.rcode() == dns.rcode.NOERROR
