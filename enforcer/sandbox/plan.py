@@ -540,6 +540,12 @@ def residual(policy: Policy) -> tuple[list[str], Layer]:
         "an allowed interpreter runs any code it is given (python -c, ctypes); anonymous executable memory "
         "(JIT compilers) is not a mount and stays possible"
     )
+    gaps.append(
+        "advisory locks: the agent can hold flock, fcntl and open-file-description locks on files it may "
+        "read, its grants' and the baseline's (no Landlock or seccomp right tells them from its own files); "
+        "a host process that waits for such a lock waits until the session ends (leases are refused: they "
+        "need the file's owner)"
+    )
     return gaps, Layer(
         "not covered", "what no layer closes on this kernel (also in the evidence)", "unavailable", list(gaps)
     )

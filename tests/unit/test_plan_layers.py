@@ -340,7 +340,8 @@ def test_syscalls_start_the_guard_for_what_it_must_check() -> None:
 def test_residual_names_late_host_files_only_with_denied_paths(schemas: Any, tmp_path: Path) -> None:
     gaps, layer = residual(policy_with(schemas))
     assert layer.name == "not covered" and layer.status == "unavailable" and layer.details == gaps
-    assert len(gaps) == 2 and gaps[0].startswith("name probing") and not any("late host files" in g for g in gaps)
+    assert len(gaps) == 3 and gaps[0].startswith("name probing") and not any("late host files" in g for g in gaps)
+    assert gaps[2].startswith("advisory locks")
     denied = {"allowed_paths": [{"path": f"{tmp_path}/**", "access": "read"}], "denied_paths": [f"{tmp_path}/k"]}
     gaps, _ = residual(policy_with(schemas, filesystem=denied))
     assert any(g.startswith("late host files") for g in gaps)
