@@ -10,7 +10,7 @@ from .conditions import UnsupportedCondition, compile_condition
 from .credentials import find_inline_credentials
 from .errors import Finding, pointer
 from .jsonvalues import arr, obj
-from .specs import SchemaSet, SpecMissing, iter_leaf_errors
+from .specs import SchemaSet, SpecMissing
 
 
 def schema_file_for(document: dict[str, Any]) -> str:
@@ -22,16 +22,13 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
     """Schema errors (format annotations are not asserted) and inline credentials."""
     schema_file = schema_file_for(document)
     try:
-        validator = schemas.aaif_validator(schema_file)
+        accepted = schemas.aaif_accepts(schema_file, document)
     except SpecMissing:
         if schema_file == "agent.schema.json":
             raise  # the installation lacks the specification, not a document fault
         # A document names its schema; one this enforcer does not have is a finding, not a crash.
         return [Finding("AAIF-1001", f"x-sc-schema {schema_file!r} is not a published AAIF schema", "/x-sc-schema")]
-    findings = [
-        Finding("AAIF-1001", f"{error.validator}: {error.message}", pointer(*error.absolute_path))
-        for error in iter_leaf_errors(validator, document)
-    ]
+    findings = [] if accepted else _schema_findings(schemas.aaif_validator(schema_file), document)
     findings.extend(find_inline_credentials(document))
     for i, tool in enumerate(arr(obj(document.get("agent")).get("tools"))):
         for key in ("parameters_schema", "output_schema"):
@@ -44,6 +41,15 @@ def validate_aaif(document: dict[str, Any], schemas: SchemaSet) -> list[Finding]
                     )
                 )
     return findings
+
+
+def _schema_findings(validator: Any, document: dict[str, Any]) -> list[Finding]:
+    from .schema_errors import iter_leaf_errors
+
+    return [
+        Finding("AAIF-1001", f"{error.validator}: {error.message}", pointer(*error.absolute_path))
+        for error in iter_leaf_errors(validator, document)
+    ]
 
 
 # The AAIF capabilities (registries/capabilities.json) this enforcer itself provides: approval

@@ -22,7 +22,7 @@ from .errors import Finding, pointer
 from .formats import is_adl_urn, is_uri, parse_timestamp
 from .jsonvalues import arr, iter_strings, obj, unsafe_integers
 from .signature import SignatureResult, key_strength_problem, verify
-from .specs import PROFILES, SchemaSet, iter_leaf_errors, supported_schema_version, unknown_members
+from .specs import PROFILES, SchemaSet, supported_schema_version, unknown_members
 
 SENSITIVITY_ORDER = {"public": 0, "internal": 1, "confidential": 2, "restricted": 3}
 CATEGORIES = {"pii", "phi", "financial", "credentials", "intellectual_property", "regulatory"}
@@ -582,6 +582,8 @@ def _normal_absolute(path: str) -> bool:
 
 
 def _schema_findings(validator: Any, document: dict[str, Any], profile_members: frozenset[str]) -> Iterator[Finding]:
+    from .schema_errors import iter_leaf_errors
+
     for error in iter_leaf_errors(validator, document):
         path = tuple(error.absolute_path)
         if error.validator == "required":
@@ -637,11 +639,12 @@ def validate_adl(document: dict[str, Any], schemas: SchemaSet, now: datetime) ->
         )
     schema_version = version or "0.3.0"
     profiles = tuple(p for p in arr(document.get("profiles")) if isinstance(p, str) and p in PROFILES)
-    validator = schemas.adl_validator(schema_version, profiles)
-    for f in _schema_findings(validator, document, schemas.profile_members(profiles)):
-        if version is None and (f.pointer == "/adl_spec" or (f.code == "ADL-1003" and "'adl_spec'" in f.detail)):
-            continue
-        findings.append(f)
+    if not schemas.adl_accepts(schema_version, profiles, document):
+        validator = schemas.adl_validator(schema_version, profiles)
+        for f in _schema_findings(validator, document, schemas.profile_members(profiles)):
+            if version is None and (f.pointer == "/adl_spec" or (f.code == "ADL-1003" and "'adl_spec'" in f.detail)):
+                continue
+            findings.append(f)
     for member in unknown_members(schemas, schema_version, profiles, document):
         findings.append(
             Finding(

@@ -6,25 +6,25 @@ overrides it with a tree laid out either like that directory (adl/, aaif/) or li
 specification repositories (agent-definition-language__specification/, Observalytics-SL__aaif/).
 `spec_root()` chooses between the two (the command passes the spec_dir setting); everything else
 is given a root.
+
+A document is checked against its schemas with jsonschema_rs; the pure-Python validators in
+schema_errors, which word each error, load only for a document that check refuses. The check is
+built only for schemas whose every keyword and pattern means the same to both validators (see
+`_portable`); any other schema set is always validated by the pure-Python validators.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
-
 from ..data import SCHEMAS
 from .formats import is_uri, parse_timestamp
+from .jsonvalues import unsafe_integers
 
 ADL_SPEC_REPO = "agent-definition-language__specification"
 AAIF_REPO = "Observalytics-SL__aaif"
@@ -45,17 +45,6 @@ PACKAGED_SCHEMAS = SCHEMAS
 
 class SpecMissing(RuntimeError):
     pass
-
-
-def _check_format(validator: Any, fmt: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
-    # ADL makes timestamps (VAL-05) and URIs (VAL-06) semantic rules with their own codes;
-    # other format annotations stay annotations.
-    if not isinstance(instance, str):
-        return
-    if fmt == "date-time" and parse_timestamp(instance) is None:
-        yield ValidationError(f"{instance!r} is not an ISO 8601 timestamp with timezone")
-    elif fmt == "uri" and not is_uri(instance):
-        yield ValidationError(f"{instance!r} is not a valid RFC 3986 URI")
 
 
 @cache
@@ -80,59 +69,6 @@ def ecma_pattern(pattern: str) -> re.Pattern[str]:
             continue
         out.append(char)
     return re.compile("".join(out), re.ASCII)
-
-
-def _check_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
-    if isinstance(instance, str) and not ecma_pattern(pattern).search(instance):
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _matches_any(patterns: Any, key: str) -> bool:
-    return any(ecma_pattern(p).search(key) for p in patterns)
-
-
-def _check_pattern_properties(
-    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        for key, value in instance.items():
-            if ecma_pattern(pattern).search(key):
-                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
-
-
-def _check_additional_properties(
-    validator: Any, additional: Any, instance: Any, schema: dict[str, Any]
-) -> Iterator[ValidationError]:
-    # jsonschema's own keyword matches patternProperties with Python's `$`: "x_id\n" would pass as an
-    # extension member.
-    if not validator.is_type(instance, "object"):
-        return
-    known, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
-    extras = [key for key in instance if key not in known and not _matches_any(patterns, key)]
-    if validator.is_type(additional, "object"):
-        for extra in extras:
-            yield from validator.descend(instance[extra], additional, path=extra)
-    elif additional is False and extras:
-        names = ", ".join(repr(each) for each in sorted(extras))
-        if patterns:
-            verb = "does" if len(extras) == 1 else "do"
-            regexes = ", ".join(repr(each) for each in sorted(patterns))
-            yield ValidationError(f"{names} {verb} not match any of the regexes: {regexes}")
-        else:
-            verb = "was" if len(extras) == 1 else "were"
-            yield ValidationError(f"Additional properties are not allowed ({names} {verb} unexpected)")
-
-
-_ECMA_KEYWORDS = {
-    "pattern": _check_pattern,
-    "patternProperties": _check_pattern_properties,
-    "additionalProperties": _check_additional_properties,
-}
-ADLSchemaValidator = validators.extend(Draft202012Validator, {"format": _check_format, **_ECMA_KEYWORDS})
-# AAIF format annotations are not assertions (Draft 2020-12 default): only the pattern semantics change.
-AAIFSchemaValidator = validators.extend(Draft202012Validator, _ECMA_KEYWORDS)
 
 
 def spec_root(spec_dir: Path | None = None) -> Path:
@@ -197,13 +133,23 @@ class SchemaSet:
     root: Path
 
     def core(self, version: str) -> dict[str, Any]:
-        return _core_schema(self.root, version)
+        return core_schema(self.root, version)
 
     def adl_validator(self, version: str, profiles: tuple[str, ...]) -> Any:
+        """The pure-Python validator that words the errors (schema_errors.iter_leaf_errors)."""
         return _adl_validator(self.root, version, profiles)
 
     def aaif_validator(self, schema_file: str) -> Any:
         return _aaif_validator(self.root, schema_file)
+
+    def adl_accepts(self, version: str, profiles: tuple[str, ...], document: dict[str, Any]) -> bool:
+        """True when the document satisfies the core and these profiles' schemas. False: it does not,
+        or the fast check cannot tell for these schemas; adl_validator then finds the errors."""
+        return _accepts(_adl_check(self.root, version, profiles), document)
+
+    def aaif_accepts(self, schema_file: str, document: dict[str, Any]) -> bool:
+        """As adl_accepts, for an AAIF document and its schema (SpecMissing when it has none)."""
+        return _accepts(_aaif_check(self.root, schema_file), document)
 
     def profile_members(self, profiles: tuple[str, ...]) -> frozenset[str]:
         """Top-level members the declared profiles add (not the core ones they also constrain)."""
@@ -211,7 +157,7 @@ class SchemaSet:
 
 
 @cache
-def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
+def profile_schema(root: Path, identifier: str) -> dict[str, Any]:
     return _read_schema(_profile_path(root, identifier))
 
 
@@ -219,38 +165,47 @@ def _profile_schema(root: Path, identifier: str) -> dict[str, Any]:
 def _profile_members(root: Path, profiles: tuple[str, ...]) -> frozenset[str]:
     names: set[str] = set()
     for identifier in profiles:
-        names |= set(_profile_schema(root, identifier).get("properties", {}))
+        names |= set(profile_schema(root, identifier).get("properties", {}))
     return frozenset(names - {"profiles", "data_classification"})
 
 
 @cache
-def _core_schema(root: Path, version: str) -> dict[str, Any]:
+def core_schema(root: Path, version: str) -> dict[str, Any]:
     path = _core_path(root, version)
     if not path.is_file():
         raise SpecMissing(f"schema for ADL {version} not found at {path}")
     return _read_schema(path)
 
 
-@cache
-def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
-    core = _core_schema(root, version)
+def profile_base_uris(core_uri: str) -> tuple[str, ...]:
+    """The URIs by which profiles compose the core, other than the core's own: each names the
+    document's own core, so a 0.1 or 0.2 document with profiles is checked against its version."""
+    return tuple(uri for uri in _PROFILE_BASE_URIS if uri != core_uri)
+
+
+def _composed(root: Path, version: str, profiles: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The schema an ADL document must satisfy (the core and each profile, by reference) and the
+    resources its references name."""
+    core = core_schema(root, version)
     core_uri = core.get("$id", f"urn:adl-enforcer:core:{version}")
-    resources = [(core_uri, Resource.from_contents(core, default_specification=DRAFT202012))]
-    # Profile schemas compose the core by URI; point that URI at this document's own core
-    # so a 0.1 or 0.2 document with profiles is checked against its own version.
-    for base_uri in _PROFILE_BASE_URIS:
-        if base_uri != core_uri:
-            resources.append((base_uri, Resource.from_contents(core, default_specification=DRAFT202012)))
+    resources: list[tuple[str, Any]] = [(uri, core) for uri in (core_uri, *profile_base_uris(core_uri))]
     composed: list[dict[str, Any]] = [{"$ref": core_uri}]
     for identifier in profiles:
-        schema = _profile_schema(root, identifier)
+        schema = profile_schema(root, identifier)
         uri = schema.get("$id", f"urn:adl-enforcer:profile:{PROFILES[identifier]}")
-        resources.append((uri, Resource.from_contents(schema, default_specification=DRAFT202012)))
+        resources.append((uri, schema))
         composed.append({"$ref": uri})
-    registry: Registry = Registry().with_resources(resources)
     # Unknown top-level members are found by `unknown_members`, not unevaluatedProperties: a
     # failing subschema drops its annotations and would make every member look unknown.
-    return ADLSchemaValidator({"allOf": composed}, registry=registry)
+    return {"allOf": composed}, resources
+
+
+@cache
+def _adl_validator(root: Path, version: str, profiles: tuple[str, ...]) -> Any:
+    from .schema_errors import adl_validator
+
+    schema, resources = _composed(root, version, profiles)
+    return adl_validator(schema, resources)
 
 
 def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...], document: dict[str, Any]) -> list[str]:
@@ -262,23 +217,163 @@ def unknown_members(schemas: SchemaSet, version: str, profiles: tuple[str, ...],
 
 @cache
 def _core_members(root: Path, version: str) -> tuple[frozenset[str], tuple[re.Pattern[str], ...]]:
-    core = _core_schema(root, version)
+    core = core_schema(root, version)
     return frozenset(core.get("properties", {})), tuple(ecma_pattern(p) for p in core.get("patternProperties", {}))
 
 
 @cache
-def _aaif_validator(root: Path, schema_file: str) -> Any:
+def _aaif_schema(root: Path, schema_file: str) -> dict[str, Any]:
     if "/" in schema_file or not schema_file.endswith(".schema.json"):
         raise SpecMissing(f"unknown AAIF schema {schema_file!r}")
     path = _aaif_path(root, schema_file)
     if not path.is_file():
         raise SpecMissing(f"AAIF schema {schema_file!r} not found at {path}")
-    return AAIFSchemaValidator(_read_schema(path))
+    return _read_schema(path)
 
 
-def iter_leaf_errors(validator: Any, instance: Any) -> Iterator[ValidationError]:
-    """Yield the most specific error of each failure (descending into oneOf/anyOf/allOf)."""
-    for error in validator.iter_errors(instance):
-        while error.context:
-            error = best_match(error.context)
-        yield error
+@cache
+def _aaif_validator(root: Path, schema_file: str) -> Any:
+    from .schema_errors import aaif_validator
+
+    return aaif_validator(_aaif_schema(root, schema_file))
+
+
+# ---- the fast check ----------------------------------------------------------------------------
+#
+# jsonschema_rs and the pure-Python validators (with schema_errors' ECMA-262 keywords) must accept
+# the same documents, or a document the wording validator would refuse could pass. They are known
+# to agree on the keywords below, on formats (only date-time and uri are asserted, by the same
+# functions, and only for ADL), and on patterns written in _PORTABLE_PATTERN's subset: literals,
+# classes, groups, alternation, quantifiers, anchors and \d, where both read `\d` as ASCII digits
+# and `$` as the end of the input. `.`, `\s`, `\w`, `\b` and the like differ between the two (line
+# terminators, Unicode whitespace) and so do keywords such as multipleOf: a schema using one is
+# not given the fast check.
+
+_SUBSCHEMA = {"additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames"}
+_SUBSCHEMA_MAP = {"properties", "patternProperties", "$defs", "definitions"}
+_SUBSCHEMA_LIST = {"allOf", "anyOf", "oneOf"}
+_VALUES = {
+    "$id", "$ref", "$comment", "title", "description", "default", "examples", "deprecated",
+    "type", "enum", "const", "required", "format", "pattern",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minLength", "maxLength", "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
+}  # fmt: skip
+# Keywords of some draft or vocabulary that the two may not read alike: a schema using one is not
+# given the fast check. Any other unknown member is an annotation to both.
+_OTHER_KEYWORDS = {
+    "id", "dependencies", "dependentRequired", "dependentSchemas", "prefixItems", "additionalItems",
+    "unevaluatedItems", "unevaluatedProperties", "minContains", "maxContains", "multipleOf", "divisibleBy",
+    "contentEncoding", "contentMediaType", "contentSchema", "extends", "disallow", "optional", "requires",
+}  # fmt: skip
+_ESCAPE = r"\\[dDtnrf^$\\.*+?()\[\]{}|/-]"
+_CLASS = rf"\[\^?(?:{_ESCAPE}|[^\\\[\]])+\]"
+_ATOM = rf"(?:{_ESCAPE}|{_CLASS}|\(\?:|\((?!\?)|[)|^$]|[^\\.\[\]{{}}()|*+?^$])"
+_QUANTIFIER = r"(?:[*+?]|\{\d+(?:,\d*)?\})\??"
+_PORTABLE_PATTERN = re.compile(rf"(?:{_ATOM}(?:{_QUANTIFIER})?)*", re.ASCII)
+
+
+def _portable_pattern(pattern: Any) -> bool:
+    if not isinstance(pattern, str) or _PORTABLE_PATTERN.fullmatch(pattern) is None:
+        return False
+    try:
+        ecma_pattern(pattern)  # the wording validator must be able to use it too
+    except re.error:
+        return False
+    return True
+
+
+def _portable(schema: Any) -> bool:
+    """Whether every keyword and pattern of `schema` (iteratively: schemas may be deep) is one the two
+    validators agree on."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bool):
+            continue
+        if not isinstance(node, dict):
+            return False
+        for keyword, value in node.items():
+            if keyword in _SUBSCHEMA:
+                stack.append(value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
+                if keyword == "patternProperties" and not all(_portable_pattern(p) for p in value):
+                    return False
+                stack.extend(value.values())
+            elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
+                stack.extend(value)
+            elif not _portable_value(keyword, value):
+                return False
+    return True
+
+
+def _portable_value(keyword: str, value: Any) -> bool:
+    if keyword == "pattern":
+        return _portable_pattern(value)
+    return keyword in _VALUES or not (keyword in _OTHER_KEYWORDS or keyword.startswith("$"))
+
+
+def _formats(schemas: list[Any], asserted: bool) -> dict[str, Any]:
+    """Format checks for jsonschema_rs: ADL asserts date-time and uri with the functions the
+    wording validator uses; every other format (and every format of AAIF) is an annotation."""
+    names: set[str] = set()
+    stack = list(schemas)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("format"), str):
+                names.add(node["format"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    checks: dict[str, Any] = {name: _annotation for name in names}
+    if asserted:
+        checks["date-time"] = _is_timestamp
+        checks["uri"] = is_uri
+    return checks
+
+
+def _annotation(value: str) -> bool:
+    return True
+
+
+def _is_timestamp(value: str) -> bool:
+    return parse_timestamp(value) is not None
+
+
+def _check(schema: dict[str, Any], resources: list[tuple[str, Any]], asserted: bool) -> Any | None:
+    import jsonschema_rs
+
+    everything = [schema, *(contents for _, contents in resources)]
+    if not all(_portable(each) for each in everything):
+        return None
+    try:
+        return jsonschema_rs.Draft202012Validator(
+            schema,
+            registry=jsonschema_rs.Registry(resources) if resources else None,
+            formats=_formats(everything, asserted),
+            validate_formats=True,
+            offline=True,
+        )
+    except (jsonschema_rs.ReferencingError, jsonschema_rs.ValidationError, ValueError):
+        return None  # a schema jsonschema_rs cannot build: the wording validator decides alone
+
+
+@cache
+def _adl_check(root: Path, version: str, profiles: tuple[str, ...]) -> Any | None:
+    schema, resources = _composed(root, version, profiles)
+    return _check(schema, resources, asserted=True)
+
+
+@cache
+def _aaif_check(root: Path, schema_file: str) -> Any | None:
+    return _check(_aaif_schema(root, schema_file), [], asserted=False)
+
+
+def _accepts(check: Any | None, document: dict[str, Any]) -> bool:
+    # Integers beyond ±(2^53-1) may be compared as floats by one validator and exactly by the other.
+    if check is None or unsafe_integers(document):
+        return False
+    try:
+        return bool(check.is_valid(document))
+    except Exception:  # a value jsonschema_rs cannot take: the wording validator decides
+        return False

@@ -1,0 +1,159 @@
+"""The fast schema check (jsonschema_rs) never accepts a document the pure-Python validator, which
+words the errors, refuses: over every published and packaged example and fixture, and over seeded
+random mutations of them, with the package's schemas and the published ones."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.policy.jsonvalues import unsafe_integers
+from enforcer.policy.loader import parse_document
+from enforcer.policy.schema_errors import iter_leaf_errors
+from enforcer.policy.specs import PACKAGED_SCHEMAS, PROFILES, SchemaSet, _portable_pattern, supported_schema_version
+from tests.helpers.documents import EXAMPLES, SHARED_SPEC, base_adl, json_paths, set_at
+
+# Values a mutation puts in place of another: each JSON type, strings that only one regex dialect
+# or format parser might take, integers at the edges of exact float comparison.
+ODD_VALUES: list[Any] = [
+    None, True, False, 0, -1, 1.0, 0.5, 2**53, 2**64, -(2**63) - 1, "", "x", "1.0.0\n", "١.٠.٠", "1.0.0",
+    "read_file", "read_file\n", "a b", "\u00a0", "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z\n",
+    "2026-13-01T00:00:00Z", "2026-01-01", "https://example.com/x", "http://exa mple.com", "urn:adl:agent:a:b:1.0.0",
+    "%zz", "x_acme", "x_acme\n", "com.acme", "com.acme\n", "EU", "internal", "restricted", [], [1, 1.0],
+    ["a", "a"], [{"a": 1}, {"a": 1.0}], [{"a": 1}, {"a": True}], {}, {"x_acme": 1}, {"name": "t"},
+]  # fmt: skip
+ODD_KEYS = ["x_acme", "x_acme\n", "x-acme", "unknown", "com.acme", "com.acme\n", "", "\u00e9"]
+
+
+def _documents(kind: str) -> list[dict[str, Any]]:
+    roots = [EXAMPLES, SHARED_SPEC] if SHARED_SPEC.is_dir() else [EXAMPLES]
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix not in (".json", ".yaml", ".yml") or not path.is_file() or "schema" in path.name:
+                continue
+            parsed = parse_document(path.read_bytes()[:1_000_000], path.name)
+            if parsed.ok and parsed.kind == kind:
+                found.append(parsed.document)
+    return found
+
+
+def _mutate(document: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    doc = copy.deepcopy(document)
+    for _ in range(rng.randint(1, 3)):
+        paths = list(json_paths(doc))
+        roll = rng.random()
+        if not paths or roll < 0.15:
+            containers = [()] + [p for p in paths if isinstance(_get(doc, p), dict)]
+            _get(doc, rng.choice(containers))[rng.choice(ODD_KEYS)] = copy.deepcopy(rng.choice(ODD_VALUES))
+            continue
+        path = rng.choice(paths)
+        if roll < 0.3:
+            parent = _get(doc, path[:-1])
+            del parent[path[-1]]
+        elif roll < 0.4 and isinstance(_get(doc, path), list) and _get(doc, path):
+            items = _get(doc, path)
+            items.append(copy.deepcopy(rng.choice(items)))
+        elif roll < 0.55 and isinstance(_get(doc, path), str):
+            set_at(doc, path, _get(doc, path) + rng.choice(["\n", " ", "\u0663", "$", "-"]))
+        else:
+            set_at(doc, path, copy.deepcopy(rng.choice(ODD_VALUES)))
+    return doc
+
+
+def _get(doc: Any, path: tuple) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+def _roots() -> list[Path]:
+    return [PACKAGED_SCHEMAS, SHARED_SPEC] if SHARED_SPEC.is_dir() else [PACKAGED_SCHEMAS]
+
+
+def _adl_agrees(schemas: SchemaSet, document: dict[str, Any]) -> tuple[bool, bool]:
+    version = supported_schema_version(document.get("adl_spec")) or "0.3.0"
+    profiles = tuple(p for p in document.get("profiles", []) if isinstance(p, str) and p in PROFILES) if isinstance(
+        document.get("profiles"), list
+    ) else ()
+    fast = schemas.adl_accepts(version, profiles, document)
+    exact = not any(True for _ in iter_leaf_errors(schemas.adl_validator(version, profiles), document))
+    return fast, exact
+
+
+def _aaif_agrees(schemas: SchemaSet, document: dict[str, Any]) -> tuple[bool, bool]:
+    fast = schemas.aaif_accepts("agent.schema.json", document)
+    exact = not any(True for _ in iter_leaf_errors(schemas.aaif_validator("agent.schema.json"), document))
+    return fast, exact
+
+
+@pytest.mark.parametrize("root", _roots(), ids=lambda r: r.name)
+def test_the_fast_check_is_built_for_the_shipped_and_published_schemas(root: Path) -> None:
+    schemas = SchemaSet(root)
+    from enforcer.policy.specs import _aaif_check, _adl_check
+
+    for version in ("0.1.0", "0.2.0", "0.3.0"):
+        assert _adl_check(root, version, ()) is not None
+        assert _adl_check(root, version, tuple(PROFILES)) is not None
+    assert _aaif_check(root, "agent.schema.json") is not None
+    assert schemas.adl_accepts("0.3.0", (), base_adl())
+
+
+@pytest.mark.parametrize("root", _roots(), ids=lambda r: r.name)
+@pytest.mark.parametrize("kind", ["adl", "aaif"])
+def test_the_fast_check_accepts_only_what_the_exact_validator_accepts(root: Path, kind: str) -> None:
+    schemas = SchemaSet(root)
+    agrees = _adl_agrees if kind == "adl" else _aaif_agrees
+    originals = _documents(kind) + ([base_adl()] if kind == "adl" else [])
+    assert len(originals) >= (20 if kind == "adl" else 3), len(originals)
+    rng = random.Random(f"{root.name}:{kind}")
+    cases = originals + [_mutate(rng.choice(originals), rng) for _ in range(400)]
+    tally = {"accepted": 0, "refused": 0}
+    for document in cases:
+        fast, exact = agrees(schemas, document)
+        assert not fast or exact, json.dumps(document, default=str)[:2000]
+        # A document the fast check refuses is worded by the exact one: agreeing there too keeps
+        # that slower path for documents that fail (and those with integers beyond 2^53, by design).
+        if not unsafe_integers(document):
+            assert fast == exact, ("the fast check refused a valid document", json.dumps(document, default=str)[:2000])
+        tally["accepted" if fast else "refused"] += 1
+    assert tally["accepted"] >= 10 and tally["refused"] >= 100, tally
+
+
+@pytest.mark.parametrize(
+    "pattern,portable",
+    [
+        (r"^\d+\.\d+\.\d+$", True),
+        (r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$", True),
+        (r"^(?:x|y)-[a-z]{2,8}$", True),
+        (r"^a.b$", False),  # `.`: ECMA-262 excludes \r and U+2028/9, Python only \n
+        (r"^\s*$", False),  # Unicode whitespace in ECMA-262, ASCII with re.ASCII
+        (r"^\w+$", False),
+        (r"\bword", False),
+        (r"(?=a)a", False),
+        (r"(?P<n>a)", False),
+        (r"a{", False),
+        (r"(a", False),
+        (r"\u0041", False),
+    ],
+)
+def test_patterns_outside_the_shared_subset_are_not_given_the_fast_check(pattern: str, portable: bool) -> None:
+    assert _portable_pattern(pattern) is portable
+
+
+def test_a_schema_with_a_keyword_read_differently_is_validated_exactly(tmp_path: Path) -> None:
+    # multipleOf: jsonschema divides floats, jsonschema_rs does not; 0.3 is no multiple of 0.1 to it.
+    (tmp_path / "adl").mkdir()
+    (tmp_path / "aaif").mkdir()
+    core = json.loads((PACKAGED_SCHEMAS / "adl" / "core-0.3.0.json").read_text())
+    core["properties"]["cost"] = {"type": "number", "multipleOf": 0.1}
+    (tmp_path / "adl" / "core-0.3.0.json").write_text(json.dumps(core))
+    schemas = SchemaSet(tmp_path)
+    document = base_adl(cost=0.3)
+    assert not schemas.adl_accepts("0.3.0", (), document)
+    assert any(e.validator == "multipleOf" for e in iter_leaf_errors(schemas.adl_validator("0.3.0", ()), document))
