@@ -65,6 +65,11 @@ def document_from_bytes(data: bytes, name: str, expect: str | None = None) -> di
     return parsed.document
 
 
+def yaml_name(name: str) -> bool:
+    """Whether the loader reads a file of this name as YAML whatever its content."""
+    return name.lower().endswith((".yaml", ".yml"))
+
+
 def load_regions(path: str | os.PathLike[str] | None) -> RegionMap:
     if path is None:
         if not DEFAULT_REGIONS.is_file():
@@ -74,7 +79,12 @@ def load_regions(path: str | os.PathLike[str] | None) -> RegionMap:
 
 
 def regions_from_bytes(data: bytes, name: str) -> RegionMap:
-    document = document_from_bytes(data, name)
+    from .data import parsed
+
+    # The packaged region map needs no YAML parser: the table holds what the loader parses it to.
+    found, document = parsed.lookup("yaml-document", data) if yaml_name(name) else (False, None)
+    if not found:
+        document = document_from_bytes(data, name)
     try:
         return RegionMap.from_data(document)
     except RegionMapError as exc:

@@ -51,7 +51,7 @@ MAX_ENTRIES = 256
 _PACKAGE = Path(__file__).resolve().parent
 # The code a compiled policy depends on; the libraries that validate documents are in the key by
 # their installed files, so an upgrade misses too.
-_CODE = ("policy", "documents.py", "policy_cache.py", "sandbox/plan.py", "version.py")
+_CODE = ("policy", "documents.py", "policy_cache.py", "sandbox/plan.py", "version.py", "data/parsed.json")
 _LIBRARIES = ("jsonschema", "jsonschema_rs", "referencing", "rfc8785", "idna", "ruamel")
 
 
@@ -237,6 +237,43 @@ def _compile(
         min((b for b in boundaries if b > moment), default=float("inf")),
     )
     return policy, baseline, valid
+
+
+def parsed_table() -> dict[str, dict[str, dict[str, Any]]]:
+    """What enforcer/data/parsed.json must hold (see enforcer.data.parsed): each packaged YAML file
+    as its reader parses it, by the SHA-256 of its bytes. Raises ValueError for a value JSON would
+    not carry unchanged."""
+
+    from .documents import document_from_bytes
+    from .sandbox.plan import parse_baseline
+
+    readers = {
+        "yaml-document": (data.REGIONS, lambda raw, name: document_from_bytes(raw, name)),
+        "baseline": (data.RUNTIME_BASELINE, lambda raw, name: parse_baseline(raw)),
+    }
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for reader, (path, parse) in readers.items():
+        raw = path.read_bytes()
+        value = parse(raw, path.name)
+        if not _plain_json(value):
+            raise ValueError(f"{path} does not parse to plain JSON values")
+        table[reader] = {hashlib.sha256(raw).hexdigest(): {"file": path.name, "value": value}}
+    return table
+
+
+def _plain_json(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            if not all(type(key) is str for key in item):
+                return False
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) not in (str, int, float, bool, type(None)) or item != item:
+            return False  # a tuple, a timestamp, a parser's own scalar type, NaN
+    return True
 
 
 # ---- entries on disk ---------------------------------------------------------------------------

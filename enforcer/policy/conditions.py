@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-import jmespath
-import json_logic
-from json_logic.builtins import BUILTINS
-from jsonpath_ng.exceptions import JsonPathParserError
-from jsonpath_ng.ext import parse as jsonpath_parse
-
+# Each language's library is imported by the first condition in it: most documents have none.
 SUPPORTED_LANGUAGES = frozenset({"always", "never", "jsonpath", "jmespath", "jsonlogic"})
-_JSONLOGIC_OPS = {k: v for k, v in BUILTINS.items() if k != "log"}
+
+
+@cache
+def _jsonlogic_operations() -> dict[str, Any]:
+    from json_logic.builtins import BUILTINS
+
+    return {k: v for k, v in BUILTINS.items() if k != "log"}
 
 
 class UnsupportedCondition(ValueError):
@@ -59,14 +61,18 @@ def compile_condition(condition: Any) -> CompiledCondition:
     if lang == "jsonpath":
         if not isinstance(expr, str):
             raise UnsupportedCondition("jsonpath expr must be a string")
+        from jsonpath_ng.ext import parse as jsonpath_parse
+
         try:
             compiled = jsonpath_parse(expr)
-        except (JsonPathParserError, Exception) as exc:
+        except Exception as exc:  # jsonpath-ng raises JsonPathParserError and, for some input, others
             raise UnsupportedCondition(f"jsonpath {expr!r} does not parse: {exc}") from exc
         return CompiledCondition(lang, condition, lambda ctx: any(_truthy(m.value) for m in compiled.find(ctx)))
     if lang == "jmespath":
         if not isinstance(expr, str):
             raise UnsupportedCondition("jmespath expr must be a string")
+        import jmespath
+
         try:
             jm = jmespath.compile(expr)
         except jmespath.exceptions.JMESPathError as exc:
@@ -75,5 +81,8 @@ def compile_condition(condition: Any) -> CompiledCondition:
     if lang == "jsonlogic":
         if not isinstance(expr, dict | bool):
             raise UnsupportedCondition("jsonlogic expr must be a rule object")
-        return CompiledCondition(lang, condition, lambda ctx: _truthy(json_logic.jsonLogic(expr, ctx, _JSONLOGIC_OPS)))
+        import json_logic
+
+        operations = _jsonlogic_operations()
+        return CompiledCondition(lang, condition, lambda ctx: _truthy(json_logic.jsonLogic(expr, ctx, operations)))
     raise UnsupportedCondition(f"condition language {lang!r} is not evaluated by this enforcer")

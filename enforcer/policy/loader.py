@@ -9,13 +9,13 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from ruamel.yaml import YAML
-from ruamel.yaml.constructor import SafeConstructor
-from ruamel.yaml.error import YAMLError
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import Finding, pointer
+
+if TYPE_CHECKING:  # ruamel is slow to import: JSON documents never load it
+    from ruamel.yaml import YAML
 
 MAX_DOCUMENT_BYTES = 1_000_000
 MAX_DEPTH = 32
@@ -38,19 +38,38 @@ class Parsed:
         return not any(f.severity == "error" for f in self.findings)
 
 
-class _StringTimestampConstructor(SafeConstructor):
-    """YAML 1.2 core schema has no timestamp type: unquoted dates must stay strings."""
+@cache
+def _string_timestamp_constructor() -> type:
+    from ruamel.yaml.constructor import SafeConstructor
 
+    class StringTimestampConstructor(SafeConstructor):
+        """YAML 1.2 core schema has no timestamp type: unquoted dates must stay strings."""
 
-_StringTimestampConstructor.add_constructor("tag:yaml.org,2002:timestamp", SafeConstructor.construct_yaml_str)
+    StringTimestampConstructor.add_constructor("tag:yaml.org,2002:timestamp", SafeConstructor.construct_yaml_str)
+    return StringTimestampConstructor
 
 
 def _yaml_loader() -> YAML:
+    from ruamel.yaml import YAML
+
     yaml = YAML(typ="safe", pure=True)
     yaml.version = (1, 2)
-    yaml.Constructor = _StringTimestampConstructor
+    yaml.Constructor = _string_timestamp_constructor()
     yaml.allow_duplicate_keys = False
     return yaml
+
+
+class _YAMLInvalid(ValueError):
+    pass
+
+
+def _load_yaml(text: str) -> Any:
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        return _yaml_loader().load(io.StringIO(text))
+    except YAMLError as exc:
+        raise _YAMLInvalid(str(exc)) from exc
 
 
 class _DuplicateKey(ValueError):
@@ -93,14 +112,14 @@ def parse_document(data: bytes, filename: str | None = None) -> Parsed:
         text = text[1:]
     try:
         if _looks_like_yaml(filename, text):
-            document = _yaml_loader().load(io.StringIO(text))
+            document = _load_yaml(text)
         else:
             document = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except RecursionError:
         return _fail("ENF-1002", f"document is nested deeper than {MAX_DEPTH} levels")
     except json.JSONDecodeError as exc:
         return _fail("ADL-1001", f"{exc.msg} at line {exc.lineno}, column {exc.colno}")
-    except (YAMLError, _DuplicateKey, ValueError) as exc:
+    except (_YAMLInvalid, _DuplicateKey, ValueError) as exc:
         return _fail("ADL-1001", " ".join(str(exc).split())[:500])
     if not isinstance(document, dict):
         return _fail("ADL-1002", f"top-level value is {_json_type(document)}, not an object")

@@ -15,8 +15,8 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from .ecma import ecma_pattern
 from .formats import is_uri, parse_timestamp
-from .specs import ecma_pattern
 
 
 def _check_format(validator: Any, fmt: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:

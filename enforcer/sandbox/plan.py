@@ -55,10 +55,13 @@ class Baseline:
 
 
 def load_baseline(path: Path) -> Baseline:
-    from ruamel.yaml import YAML  # only when the baseline is not in the policy cache
+    from ..data import parsed
 
     raw = path.read_bytes()
-    data: Any = YAML(typ="safe").load(raw) or {}
+    found, data = parsed.lookup("baseline", raw)  # the packaged baseline needs no YAML parser
+    if not found:
+        data = parse_baseline(raw)
+    data = data or {}
 
     def paths(key: str) -> tuple[str, ...]:
         value = data.get(key) or []
@@ -78,6 +81,12 @@ def load_baseline(path: Path) -> Baseline:
         library=_expand(paths("library")),
         library_trees=_expand(paths("library_trees")),
     )
+
+
+def parse_baseline(raw: bytes) -> Any:
+    from ruamel.yaml import YAML  # only for a baseline neither cached nor packaged
+
+    return YAML(typ="safe").load(raw)
 
 
 def _expand(patterns: tuple[str, ...]) -> tuple[str, ...]:
