@@ -2,8 +2,10 @@
 
 Each round runs, in a rotated order: `python -c pass`; adl-exec from OTHER_TREE (PYTHONPATH, e.g. an
 unpacked `git archive` of an earlier commit); adl-exec from this tree with its compiled-policy cache
-warm; and with the cache off. Prints median ms and the median (range) of the per-round ratios to
-`python -c pass` and to the other tree. Bytecode caching stays on, as for an installed package.
+warm; and with the cache off; and OTHER_TREE's with the cache off. Prints median ms and the median
+(range) of the per-round ratios to `python -c pass` and to the other tree, this tree's cache-off
+runs against the other tree's, and per tree what a cache miss adds to a run (off minus warm).
+Bytecode caching stays on, as for an installed package.
 
 Run (as root): .venv/bin/python bench/launch_ab.py OTHER_TREE POLICY.adl.json [ROUNDS]
 """
@@ -45,6 +47,7 @@ def main() -> None:
             "other tree": (adl_exec, {**env, "PYTHONPATH": other, "ADL_ENFORCER_CACHE_DIR": f"{tmp}/cache-other"}),
             "this tree, cache warm": (adl_exec, env),
             "this tree, cache off": (adl_exec, {**env, "ADL_ENFORCER_CACHE_DIR": "off"}),
+            "other tree, cache off": (adl_exec, {**env, "PYTHONPATH": other, "ADL_ENFORCER_CACHE_DIR": "off"}),
         }
         # `python -m` puts the working directory first on sys.path: run from the temporary
         # directory, or a run from inside this tree would import this tree as the other one.
@@ -63,6 +66,11 @@ def main() -> None:
         per_round = [a / b for a, b in zip(samples[name], samples[base], strict=True)]
         return f"{statistics.median(per_round):5.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
 
+    def added(name: str, base: str) -> str:
+        per_round = [a - b for a, b in zip(samples[name], samples[base], strict=True)]
+        quartiles = statistics.quantiles(per_round, n=4)
+        return f"{statistics.median(per_round):.1f} ms (quartiles {quartiles[0]:.1f}, {quartiles[2]:.1f})"
+
     print(f"adl-exec -- /bin/true, {rounds} interleaved rounds: median ms; per-round ratios median (range)")
     for name in names:
         print(
@@ -70,6 +78,12 @@ def main() -> None:
             f"{ratio(name, 'python -c pass')}"
             f"   vs other tree {ratio(name, 'other tree')}"
         )
+    print(f"  cache off, this tree vs other tree {ratio('this tree, cache off', 'other tree, cache off')}")
+    print(
+        "  what a miss adds (cache off minus warm, per round): "
+        f"this tree {added('this tree, cache off', 'this tree, cache warm')}, "
+        f"other tree {added('other tree, cache off', 'other tree')}"
+    )
 
 
 if __name__ == "__main__":
