@@ -81,6 +81,7 @@ def test_sdist_and_wheel_carry_what_the_commands_read(dist: Path) -> None:
         "enforcer/data/schemas/aaif/agent.schema.json",
         "enforcer/data/policies/runtime-baseline.yaml",
         "enforcer/data/policies/regions.yaml",
+        "enforcer/data/parsed.json",
         "enforcer/data/policies/examples/coding-agent.adl.json",
         "enforcer/data/systemd/adl-enforcerd.service",
     ):
