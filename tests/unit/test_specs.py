@@ -70,3 +70,35 @@ def test_adl_0_1_permissions_hold_a_domain(schemas: SchemaSet) -> None:
         codes = _codes(schemas, base_adl(adl_spec="0.1.0", permissions=permissions))
         assert any(pointer == "/permissions" for _, pointer in codes), (permissions, codes)
     assert _codes(schemas, base_adl(adl_spec="0.1.0", permissions={"network": {"allowed_hosts": ["a.example"]}})) == []
+
+
+def test_a_valid_document_compiles_without_the_wording_validator_or_condition_libraries() -> None:
+    import json
+    import subprocess
+    import sys
+
+    probe = """
+import json, sys
+from datetime import UTC, datetime
+from enforcer.documents import compile_documents
+from enforcer.policy.errors import DocumentRejected
+from tests.helpers.documents import base_adl
+
+compile_documents(base_adl(tools=[{"name": "read_file", "description": "reads"}]), None, None, datetime.now(UTC))
+loaded = sorted(sys.modules)
+try:
+    compile_documents(base_adl(version="1.0.0\\\\n"), None, None, datetime.now(UTC))
+except DocumentRejected as exc:
+    codes = [(f.code, f.pointer) for f in exc.findings]
+print(json.dumps({"loaded": loaded, "codes": codes, "after": sorted(sys.modules)}))
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root)
+    result = json.loads(out.stdout)
+    heavy = {"jsonschema", "referencing", "enforcer.policy.schema_errors", "ruamel.yaml"}
+    heavy |= {"jmespath", "json_logic", "jsonpath_ng"}
+    assert not heavy & set(result["loaded"]), heavy & set(result["loaded"])
+    assert "jsonschema_rs" in result["loaded"]
+    # A refused document is worded by the pure-Python validator, with the usual code and pointer.
+    assert ["ADL-1006", "/version"] in result["codes"], result["codes"]
+    assert {"jsonschema", "enforcer.policy.schema_errors"} <= set(result["after"])
