@@ -330,6 +330,8 @@ def _check(schema: dict[str, Any], resources: list[tuple[str, Any]], asserted: b
             registry=jsonschema_rs.Registry(resources) if resources else None,
             formats=_formats(everything, asserted),
             validate_formats=True,
+            # The portable subset needs no backtracking: the linear-time engine has no limit to hit.
+            pattern_options=jsonschema_rs.RegexOptions(),
             offline=True,
         )
     except (jsonschema_rs.ReferencingError, jsonschema_rs.ValidationError, ValueError):
