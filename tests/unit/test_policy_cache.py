@@ -253,3 +253,23 @@ def test_an_entry_is_used_only_between_the_time_boundaries_around_its_compile(fi
     assert near.status == "miss" and near.policy.lifecycle.verdict == "warn"
     with pytest.raises(DocumentRejected):
         load(files, sunset + timedelta(seconds=1))  # past the sunset while active: refused
+
+
+def test_a_changed_parsed_yaml_table_changes_the_code_fingerprint(tmp_path, monkeypatch):
+    # The table stands in for parsing the packaged region map and baseline: entries compiled with
+    # another table must miss.
+    package = tmp_path / "enforcer"
+    for part in policy_cache._CODE:
+        source = policy_cache._PACKAGE / part
+        if source.is_dir():
+            shutil.copytree(source, package / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (package / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, package / part)
+    shutil.copytree(policy_cache._PACKAGE / "data" / "schemas", package / "data" / "schemas")
+    monkeypatch.setattr(policy_cache, "_PACKAGE", package)
+    before = policy_cache.code_fingerprint(None)
+    assert policy_cache.code_fingerprint(None) == before
+    table = package / "data" / "parsed.json"
+    table.write_text(table.read_text().replace('"file"', '"file" ', 1))
+    assert policy_cache.code_fingerprint(None) != before
