@@ -272,20 +272,31 @@ def _portable(schema: Any) -> bool:
         for keyword, value in node.items():
             if keyword in _SUBSCHEMA:
                 stack.append(value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
+            elif keyword in _SUBSCHEMA_MAP:
+                if not isinstance(value, dict):
+                    return False
                 if keyword == "patternProperties" and not all(_portable_pattern(p) for p in value):
                     return False
                 stack.extend(value.values())
-            elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
+            elif keyword in _SUBSCHEMA_LIST:
+                if not isinstance(value, list):
+                    return False
                 stack.extend(value)
             elif not _portable_value(keyword, value):
                 return False
     return True
 
 
+# A reference names a whole resource (all of which are looked at) or an entry of $defs (looked at
+# with the schema holding it); one pointing anywhere else could reach a part no walk looked at.
+_PORTABLE_REF = re.compile(r"[^#]*#?|#/(?:\$defs|definitions)/[A-Za-z0-9_.-]+", re.ASCII)
+
+
 def _portable_value(keyword: str, value: Any) -> bool:
     if keyword == "pattern":
         return _portable_pattern(value)
+    if keyword == "$ref":
+        return isinstance(value, str) and _PORTABLE_REF.fullmatch(value) is not None
     return keyword in _VALUES or not (keyword in _OTHER_KEYWORDS or keyword.startswith("$"))
 
 

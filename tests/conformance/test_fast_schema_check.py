@@ -157,3 +157,27 @@ def test_a_schema_with_a_keyword_read_differently_is_validated_exactly(tmp_path:
     document = base_adl(cost=0.3)
     assert not schemas.adl_accepts("0.3.0", (), document)
     assert any(e.validator == "multipleOf" for e in iter_leaf_errors(schemas.adl_validator("0.3.0", ()), document))
+
+
+@pytest.mark.parametrize(
+    "schema,portable",
+    [
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "string", "pattern": "^[a-z]+$"}}}, True),
+        ({"$ref": "urn:example:core"}, True),
+        ({"properties": {"id": {"type": "string"}}, "required": ["id"], "comment": "an annotation"}, True),
+        # A pointer into a part no walk looks at as a schema (here a default holding multipleOf).
+        ({"$ref": "#/properties/a/default", "properties": {"a": {"default": {"multipleOf": 0.1}}}}, False),
+        ({"$ref": "#anchor"}, False),
+        ({"$dynamicRef": "#meta"}, False),
+        ({"$defs": {"a": {"multipleOf": 0.1}}}, False),
+        ({"properties": [{"type": "string"}]}, False),
+        ({"allOf": {"type": "string"}}, False),
+        ({"items": [{"type": "string"}]}, False),
+        ({"patternProperties": {"^a.$": {}}}, False),
+        ({"dependencies": {"a": ["b"]}}, False),
+    ],
+)
+def test_schemas_outside_the_shared_subset_are_not_given_the_fast_check(schema: dict, portable: bool) -> None:
+    from enforcer.policy.specs import _portable
+
+    assert _portable(schema) is portable
