@@ -78,9 +78,11 @@ def _roots() -> list[Path]:
 
 def _adl_agrees(schemas: SchemaSet, document: dict[str, Any]) -> tuple[bool, bool]:
     version = supported_schema_version(document.get("adl_spec")) or "0.3.0"
-    profiles = tuple(p for p in document.get("profiles", []) if isinstance(p, str) and p in PROFILES) if isinstance(
-        document.get("profiles"), list
-    ) else ()
+    profiles = (
+        tuple(p for p in document.get("profiles", []) if isinstance(p, str) and p in PROFILES)
+        if isinstance(document.get("profiles"), list)
+        else ()
+    )
     fast = schemas.adl_accepts(version, profiles, document)
     exact = not any(True for _ in iter_leaf_errors(schemas.adl_validator(version, profiles), document))
     return fast, exact
@@ -181,3 +183,40 @@ def test_schemas_outside_the_shared_subset_are_not_given_the_fast_check(schema: 
     from enforcer.policy.specs import _portable
 
     assert _portable(schema) is portable
+
+
+def _schema_patterns(root: Path) -> set[str]:
+    found: set[str] = set()
+    stack: list[Any] = [
+        json.loads(p.read_text())
+        for p in root.rglob("*.json")
+        if "schema" in p.name or p.parent.name in ("adl", "aaif")
+    ]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found.add(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                found |= set(node["patternProperties"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return {p for p in found if _portable_pattern(p)}
+
+
+def test_portable_patterns_match_alike_in_both_engines() -> None:
+    import jsonschema_rs
+
+    from enforcer.policy.ecma import ecma_pattern
+
+    patterns = _schema_patterns(PACKAGED_SCHEMAS) | {r"^[\d.-]+$", r"^(?:ab|c)+\D$", r"^[^a-z]{1,2}$"}
+    assert len(patterns) >= 8, patterns
+    alphabet = ["a", "z", "A", "_", "-", ".", "0", "9", "\u0663", "\n", "\r", "\u2028", " ", "\u00a0", "x", "\u00e9",
+                "\U0001f600", "$", "^", "b", "c", "com", "x_", "1.0.0", "on_", "aaif-"]  # fmt: skip
+    rng = random.Random("patterns")
+    for pattern in sorted(patterns):
+        check = jsonschema_rs.Draft202012Validator({"pattern": pattern}, pattern_options=jsonschema_rs.RegexOptions())
+        for _ in range(300):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+            assert check.is_valid(text) == bool(ecma_pattern(pattern).search(text)), (pattern, text)
