@@ -1,23 +1,26 @@
 """adl-exec: run a command as an agent under kernel-enforced ADL permissions.
 
-This module stays light: an embedded launch forks its stage and guardian (enforcer/sandbox/stage.py)
-before the policy code is imported, so the launch path never forks a process of tens of megabytes.
+This module stays light: a well-formed `--daemon` launch is read without argparse
+(enforcer/cli/daemon_args.py) and imports only its client; an embedded launch forks its stage and
+guardian (enforcer/sandbox/stage.py) before the policy code is imported, so the launch path never
+forks a process of tens of megabytes.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
 
-from .. import data
-from ..sandbox import DOMAINS
-from ..settings import launch as launch_settings
-from ..version import version_action
-from .exec_common import DEFAULT_BASELINE, EXIT_REFUSED
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
 
-EPILOG = f"""\
+
+def epilog() -> str:
+    from ..sandbox import DOMAINS
+    from .exec_common import EXIT_REFUSED
+
+    return f"""\
 Every layer is enforced by the kernel: Landlock (files, executables), a private mount namespace
 (denied files masked), an empty network namespace, its own PID and IPC namespaces and /proc, seccomp,
 cgroups (memory, CPU, pids, wall clock), no capabilities, never host root (--user, else the sudo
@@ -39,6 +42,7 @@ examples:
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
 Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see docs/adl-exec.md).
+--daemon launches start fastest: the daemon holds the compiled policy (see docs/adl-exec.md).
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
@@ -46,11 +50,18 @@ kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+    from pathlib import Path
+
+    from .. import data
+    from ..sandbox import DOMAINS
+    from ..version import version_action
+
     parser = argparse.ArgumentParser(
         prog="adl-exec",
         usage="adl-exec --adl FILE [options] -- COMMAND [ARGS...]",
         description="Launch a command as an agent under the permissions its ADL (and AAIF) documents declare.",
-        epilog=EPILOG,
+        epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action=version_action("adl-exec"))
@@ -110,13 +121,24 @@ def build_parser() -> argparse.ArgumentParser:
         "else /var/log/adl-enforcer for root, ~/.local/state/adl-enforcer/audit otherwise)",
     )
     parser.add_argument("--audit-key", type=Path, help="audit sealing key (created if missing)")
-    parser.add_argument("--baseline", type=Path, help=f"runtime baseline (default: {DEFAULT_BASELINE})")
+    parser.add_argument("--baseline", type=Path, help=f"runtime baseline (default: {data.RUNTIME_BASELINE})")
     parser.add_argument("--pids-max", type=int, default=512, help="process limit for the session (default 512)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    from .daemon_args import read
+
+    fast = read(argv, os.environ)
+    if fast is not None:
+        from .exec_daemon import fast_launch
+
+        code = fast_launch(fast, os.environ)
+        if code is not None:
+            return code
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -129,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.adl is None:
         parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
+    from ..settings import launch as launch_settings
 
     try:
         # The plain settings only: the egress filter's are validated (pydantic) when a plan needs them.

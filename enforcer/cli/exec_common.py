@@ -1,17 +1,16 @@
-"""What adl-exec's launch paths share (embedded, daemon): the refusal exit code, the default
-baseline and the --report output. Kept apart from enforcer/cli/exec.py so that neither path imports
-the entry point that imports it."""
+"""What adl-exec's launch paths share (embedded, daemon): the refusal exit code and the --report
+output. Kept apart from enforcer/cli/exec.py so that neither path imports the entry point that
+imports it; light, because `adl-exec --daemon` imports it (json only when --report needs it)."""
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any
 
-from .. import data
+TYPE_CHECKING = False  # typing's own import is a noticeable part of the daemon client's start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 EXIT_REFUSED = 125
-DEFAULT_BASELINE = data.RUNTIME_BASELINE
 
 
 def refuse(message: str) -> int:
@@ -22,6 +21,8 @@ def refuse(message: str) -> int:
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """--report: the session's typed outcome on stderr (embedded and daemon mode alike)."""
     if as_json:
+        import json
+
         print(json.dumps(report), file=sys.stderr)
         return
     extra = f", signal {report['signal']}" if report["signal"] else ""

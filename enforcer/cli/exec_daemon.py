@@ -2,19 +2,30 @@
 
 The daemon learns our uid from the kernel and receives our stdin, stdout and stderr; the agent runs
 under the policy the daemon holds (not a document we send), so a caller cannot bring its own rights.
+
+Light on purpose: a well-formed command line (enforcer/cli/daemon_args.py) comes here without
+argparse, and this module imports only what the launch needs (`_socket`, not `socket`; json only to
+read or print a report, or to write a session file whose values need escaping).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import _socket
 import os
-import socket
 import sys
 
 from ..framing import FrameError, recv_frame, send_frame
 from .exec_common import EXIT_REFUSED, print_report, refuse
 from .launch_messages import LaunchReply, decode_launch_reply, decode_session_ended, encode_launch_request
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
+
+    from .daemon_args import DaemonLaunch
+
+STDIO = (0, 1, 2)  # handed to the daemon: the agent's stdin, stdout and stderr
 
 
 def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -34,12 +45,27 @@ def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return agent
 
 
+def _json_text(value: str) -> str:
+    """value as json.dumps writes it (ensure_ascii): as is between quotes when nothing needs escaping."""
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    import json
+
+    return json.dumps(value)
+
+
+def session_file_text(reply: LaunchReply) -> str:
+    """What --session-file holds: json.dumps({"session": ..., "session_token": ...})."""
+    return f'{{"session": {_json_text(reply.session)}, "session_token": {_json_text(reply.session_token)}}}'
+
+
 def _write_session_file(fd: int, reply: LaunchReply) -> None:
     with os.fdopen(fd, "w") as f:
-        json.dump({"session": reply.session, "session_token": reply.session_token}, f)
+        f.write(session_file_text(reply))
 
 
 def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
+    """The launch as argparse read it: every check and message of adl-exec's full command line."""
     if not command:
         parser.error("give the command to run after --")
     ignored = [
@@ -71,16 +97,43 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
         accept_unenforced=list(args.accept_unenforced),
         pids_max=args.pids_max,
     )
+    return launch(address, request, args.session_file, args.report, args.json)
+
+
+def fast_launch(launch_args: DaemonLaunch, environ: Mapping[str, str]) -> int | None:
+    """The launch daemon_args.read() accepted; None, before anything is opened or sent, where the
+    request cannot be made (a string that is not valid Unicode, no working directory): adl-exec's
+    full command line then reports it as it always has."""
+    try:
+        request = encode_launch_request(
+            agent=launch_args.agent,
+            argv=launch_args.command,
+            environ=dict(environ),
+            cwd=os.getcwd(),
+            accept_unenforced=launch_args.accept_unenforced,
+            pids_max=launch_args.pids_max,
+        )
+    except (ValueError, OSError):  # UnicodeEncodeError is a ValueError
+        return None
+    return launch(launch_args.address, request, launch_args.session_file, launch_args.report, launch_args.as_json)
+
+
+def launch(
+    address: str, request: bytes, session_file: str | os.PathLike[str] | None, report: bool, as_json: bool
+) -> int:
+    """Send the request with our stdio, wait for the session's end; the command's exit code, or
+    EXIT_REFUSED."""
     session_fd = None
-    if args.session_file:  # opened before the launch: a path that cannot be written refuses it
+    if session_file:  # opened before the launch: a path that cannot be written refuses it
         try:
-            session_fd = os.open(args.session_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            session_fd = os.open(session_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            return refuse(f"--session-file {args.session_file}: {exc.strerror}")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            return refuse(f"--session-file {session_file}: {exc.strerror}")
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec, as socket.socket's
+    try:
         try:
             conn.connect(address[len("unix:") :])
-            send_frame(conn, request, [0, 1, 2])
+            send_frame(conn, request, STDIO)
             frame = recv_frame(conn)
         except (OSError, FrameError) as exc:
             return refuse(f"cannot reach adl-enforcerd at {address}: {exc}")
@@ -94,10 +147,15 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
             return refuse(reply.refusal)
         if session_fd is not None:
             _write_session_file(session_fd, reply)
+            session_fd = None
         try:
             frame = recv_frame(conn)
         except (OSError, FrameError):
             frame = None
+    finally:
+        conn.close()
+        if session_fd is not None:
+            os.close(session_fd)
     if frame is None:
         print(f"adl-exec: {reply.session}: lost contact with adl-enforcerd; the session was ended", file=sys.stderr)
         return EXIT_REFUSED
@@ -108,7 +166,12 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
         return EXIT_REFUSED
     if ended.reason == "refused":
         return refuse(ended.detail)
-    if args.report:
+    if report:
+        denials = {}
+        if ended.kernel_denials_json:
+            import json
+
+            denials = json.loads(ended.kernel_denials_json)
         print_report(
             {
                 "session": ended.session,
@@ -117,8 +180,8 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
                 "signal": ended.signal or None,
                 "duration_ms": ended.duration_ms,
                 "creations_refused": ended.creations_refused,
-                "kernel_denials": json.loads(ended.kernel_denials_json) if ended.kernel_denials_json else {},
+                "kernel_denials": denials,
             },
-            args.json,
+            as_json,
         )
     return ended.exit_code

@@ -10,33 +10,80 @@ fields are skipped, strings must be UTF-8; anything malformed raises ValueError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+TYPE_CHECKING = False  # typing's own import is a noticeable part of the client's start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 _UINT32, _UINT64 = (1 << 32) - 1, (1 << 64) - 1
 _MAX_FIELD_NUMBER = (1 << 29) - 1
 
 
-@dataclass(frozen=True)
-class LaunchReply:
-    accepted: bool = False
-    session: str = ""
-    session_token: str = ""
-    refusal: str = ""
-    policy_digest: str = ""
+class _Message:
+    """A flat, immutable message compared by value, its fields in _FIELDS in the .proto's order
+    (what a frozen dataclass gives, without the dataclasses module, which imports inspect)."""
+
+    _FIELDS: tuple[str, ...] = ()
+
+    def _set(self, **values: Any) -> None:
+        for name in self._FIELDS:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Message) and type(other) is type(self) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.fields().values()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.fields().items())})"
 
 
-@dataclass(frozen=True)
-class SessionEnded:
-    session: str = ""
-    reason: str = ""
-    exit_code: int = 0
-    signal: int = 0
-    duration_ms: int = 0
-    creations_refused: int = 0
-    detail: str = ""
-    kernel_denials_json: str = ""
+class LaunchReply(_Message):
+    _FIELDS = ("accepted", "session", "session_token", "refusal", "policy_digest")
+    accepted: bool
+    session: str
+    session_token: str
+    refusal: str
+    policy_digest: str
+
+    def __init__(
+        self, accepted: bool = False, session: str = "", session_token: str = "", refusal: str = "",
+        policy_digest: str = "",
+    ) -> None:  # fmt: skip
+        self._set(
+            accepted=accepted, session=session, session_token=session_token, refusal=refusal,
+            policy_digest=policy_digest,
+        )  # fmt: skip
+
+
+class SessionEnded(_Message):
+    _FIELDS = (
+        "session", "reason", "exit_code", "signal", "duration_ms", "creations_refused", "detail", "kernel_denials_json",
+    )  # fmt: skip
+    session: str
+    reason: str
+    exit_code: int
+    signal: int
+    duration_ms: int
+    creations_refused: int
+    detail: str
+    kernel_denials_json: str
+
+    def __init__(
+        self, session: str = "", reason: str = "", exit_code: int = 0, signal: int = 0, duration_ms: int = 0,
+        creations_refused: int = 0, detail: str = "", kernel_denials_json: str = "",
+    ) -> None:  # fmt: skip
+        self._set(
+            session=session, reason=reason, exit_code=exit_code, signal=signal, duration_ms=duration_ms,
+            creations_refused=creations_refused, detail=detail, kernel_denials_json=kernel_denials_json,
+        )  # fmt: skip
 
 
 # field number: (name, type), as in the .proto

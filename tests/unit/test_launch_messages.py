@@ -3,7 +3,6 @@ generated protobuf classes the daemon uses."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import subprocess
 import sys
@@ -65,7 +64,7 @@ def test_replies_read_as_the_generated_classes_read_them() -> None:
             policy_digest=random_text(rng),
         )
         ours = wire.decode_launch_reply(reply.SerializeToString())
-        assert dataclasses.asdict(ours) == {f: getattr(reply, f) for f in dataclasses.asdict(ours)}
+        assert ours.fields() == {f: getattr(reply, f) for f in ours.fields()}
         ended = pb.SessionEnded(
             session=random_text(rng),
             reason=rng.choice(["exit", "signal", "oom", "timeout", "pids_limit", "refused", "lost"]),
@@ -77,7 +76,7 @@ def test_replies_read_as_the_generated_classes_read_them() -> None:
             kernel_denials_json=random_text(rng),
         )
         got = wire.decode_session_ended(ended.SerializeToString())
-        assert dataclasses.asdict(got) == {f: getattr(ended, f) for f in dataclasses.asdict(got)}
+        assert got.fields() == {f: getattr(ended, f) for f in got.fields()}
 
 
 def test_defaults_unknown_fields_and_repeats_follow_proto3() -> None:

@@ -1,0 +1,106 @@
+"""The daemon launch client alone: `adl-exec --daemon` against a tiny launch socket that answers as
+adl-enforcerd does (LaunchReply accepted, then SessionEnded with exit code 0, at once), interleaved
+with `python -c pass`, so what is timed is the client: interpreter start-up, its imports, reading
+the command line, the request, the socket and the two replies.
+
+Run: .venv/bin/python bench/launch_client.py [ROUNDS [OTHER_TREE]]
+
+Each round runs, in a rotated order: `python -c pass`, `python -m enforcer.cli.exec --daemon ...`,
+the installed `adl-exec --daemon ...` script, and with OTHER_TREE (an unpacked tree of the project,
+its bytecode compiled) its client by `python -m` with PYTHONPATH. Reported: medians and the median
+and range of per-round ratios and differences to `python -c pass`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from enforcer.framing import recv_frame, send_frame
+from enforcer.v1 import enforcer_pb2 as pb
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def serve(listener: socket.socket, stop: threading.Event) -> None:
+    """Answer each connection as the daemon does for an accepted launch of a command that exits 0."""
+    listener.settimeout(0.2)
+    n = 0
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            frame = recv_frame(conn, max_fds=3)
+            if frame is None:
+                continue
+            for fd in frame[1]:
+                os.close(fd)
+            request = pb.LaunchRequest.FromString(frame[0])
+            if list(request.argv) != ["/bin/true"] or request.agent != "A":
+                raise SystemExit(f"unexpected request {request}")
+            n += 1
+            session = f"s-{n}"
+            send_frame(conn, pb.LaunchReply(accepted=True, session=session, session_token="t").SerializeToString())
+            send_frame(conn, pb.SessionEnded(session=session, reason="exit", exit_code=0).SerializeToString())
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    other_tree = sys.argv[2] if len(sys.argv) > 2 else None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix=f"adl-client-bench-{os.getpid()}-") as tmp:
+        path = f"{tmp}/launch.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(16)
+        stop = threading.Event()
+        server = threading.Thread(target=serve, args=(listener, stop), daemon=True)
+        server.start()
+        launch = ["--daemon", f"unix:{path}", "--agent", "A", "--", "/bin/true"]
+        script = str(Path(sys.executable).parent / "adl-exec")
+        commands = {
+            "python -c pass": ([sys.executable, "-c", "pass"], env),
+            "python -m enforcer.cli.exec": ([sys.executable, "-m", "enforcer.cli.exec", *launch], env),
+            "adl-exec (script)": ([script, *launch], env),
+        }
+        if other_tree:
+            other_env = {**env, "PYTHONPATH": other_tree}
+            commands["other tree, -m"] = ([sys.executable, "-m", "enforcer.cli.exec", *launch], other_env)
+        try:
+            for argv, environ in commands.values():  # warm the page cache and the bytecode
+                subprocess.run(argv, env=environ, check=True, cwd=tmp)
+            names = list(commands)
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    argv, environ = commands[name]
+                    start = time.perf_counter()
+                    subprocess.run(argv, env=environ, check=True, cwd=tmp)
+                    samples[name].append((time.perf_counter() - start) * 1000)
+        finally:
+            stop.set()
+            server.join()
+            listener.close()
+    base = samples["python -c pass"]
+    print(f"{rounds} interleaved rounds: median ms; per round vs python -c pass: ratio, difference (ms)")
+    for name in names:
+        ratios = [a / b for a, b in zip(samples[name], base, strict=True)]
+        diffs = [a - b for a, b in zip(samples[name], base, strict=True)]
+        print(
+            f"  {name:<30} {statistics.median(samples[name]):7.1f}   {statistics.median(ratios):5.2f}x "
+            f"({min(ratios):.2f}-{max(ratios):.2f})   +{statistics.median(diffs):5.1f} ms "
+            f"({min(diffs):.1f} to {max(diffs):.1f})"
+        )
+
+
+if __name__ == "__main__":
+    main()
