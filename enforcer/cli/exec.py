@@ -42,7 +42,7 @@ examples:
   adl-exec --daemon unix:/run/adl-enforcer/launch.sock --agent "Coding Agent" -- python3 agent.py
 
 Validated, compiled documents are cached (ADL_ENFORCER_CACHE_DIR, 'off' to disable; see docs/adl-exec.md).
---daemon launches start fastest: the daemon holds the compiled policy (see docs/adl-exec.md).
+Many short commands: launch them with --daemon (the daemon holds the compiled policy; docs/adl-exec.md).
 
 exit codes: the command's own exit code; 128+N when it was killed by signal N (timeouts and OOM
 kills included, see --report); {EXIT_REFUSED} when adl-exec refused or could not set up the sandbox.
