@@ -8,7 +8,8 @@ Run: .venv/bin/python bench/launch_client.py [ROUNDS [OTHER_TREE]]
 Each round runs, in a rotated order: `python -c pass`, `python -m enforcer.cli.exec --daemon ...`,
 the installed `adl-exec --daemon ...` script, and with OTHER_TREE (an unpacked tree of the project,
 its bytecode compiled) its client by `python -m` with PYTHONPATH. Reported: medians and the median
-and range of per-round ratios and differences to `python -c pass`.
+and range of per-round ratios and differences to `python -c pass`, of wall time and of the process's
+CPU time (user + system, from wait4: less sensitive than wall time to other work on the machine).
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def serve(listener: socket.socket, stop: threading.Event) -> None:
             send_frame(conn, pb.SessionEnded(session=session, reason="exit", exit_code=0).SerializeToString())
 
 
+def run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one run, which must exit 0."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = (time.perf_counter() - start) * 1000
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv}: exit code {proc.returncode}")
+    return wall, (usage.ru_utime + usage.ru_stime) * 1000
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     other_tree = sys.argv[2] if len(sys.argv) > 2 else None
@@ -77,29 +90,30 @@ def main() -> None:
             commands["other tree, -m"] = ([sys.executable, "-m", "enforcer.cli.exec", *launch], other_env)
         try:
             for argv, environ in commands.values():  # warm the page cache and the bytecode
-                subprocess.run(argv, env=environ, check=True, cwd=tmp)
+                run(argv, environ, tmp)
             names = list(commands)
             samples: dict[str, list[float]] = {name: [] for name in names}
+            cpu: dict[str, list[float]] = {name: [] for name in names}
             for r in range(rounds):
                 for name in names[r % len(names) :] + names[: r % len(names)]:
-                    argv, environ = commands[name]
-                    start = time.perf_counter()
-                    subprocess.run(argv, env=environ, check=True, cwd=tmp)
-                    samples[name].append((time.perf_counter() - start) * 1000)
+                    wall, used = run(*commands[name], cwd=tmp)
+                    samples[name].append(wall)
+                    cpu[name].append(used)
         finally:
             stop.set()
             server.join()
             listener.close()
-    base = samples["python -c pass"]
-    print(f"{rounds} interleaved rounds: median ms; per round vs python -c pass: ratio, difference (ms)")
-    for name in names:
-        ratios = [a / b for a, b in zip(samples[name], base, strict=True)]
-        diffs = [a - b for a, b in zip(samples[name], base, strict=True)]
-        print(
-            f"  {name:<30} {statistics.median(samples[name]):7.1f}   {statistics.median(ratios):5.2f}x "
-            f"({min(ratios):.2f}-{max(ratios):.2f})   +{statistics.median(diffs):5.1f} ms "
-            f"({min(diffs):.1f} to {max(diffs):.1f})"
-        )
+    for title, figures in (("wall time", samples), ("CPU time", cpu)):
+        base = figures["python -c pass"]
+        print(f"{title}, {rounds} interleaved rounds: median ms; per round vs python -c pass: ratio, difference (ms)")
+        for name in names:
+            ratios = [a / b for a, b in zip(figures[name], base, strict=True)]
+            diffs = [a - b for a, b in zip(figures[name], base, strict=True)]
+            print(
+                f"  {name:<30} {statistics.median(figures[name]):7.1f}   {statistics.median(ratios):5.2f}x "
+                f"({min(ratios):.2f}-{max(ratios):.2f})   {statistics.median(diffs):+5.1f} ms "
+                f"({min(diffs):+.1f} to {max(diffs):+.1f})"
+            )
 
 
 if __name__ == "__main__":
