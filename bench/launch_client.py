@@ -6,14 +6,17 @@ the command line, the request, the socket and the two replies.
 Run: .venv/bin/python bench/launch_client.py [ROUNDS [OTHER_TREE]]
 
 Each round runs, in a rotated order: `python -c pass`, `python -m enforcer.cli.exec --daemon ...`,
-the installed `adl-exec --daemon ...` script, and with OTHER_TREE (an unpacked tree of the project,
-its bytecode compiled) its client by `python -m` with PYTHONPATH. Reported: medians and the median
-and range of per-round ratios and differences to `python -c pass`, of wall time and of the process's
-CPU time (user + system, from wait4: less sensitive than wall time to other work on the machine).
+the installed `adl-exec --daemon ...` script, the same with --report (the socket sends a kernel
+denials' summary, as a supervisor does), and with OTHER_TREE (an unpacked tree of the project, its
+bytecode compiled) its client by `python -m` with PYTHONPATH, without and with --report. Reported:
+medians and the median and range of per-round ratios and differences to `python -c pass`, of wall
+time and of the process's CPU time (user + system, from wait4: less sensitive than wall time to
+other work on the machine).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -28,6 +31,8 @@ from enforcer.framing import recv_frame, send_frame
 from enforcer.v1 import enforcer_pb2 as pb
 
 REPO = Path(__file__).resolve().parent.parent
+# The kernel denials' summary of a session that had none, as a supervisor sends it (--report prints it).
+DENIALS = json.dumps({"available": True, "denials": 0, "recorded": 0, "top": [], "lost_in_kernel_queue": 0})
 
 
 def serve(listener: socket.socket, stop: threading.Event) -> None:
@@ -51,13 +56,14 @@ def serve(listener: socket.socket, stop: threading.Event) -> None:
             n += 1
             session = f"s-{n}"
             send_frame(conn, pb.LaunchReply(accepted=True, session=session, session_token="t").SerializeToString())
-            send_frame(conn, pb.SessionEnded(session=session, reason="exit", exit_code=0).SerializeToString())
+            ended = pb.SessionEnded(session=session, reason="exit", exit_code=0, kernel_denials_json=DENIALS)
+            send_frame(conn, ended.SerializeToString())
 
 
 def run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
     """(wall ms, CPU ms) of one run, which must exit 0."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stderr=subprocess.DEVNULL)  # --report's lines
     _, status, usage = os.wait4(proc.pid, 0)
     wall = (time.perf_counter() - start) * 1000
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -84,10 +90,15 @@ def main() -> None:
             "python -c pass": ([sys.executable, "-c", "pass"], env),
             "python -m enforcer.cli.exec": ([sys.executable, "-m", "enforcer.cli.exec", *launch], env),
             "adl-exec (script)": ([script, *launch], env),
+            "adl-exec --report (script)": ([script, "--report", *launch], env),
         }
         if other_tree:
             other_env = {**env, "PYTHONPATH": other_tree}
             commands["other tree, -m"] = ([sys.executable, "-m", "enforcer.cli.exec", *launch], other_env)
+            commands["other tree, -m --report"] = (
+                [sys.executable, "-m", "enforcer.cli.exec", "--report", *launch],
+                other_env,
+            )
         try:
             for argv, environ in commands.values():  # warm the page cache and the bytecode
                 run(argv, environ, tmp)

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..text import printable as printable  # adl-audit and adl-exec print with it
 from . import records
 from .logfiles import log_files
 
@@ -140,12 +141,6 @@ def iter_records(directory: Path, *, reverse: bool = False) -> Iterator[dict[str
 def _target(payload: dict[str, Any]) -> str:
     """What a record acted on, as key=value: the tool, host, path or command."""
     return next((f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k)), "")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character escaped. Records carry names agents and API callers chose
-    (paths, command names, tools): printed raw, they could drive the terminal or start a forged line."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def one_line(record: dict[str, Any]) -> str:

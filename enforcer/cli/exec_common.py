@@ -34,8 +34,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         file=sys.stderr,
     )
     if report.get("kernel_denials"):
-        from ..audit.query import printable  # the lines carry the agent's command name and paths
-        from ..sandbox.denials import report_lines
+        from ..sandbox.denial_report import report_lines
+        from ..text import printable  # the lines carry the agent's command name and paths
 
         for line in report_lines(report["kernel_denials"]):
             print(f"adl-exec: {printable(line)}", file=sys.stderr)

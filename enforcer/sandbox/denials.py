@@ -22,6 +22,7 @@ from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
 from ..policy.grants import Grant, explain_landlock, explain_seccomp
 from . import kernel_audit
+from .denial_report import report_lines as report_lines  # adl-exec imports it from there
 
 MAX_TEXT = 512
 
@@ -283,25 +284,3 @@ class SessionDenials:
         if self.reader.error is not None:
             summary["reader_error"] = f"{type(self.reader.error).__name__}: {self.reader.error}"
         return summary
-
-
-def report_lines(summary: dict[str, Any]) -> list[str]:
-    """adl-exec --report: a few lines on the session's kernel denials."""
-    if not summary.get("available"):
-        return [f"kernel denials: unavailable ({summary.get('why')})"]
-    lines = []
-    if summary.get("reader_error"):
-        lines.append(f"kernel denials: the reader failed ({summary['reader_error']}): the count is incomplete")
-    if summary.get("landlock"):
-        lines.append(f"kernel denials: Landlock {summary['landlock']}")
-    if not summary["denials"]:
-        return [*lines, "kernel denials: none"]
-    lines.append(f"kernel denials: {summary['denials']} ({summary['recorded']} recorded one by one in the audit log)")
-    for item in summary["top"][:5]:
-        what = item.get("path") or (f"port {item['port']}" if item.get("port") else item.get("syscall"))
-        lines.append(f"  {item['count']:>6} x {item.get('access')} {what} by {item.get('command')}: {item.get('hint')}")
-    if summary.get("lost_in_kernel_socket"):
-        lines.append(f"  ({summary['lost_in_kernel_socket']} kernel messages lost to a full socket buffer)")
-    if summary.get("lost_in_kernel_queue"):
-        lines.append(f"  (the kernel dropped {summary['lost_in_kernel_queue']} audit records meanwhile: flood)")
-    return lines

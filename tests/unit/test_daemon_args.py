@@ -344,15 +344,15 @@ def test_the_session_file_is_written_alike(tmp_path: Path) -> None:
     assert fast["code"] == 125 and "--session-file TMP/no/such/dir.json: No such file or directory" in fast["stderr"]
 
 
-def test_a_fast_launch_imports_only_its_client(tmp_path: Path) -> None:
-    """What a --daemon launch loads beyond the interpreter's start-up: the client's own modules and
-    _socket; not argparse, socket, json, struct, typing, dataclasses, the settings or the sandbox."""
-    daemon = ScriptedDaemon(tmp_path, SCRIPTS["exit code"])
+def fast_launch_imports(tmp_path: Path, script: str, options: list[str]) -> tuple[int, set[str]]:
+    """(exit code, modules loaded beyond the interpreter's start-up) of a --daemon launch in a fresh
+    interpreter against a scripted launch socket."""
+    daemon = ScriptedDaemon(tmp_path, SCRIPTS[script])
     probe = (
         "import sys\n"
         "before = set(sys.modules)\n"
         "from enforcer.cli import exec\n"
-        f"code = exec.main(['--daemon', 'unix:{daemon.path}', '--agent', 'A', '--report', '--', 'true'])\n"
+        f"code = exec.main(['--daemon', 'unix:{daemon.path}', '--agent', 'A', *{options!r}, '--', 'true'])\n"
         "loaded = sorted(set(sys.modules) - before)\n"
         "import json\n"
         "print(code, json.dumps(loaded))\n"
@@ -363,7 +363,27 @@ def test_a_fast_launch_imports_only_its_client(tmp_path: Path) -> None:
     finally:
         daemon.close()
     code, loaded = out.stdout.split(" ", 1)
-    assert code == "3", out.stderr
-    client = {"enforcer", "enforcer.cli", "enforcer.cli.exec", "enforcer.cli.daemon_args", "enforcer.cli.exec_daemon"}
-    client |= {"enforcer.cli.exec_common", "enforcer.cli.launch_messages", "enforcer.framing", "_socket"}
-    assert set(json.loads(loaded)) <= client
+    return int(code), set(json.loads(loaded))
+
+
+CLIENT = {"enforcer", "enforcer.cli", "enforcer.cli.exec", "enforcer.cli.daemon_args", "enforcer.cli.exec_daemon"}
+CLIENT |= {"enforcer.cli.exec_common", "enforcer.cli.launch_messages", "enforcer.framing", "_socket"}
+
+
+def test_a_fast_launch_imports_only_its_client(tmp_path: Path) -> None:
+    """What a --daemon launch loads beyond the interpreter's start-up: the client's own modules and
+    _socket; not argparse, socket, json, struct, typing, dataclasses, the settings or the sandbox."""
+    code, loaded = fast_launch_imports(tmp_path, "exit code", ["--report"])
+    assert code == 3
+    assert loaded <= CLIENT
+
+
+def test_a_report_of_kernel_denials_imports_no_audit_or_policy_code(tmp_path: Path) -> None:
+    """--report with the kernel denials' summary: its lines and json, not the audit package (its
+    writer and cryptography) or the policy code that the session's denial reader needs."""
+    code, loaded = fast_launch_imports(tmp_path, "signal and denials", ["--report"])
+    assert code == 137
+    ours = {m for m in loaded if m.split(".")[0] == "enforcer"}
+    assert ours <= CLIENT | {"enforcer.sandbox", "enforcer.sandbox.denial_report", "enforcer.text"}
+    heavy = ("argparse", "socket", "dataclasses", "typing", "cryptography", "orjson", "pydantic", "google")
+    assert not {m for m in loaded if m.split(".")[0] in heavy}

@@ -7,7 +7,7 @@ layer, nothing else.
 
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_values (the egress filter's settings as plain values, and
-                  their validators)
+                  their validators), text (printing what agents chose)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -37,7 +37,7 @@ import enforcer
 ROOT = Path(enforcer.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values"),
+    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values", "text"),
     ("egress_settings",),
     ("settings",),
     ("policy",),
