@@ -256,7 +256,7 @@ class ScriptedDaemon:
 
 
 ACCEPTED = pb.LaunchReply(accepted=True, session="s-1", session_token="tok").SerializeToString()
-DENIAL = {"count": 1, "access": "fs.read_file", "path": "/etc/shadow", "command": "cat", "hint": "not granted"}
+DENIAL = {"count": 1, "access": "fs.read_file", "path": "/etc/shadow\x1b[2J\nforged", "command": "cat", "hint": "no"}
 DENIALS = {"available": True, "landlock": 7, "denials": 1, "recorded": 1, "top": [DENIAL]}
 SCRIPTS: dict[str, list[bytes | None]] = {
     "exit code": [ACCEPTED, pb.SessionEnded(session="s-1", reason="exit", exit_code=3).SerializeToString()],
@@ -317,7 +317,8 @@ def test_both_paths_talk_and_answer_alike(tmp_path: Path, script: str, options: 
     assert fast["code"] == {"exit code": 3, "signal and denials": 137}.get(script, 125)
     if script == "signal and denials" and options == ["--report"]:
         assert "s-1 ended: signal (exit code 137, signal 9, 2 denied name(s) not created, 12 ms)" in fast["stderr"]
-        assert "/etc/shadow by cat" in fast["stderr"]
+        assert "/etc/shadow\\x1b[2J\\nforged by cat" in fast["stderr"]  # the agent's name, escaped
+        assert "\x1b" not in fast["stderr"] and "\nforged" not in fast["stderr"]
     if script == "refused":
         assert fast["stderr"] == "adl-exec: refused: not yours\n"
 
