@@ -4,6 +4,7 @@ with `python -c pass`, so what is timed is the client: interpreter start-up, its
 the command line, the request, the socket and the two replies.
 
 Run: .venv/bin/python bench/launch_client.py [ROUNDS [OTHER_TREE]]
+     .venv/bin/python bench/launch_client.py memory [OTHER_TREE]
 
 Each round runs, in a rotated order: `python -c pass`, `python -m enforcer.cli.exec --daemon ...`,
 the installed `adl-exec --daemon ...` script, the same with --report (the socket sends a kernel
@@ -12,6 +13,10 @@ bytecode compiled) its client by `python -m` with PYTHONPATH, without and with -
 medians and the median and range of per-round ratios and differences to `python -c pass`, of wall
 time and of the process's CPU time (user + system, from wait4: less sensitive than wall time to
 other work on the machine).
+
+`memory`: the client waits for the session's end for the session's whole life; its USS, PSS and RSS
+(/proc/PID/smaps_rollup) while it waits, against `python -c 'import time; time.sleep(...)'`, three
+rounds, with OTHER_TREE's client too.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 DENIALS = json.dumps({"available": True, "denials": 0, "recorded": 0, "top": [], "lost_in_kernel_queue": 0})
 
 
-def serve(listener: socket.socket, stop: threading.Event) -> None:
-    """Answer each connection as the daemon does for an accepted launch of a command that exits 0."""
+def serve(listener: socket.socket, stop: threading.Event, session_s: float = 0.0) -> None:
+    """Answer each connection as the daemon does for an accepted launch of a command that exits 0
+    (after session_s)."""
     listener.settimeout(0.2)
     n = 0
     while not stop.is_set():
@@ -56,6 +62,7 @@ def serve(listener: socket.socket, stop: threading.Event) -> None:
             n += 1
             session = f"s-{n}"
             send_frame(conn, pb.LaunchReply(accepted=True, session=session, session_token="t").SerializeToString())
+            time.sleep(session_s)
             ended = pb.SessionEnded(session=session, reason="exit", exit_code=0, kernel_denials_json=DENIALS)
             send_frame(conn, ended.SerializeToString())
 
@@ -72,7 +79,54 @@ def run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
     return wall, (usage.ru_utime + usage.ru_stime) * 1000
 
 
+def memory_mib(pid: int) -> tuple[float, float, float]:
+    """(USS, PSS, RSS) of a process, MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                fields[name] = int(rest.split()[0]) / 1024
+    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"], fields["Rss"]
+
+
+def memory(other_tree: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix=f"adl-client-bench-{os.getpid()}-") as tmp:
+        path = f"{tmp}/launch.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(16)
+        stop = threading.Event()
+        server = threading.Thread(target=serve, args=(listener, stop, 1.5), daemon=True)
+        server.start()
+        client = [sys.executable, "-m", "enforcer.cli.exec", "--daemon", f"unix:{path}", "--agent", "A", "--"]
+        commands = {
+            "python, sleeping": ([sys.executable, "-c", "import time; time.sleep(1.5)"], env),
+            "adl-exec --daemon, waiting": ([*client, "/bin/true"], env),
+        }
+        if other_tree:
+            commands["other tree's client, waiting"] = ([*client, "/bin/true"], {**env, "PYTHONPATH": other_tree})
+        try:
+            print("while the session runs, 0.8 s in (MiB):        USS    PSS    RSS")
+            for _ in range(3):
+                for name, (argv, environ) in commands.items():
+                    proc = subprocess.Popen(argv, env=environ, cwd=tmp)
+                    time.sleep(0.8)
+                    uss, pss, rss = memory_mib(proc.pid)
+                    if proc.wait() != 0:
+                        raise SystemExit(f"{argv}: exit code {proc.returncode}")
+                    print(f"  {name:<40} {uss:6.1f} {pss:6.1f} {rss:6.1f}")
+        finally:
+            stop.set()
+            server.join()
+            listener.close()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["memory"]:
+        memory(sys.argv[2] if len(sys.argv) > 2 else None)
+        return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     other_tree = sys.argv[2] if len(sys.argv) > 2 else None
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
