@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .daemon_args import DaemonLaunch
 
 STDIO = (0, 1, 2)  # handed to the daemon: the agent's stdin, stdout and stderr
+PIDS_MAX_LIMIT = (1 << 32) - 1  # LaunchRequest.pids_max is a uint32
 
 
 def _agent(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -89,21 +90,58 @@ def launch_via_daemon(parser: argparse.ArgumentParser, args: argparse.Namespace,
     address = str(args.daemon)
     if not address.startswith("unix:"):
         parser.error(f"--daemon {address}: expected unix:PATH (the daemon's launch socket)")
-    request = encode_launch_request(
-        agent=_agent(parser, args),
-        argv=command,
-        environ=dict(os.environ),
-        cwd=os.getcwd(),
-        accept_unenforced=list(args.accept_unenforced),
-        pids_max=args.pids_max,
-    )
+    agent = _agent(parser, args)
+    if not 0 <= args.pids_max <= PIDS_MAX_LIMIT:
+        parser.error(f"--pids-max {args.pids_max}: expected 0 to {PIDS_MAX_LIMIT}")
+    environ = dict(os.environ)
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        return refuse(f"the working directory: {exc.strerror}")
+    try:
+        request = encode_launch_request(
+            agent=agent,
+            argv=command,
+            environ=environ,
+            cwd=cwd,
+            accept_unenforced=list(args.accept_unenforced),
+            pids_max=args.pids_max,
+        )
+    except UnicodeEncodeError:
+        return refuse(_not_utf8(agent, command, environ, cwd))
     return launch(address, request, args.session_file, args.report, args.json)
+
+
+def _not_utf8(agent: str, command: list[str], environ: dict[str, str], cwd: str) -> str:
+    """Which text of the request cannot be sent: the launch socket's strings are UTF-8 (protobuf),
+    and a name or value that is not (undecodable bytes, kept by Python as surrogates) is refused
+    rather than altered."""
+
+    def bad(text: str) -> bool:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    names = [k for k, v in environ.items() if bad(k) or bad(v)]
+    if bad(agent):
+        what = "the agent's name"
+    elif bad(cwd):
+        what = f"the working directory {cwd!a}"
+    elif any(bad(arg) for arg in command):
+        what = f"argument {next(i for i, arg in enumerate(command) if bad(arg))} of the command"
+    elif names:
+        what = f"environment variable {names[0]!a}"
+    else:
+        what = "the request"
+    return f"{what} is not valid UTF-8 (the daemon takes UTF-8 text only)"
 
 
 def fast_launch(launch_args: DaemonLaunch, environ: Mapping[str, str]) -> int | None:
     """The launch daemon_args.read() accepted; None, before anything is opened or sent, where the
-    request cannot be made (a string that is not valid Unicode, no working directory): adl-exec's
-    full command line then reports it as it always has."""
+    request cannot be made (text that is not valid UTF-8, no working directory): adl-exec's full
+    command line then refuses it with its message."""
     try:
         request = encode_launch_request(
             agent=launch_args.agent,

@@ -388,3 +388,46 @@ def test_a_report_of_kernel_denials_imports_no_audit_or_policy_code(tmp_path: Pa
     assert ours <= CLIENT | {"enforcer.sandbox", "enforcer.sandbox.denial_report", "enforcer.text"}
     heavy = ("argparse", "socket", "dataclasses", "typing", "cryptography", "orjson", "pydantic", "google")
     assert not {m for m in loaded if m.split(".")[0] in heavy}
+
+
+def refusal_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int | str | None, str]:
+    try:
+        code: int | str | None = exec_cli.main(argv)
+    except SystemExit as exit:
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+def test_text_that_is_not_utf8_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The launch socket's strings are UTF-8: undecodable bytes in the command, the environment or
+    the agent's name are refused (exit 125) and named, before the session file is opened or the
+    daemon reached; neither dropped nor altered."""
+    session_file = tmp_path / "session.json"
+    launch = ["--daemon", f"unix:{tmp_path / 'nobody.sock'}", "--session-file", str(session_file)]
+    cases = [
+        (["--agent", "A", "--", "cat", "\udcff"], {}, "argument 1 of the command is not valid UTF-8"),
+        (
+            ["--agent", "A", "--", "true"],
+            {"ADL_TEST_BYTES": "x\udcff"},
+            "environment variable 'ADL_TEST_BYTES' is not valid UTF-8",
+        ),
+        (["--agent", "\udcffA", "--", "true"], {}, "the agent's name is not valid UTF-8"),
+    ]
+    for argv, extra, message in cases:
+        with mock.patch.dict(os.environ, extra):
+            code, err = refusal_of([*launch, *argv], capsys)
+        assert code == 125 and err == f"adl-exec: refused: {message} (the daemon takes UTF-8 text only)\n"
+    assert not session_file.exists()
+
+
+def test_a_lost_working_directory_and_an_unsendable_pids_limit_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launch = ["--daemon", f"unix:{tmp_path / 'nobody.sock'}", "--agent", "A"]
+    gone = FileNotFoundError(2, "No such file or directory")
+    with mock.patch.object(os, "getcwd", side_effect=gone):
+        code, err = refusal_of([*launch, "--", "true"], capsys)
+    assert code == 125 and err == "adl-exec: refused: the working directory: No such file or directory\n"
+    for limit in ("-1", "4294967296"):
+        code, err = refusal_of([*launch, f"--pids-max={limit}", "--", "true"], capsys)
+        assert code == 2 and f"--pids-max {limit}: expected 0 to 4294967295" in err
