@@ -92,6 +92,8 @@ def read(argv: list[str], environ: Mapping[str, str]) -> DaemonLaunch | None:
             value = argv[at + 1]
             at += 1
         at += 1
+        if value == "--":
+            return None  # argparse drops a value "--" (it reads "--" as the end of options)
         if name == "--accept-unenforced":
             if value not in DOMAINS:
                 return None

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import data
     from ..sandbox import DOMAINS
     from ..version import version_action
+    from .daemon_args import DEFAULT_PIDS_MAX
 
     parser = argparse.ArgumentParser(
         prog="adl-exec",
@@ -122,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--audit-key", type=Path, help="audit sealing key (created if missing)")
     parser.add_argument("--baseline", type=Path, help=f"runtime baseline (default: {data.RUNTIME_BASELINE})")
-    parser.add_argument("--pids-max", type=int, default=512, help="process limit for the session (default 512)")
+    parser.add_argument(
+        "--pids-max",
+        type=int,
+        default=DEFAULT_PIDS_MAX,
+        help=f"process limit for the session (default {DEFAULT_PIDS_MAX})",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
 

@@ -178,6 +178,7 @@ def test_the_usual_launches_take_the_fast_path(argv: list[str]) -> None:
         ["--agent", "A", "--session-file", "", "--", "true"],
         ["--daemon", "tcp:1", "--agent", "A", "--", "true"],
         ["--agent", "A", "-x", "true"],
+        ["--agent=--", "true"],  # argparse reads the value "--" as no value
     ],
 )
 def test_anything_else_is_left_to_argparse(argv: list[str]) -> None:
