@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..text import printable as printable  # adl-audit and adl-exec print with it
+from ..text import printable
 from . import records
 from .logfiles import log_files
 

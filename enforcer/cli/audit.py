@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 
 from ..audit import keys, records
-from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, printable, summarise
+from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
 from ..settings import launch as launch_settings
+from ..text import printable
 from ..version import version_text
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 2

@@ -22,7 +22,6 @@ from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
 from ..policy.grants import Grant, explain_landlock, explain_seccomp
 from . import kernel_audit
-from .denial_report import report_lines as report_lines  # adl-exec imports it from there
 
 MAX_TEXT = 512
 

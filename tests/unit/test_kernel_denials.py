@@ -8,7 +8,8 @@ from typing import Any
 from enforcer.documents import schema_set
 from enforcer.policy import CompileOptions, compile_policy
 from enforcer.sandbox import kernel_audit as ka
-from enforcer.sandbox.denials import DenialLog, Limits, report_lines
+from enforcer.sandbox.denial_report import report_lines
+from enforcer.sandbox.denials import DenialLog, Limits
 
 ACCESS = b'audit(1795621820.565:4): domain=1d7054978 blockers=fs.read_file path="/etc/hostname" dev="vda" ino=612'
 DOMAIN = (
