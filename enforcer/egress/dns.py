@@ -5,25 +5,22 @@ An allowed name that exists upstream is answered with a synthetic address from a
 the session (one per name, stable for the session); the filter maps it back to the name and dials a
 real address it resolved and checked itself. A name the policy does not allow is answered NXDOMAIN
 and never sent upstream, so long random subdomains carry nothing out.
+
+dnspython is imported at the first query to parse or name to resolve, not with this module: the
+filter's process starts serving without it, and a session that never resolves never loads it. If
+it cannot be loaded, queries go unanswered and names unresolved (connections to them refused),
+each one audited as usual.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
-
-import dns.exception
-import dns.flags
-import dns.message
-import dns.name
-import dns.rcode
-import dns.rdataclass
-import dns.rdatatype
-import dns.resolver
-import dns.rrset
 
 from ..policy import Policy
 from ..policy.patterns import PatternError, normalize_host
@@ -34,6 +31,30 @@ ANSWER_TTL = 60
 MAX_CACHE_TTL = 300.0  # seconds an upstream answer is reused at most (less when its TTL says so)
 NEGATIVE_TTL = 5.0
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@functools.cache  # a failed import is not cached: the next query tries again
+def dnspython() -> Any:
+    """dnspython's modules this file uses, imported on first use (ImportError if they cannot be)."""
+    import dns.exception
+    import dns.flags
+    import dns.message
+    import dns.rcode
+    import dns.rdataclass
+    import dns.rdatatype
+    import dns.resolver
+    import dns.rrset
+
+    return SimpleNamespace(
+        exception=dns.exception,
+        flags=dns.flags,
+        message=dns.message,
+        rcode=dns.rcode,
+        rdataclass=dns.rdataclass,
+        rdatatype=dns.rdatatype,
+        resolver=dns.resolver,
+        rrset=dns.rrset,
+    )
 
 
 class SyntheticAddresses:
@@ -79,15 +100,30 @@ class UpstreamResolver:
 
     def __init__(self, server: tuple[str, int] | None, timeout_s: float) -> None:
         self.server = server
-        self._resolver = dns.resolver.Resolver(configure=False)
-        if server is not None:
-            self._resolver.nameservers = [server[0]]
-            self._resolver.port = server[1]
-        self._resolver.lifetime = timeout_s
-        self._resolver.timeout = timeout_s
+        self.timeout_s = timeout_s
+        self._resolver: Any = None  # built at the first query
+        self._building = threading.Lock()
         # Our own cache in front: a hit is a dict lookup (a hit in dnspython's own cache would be
         # most of what the filter adds to a connection's setup).
         self._cache: dict[tuple[str, int], tuple[float, Resolution]] = {}
+
+    def _upstream(self) -> tuple[Any, Any]:
+        """dnspython and the resolver pointed at the configured server; ResolveError if dnspython
+        cannot be loaded."""
+        try:
+            dns = dnspython()
+        except Exception as exc:  # an ImportError, or a module that fails as it loads
+            raise ResolveError(f"the resolver could not be loaded: {type(exc).__name__}: {exc}") from None
+        with self._building:
+            if self._resolver is None:
+                assert self.server is not None
+                resolver = dns.resolver.Resolver(configure=False)
+                resolver.nameservers = [self.server[0]]
+                resolver.port = self.server[1]
+                resolver.lifetime = self.timeout_s
+                resolver.timeout = self.timeout_s
+                self._resolver = resolver
+        return dns, self._resolver
 
     def lookup(self, name: str, version: int) -> Resolution:
         if self.server is None:
@@ -101,9 +137,10 @@ class UpstreamResolver:
 
     def _query(self, name: str, version: int) -> tuple[Resolution, float]:
         assert self.server is not None
+        dns, upstream = self._upstream()
         rdtype = dns.rdatatype.A if version == 4 else dns.rdatatype.AAAA
         try:
-            answer = self._resolver.resolve(name + ".", rdtype, raise_on_no_answer=False, search=False)
+            answer = upstream.resolve(name + ".", rdtype, raise_on_no_answer=False, search=False)
         except dns.resolver.NXDOMAIN:
             return Resolution(nxdomain=True), NEGATIVE_TTL
         except (dns.exception.Timeout, dns.resolver.NoNameservers, dns.resolver.NoAnswer) as exc:
@@ -160,6 +197,11 @@ class DnsStub:
         return host, "net.dns_allowed", f"'{host}' matches allowed_hosts"
 
     def answer(self, wire: bytes) -> DnsOutcome:
+        try:
+            dns = dnspython()
+        except Exception as exc:  # unanswered: the client retries or gives up, and it is audited
+            error = f"the DNS stub could not be loaded: {type(exc).__name__}: {exc}"[:200]
+            return DnsOutcome(None, {"decision": "deny", "rules": ["net.dns_unavailable"], "error": error})
         try:
             query = dns.message.from_wire(wire)
         except dns.exception.DNSException as exc:

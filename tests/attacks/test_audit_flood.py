@@ -12,7 +12,7 @@ pytestmark = [needs_root, needs_nft]
 
 FLOOD_SECONDS = 3
 # Refused connections and DNS names are written one by one up to a bound, then only counted
-# (enforcer.egress.process.MAX_DETAILED_DENIALS), as kernel denials and creation refusals are.
+# (enforcer.egress.server.MAX_DETAILED_DENIALS), as kernel denials and creation refusals are.
 MAX_DETAILED = 1000
 
 

@@ -24,7 +24,7 @@ from enforcer.audit.writer import log_files
 from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
 from enforcer.egress.filter import ConnectionFilter
 from enforcer.egress.netns import AgentNamespace
-from enforcer.egress.process import _FilterServer, _Recorder
+from enforcer.egress.server import FilterServer, Recorder
 
 from ..helpers.documents import base_adl, compile_doc
 
@@ -61,7 +61,7 @@ class Setup:
         )
         self.log = tmp_path / "log"
         self.writer = AuditWriter(self.log, tmp_path / "key.pem", source="adl-egress")
-        self.record = _Recorder(self.writer, "agent-1", "session-1")
+        self.record = Recorder(self.writer, "agent-1", "session-1")
         resolver, synthetic = ZoneUpstream(ZONE), SyntheticAddresses()
         self.workers = ThreadPoolExecutor(max_workers=8)
         self.connections = ConnectionFilter(
@@ -75,7 +75,7 @@ class Setup:
             sniff_timeout_s=0.1,
             message_timeout_s=1.0,
         )
-        self.server = _FilterServer(
+        self.server = FilterServer(
             self.record,
             DnsStub(policy, resolver, synthetic),
             self.connections,
@@ -160,7 +160,7 @@ def test_an_answer_that_cannot_be_recorded_is_not_given(setup: Setup) -> None:
     assert setup.server.dns_stats["queries"] == 1
 
 
-def slot_free(server: _FilterServer) -> bool:
+def slot_free(server: FilterServer) -> bool:
     if not server._pending.acquire(blocking=False):
         return False
     server._pending.release()

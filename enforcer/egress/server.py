@@ -1,0 +1,283 @@
+"""The egress filter's serving half: what its process loads and does once it has said "ready".
+
+The launch goes on as soon as the agent's namespace and its listeners exist (process.py); the
+kernel queues what the agent sends meanwhile. Here the filter opens its own audit writer, records
+`net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
+dnspython is loaded at the first name to resolve or query to parse (dns.py): a session that
+never uses the network never loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import selectors
+import socket
+import struct
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..audit import AuditUnavailable, AuditWriter, WriterSettings
+from ..audit.events import agent_of
+from ..egress_values import EgressValues
+from ..policy import Policy
+from . import netns
+from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
+from .filter import ConnectionFilter
+
+# Refused DNS names and connections written one by one per session; later ones are counted by rule
+# in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
+MAX_DETAILED_DENIALS = 1000
+MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
+
+
+def serve(
+    control: socket.socket,
+    space: netns.AgentNamespace,
+    policy: Policy,
+    settings: EgressValues,
+    audit: tuple[Path, Path, WriterSettings],
+    session: str,
+    started: dict[str, Any],
+) -> None:
+    """Record net.start, serve until the launcher says stop, record net.summary and send the summary.
+    `policy` already knows the host's addresses; `audit`: the log's directory, key and settings."""
+    directory, key_path, writer_settings = audit
+    # Connection handlers append from many threads: a group's fdatasync runs on the writer's flusher
+    # thread, off the lock they queue on, as in the daemon.
+    writer = AuditWriter(
+        directory, key_path, source="adl-egress", settings=dataclasses.replace(writer_settings, background_flush=True)
+    )
+    record = Recorder(writer, agent_of(policy), session)
+    resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
+    synthetic = SyntheticAddresses()
+    # Connection handlers and their relays run on pooled threads: starting two threads per
+    # connection would be a noticeable part of the setup latency the filter adds.
+    workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
+    connections = ConnectionFilter(
+        policy,
+        resolver,
+        synthetic,
+        record,
+        listen_port=netns.FILTER_PORT,
+        workers=workers,
+        connect_timeout_s=settings.connect_timeout_s,
+        sniff_timeout_s=settings.sniff_timeout_ms / 1000,
+        message_timeout_s=settings.message_timeout_ms / 1000,
+    )
+    server = FilterServer(record, DnsStub(policy, resolver, synthetic), connections, workers, settings.max_connections)
+    started = {"upstream_dns": "{}:{}".format(*resolver.server) if resolver.server else None, **started}
+    record("net.start", {"decision": "allow", **started})
+    writer.sync()  # on disk before the first connection or answer is served
+    summary = server.stop(server.serve(control, space))
+    writer.close()
+    with contextlib.suppress(OSError):
+        control.send(json.dumps(summary).encode())
+
+
+@dataclass
+class Recorder:
+    """The filter's records in the session's log: each names the agent and carries the session as its
+    correlation; denials go ahead of routine records. Past `max_detailed_denials` refusals, further
+    ones are only counted (`counted()`, in net.summary); what was allowed is always written."""
+
+    writer: AuditWriter
+    agent: str
+    session: str
+    max_detailed_denials: int = MAX_DETAILED_DENIALS
+    _denials: int = 0
+    _counted: Tally[str] = field(default_factory=Tally)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, kind: str, payload: dict[str, Any]) -> None:
+        high = payload.get("decision") == "deny"
+        if high and kind != "net.summary":
+            with self._lock:
+                self._denials += 1
+                over = self._denials - self.max_detailed_denials
+                if over > 0:
+                    self._counted[str((payload.get("rules") or [kind])[0])] += 1
+            if over == 1:
+                self._write(
+                    "net.denials_counted",
+                    {
+                        "decision": "deny",
+                        "rules": ["net.denials_counted"],
+                        "text": f"{self.max_detailed_denials} refusals recorded one by one; later ones are "
+                        "counted by rule in this session's net.summary",
+                    },
+                    high=True,
+                )
+            if over > 0:
+                return
+        self._write(kind, payload, high=high)
+
+    def _write(self, kind: str, payload: dict[str, Any], *, high: bool) -> None:
+        self.writer.append(
+            kind, {"agent": self.agent, **payload}, corr=self.session, priority="high" if high else "normal"
+        )
+
+    def counted(self) -> dict[str, Any]:
+        """The refusals not written one by one: their number, and how many under each rule."""
+        with self._lock:
+            return {"total": sum(self._counted.values()), "by_rule": dict(self._counted)}
+
+
+class FilterServer:
+    """What the filter serves once the agent's namespace exists: DNS over UDP and TCP through the stub,
+    and TCP connections through the connection filter, on pooled threads, until the launcher says stop."""
+
+    def __init__(
+        self,
+        record: Recorder,
+        stub: DnsStub,
+        connections: ConnectionFilter,
+        workers: Executor,
+        max_connections: int,
+        *,
+        dns_threads: int = 8,
+        max_pending: int = MAX_PENDING_QUERIES,
+    ) -> None:
+        self.record = record
+        self.stub = stub
+        self.connections = connections
+        self.workers = workers
+        self.max_connections = max_connections
+        self.handlers = Counter()
+        self.dns_stats = {"queries": 0, "denied": 0, "shed": 0}
+        self._dns_lock = threading.Lock()
+        self._dns_pool = ThreadPoolExecutor(max_workers=dns_threads, thread_name_prefix="egress-dns")
+        self._pending = threading.BoundedSemaphore(max_pending)
+
+    def answer(self, wire: bytes) -> bytes | None:
+        """The stub's answer to one query, once its record is written; None when it cannot be."""
+        outcome = self.stub.answer(wire)
+        with self._dns_lock:
+            self.dns_stats["queries"] += 1
+            self.dns_stats["denied"] += outcome.event.get("decision") == "deny"
+        try:
+            self.record("net.dns", outcome.event)
+        except AuditUnavailable:
+            return None  # unrecorded means unanswered
+        return outcome.response
+
+    def udp_query(self, sock: socket.socket) -> None:
+        """Read one datagram and answer it on a DNS thread; past MAX_PENDING_QUERIES waiting, shed it."""
+        with contextlib.suppress(OSError):
+            wire, peer = sock.recvfrom(65535)
+            if not self._pending.acquire(blocking=False):
+                with self._dns_lock:
+                    self.dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
+                return
+            self._dns_pool.submit(self._reply, sock, wire, peer)
+
+    def _reply(self, sock: socket.socket, wire: bytes, peer: Any) -> None:
+        try:
+            response = self.answer(wire)
+            if response is not None:
+                sock.sendto(response, peer)
+        finally:
+            self._pending.release()
+
+    def tcp_dns(self, conn: socket.socket) -> None:
+        """Length-prefixed queries on one connection, answered in turn until it closes."""
+        with conn, contextlib.suppress(OSError, struct.error):
+            conn.settimeout(10)
+            while head := _read_exact(conn, 2):
+                wire = _read_exact(conn, struct.unpack("!H", head)[0])
+                if wire is None:
+                    return
+                response = self.answer(wire)
+                if response is None:
+                    return
+                conn.sendall(struct.pack("!H", len(response)) + response)
+
+    def accept(self, listener: socket.socket, kind: str) -> None:
+        """One TCP connection (`kind` "tcp") or DNS-over-TCP connection to a handler, unless the session
+        already has max_connections open: then it is refused, and audited."""
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            if self.handlers.value >= self.max_connections:
+                self.connections.refuse_over_limit(conn, self.max_connections)
+                return
+            self.spawn(self.connections.handle if kind == "tcp" else self.tcp_dns, conn)
+
+    def spawn(self, target: Callable[[socket.socket], None], conn: socket.socket) -> None:
+        self.handlers.add(1)
+        self.workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
+
+    def serve(self, control: socket.socket, space: netns.AgentNamespace) -> dict[str, Any]:
+        """Serve until the launcher sends "stop"; return the namespace's drop counters it sends along
+        (this process has no capabilities left to read them)."""
+        selector = selectors.DefaultSelector()
+        selector.register(control, selectors.EVENT_READ, "control")
+        for kind, listeners in (("tcp", space.tcp), ("dns_tcp", space.dns_tcp), ("dns_udp", space.dns_udp)):
+            for listener in listeners:
+                selector.register(listener, selectors.EVENT_READ, kind)
+        dropped: dict[str, Any] = {"error": "the launcher sent no drop counters"}
+        running = True
+        with selector:
+            while running:
+                for key, _ in selector.select():
+                    sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if key.data == "control":
+                        # Reading "stop" also keeps the reply to it from a reset.
+                        with contextlib.suppress(OSError, ValueError):
+                            dropped = json.loads(control.recv(65536).removeprefix(b"stop "))
+                        running = False
+                    elif key.data == "dns_udp":
+                        self.udp_query(sock)
+                    else:
+                        self.accept(sock, key.data)
+        return dropped
+
+    def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
+        """Cut open connections, wait briefly for their handlers, and record the session's summary."""
+        self.connections.shutdown_all()
+        self.handlers.wait_zero(timeout=5)
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        self._dns_pool.shutdown(wait=True, cancel_futures=True)
+        with self._dns_lock:
+            dns_stats = dict(self.dns_stats)
+        summary = {
+            "connections": dict(self.connections.stats),
+            "dns": dns_stats,
+            "dropped_packets": dropped,
+            "denials_counted_only": self.record.counted(),
+        }
+        rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
+        self.record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
+        return summary
+
+
+class Counter:
+    """Open connection handlers: bounded by max_connections, waited for at stop."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._changed = threading.Condition()
+
+    def add(self, delta: int) -> None:
+        with self._changed:
+            self.value += delta
+            self._changed.notify_all()
+
+    def wait_zero(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self.value <= 0, timeout=timeout)
+
+
+def _read_exact(conn: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
