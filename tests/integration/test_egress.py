@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from enforcer.audit.query import iter_records
+
 from ..helpers.daemon import RunningDaemon
 from ..helpers.netlab import NetLab, needs_nft, payloads
-from ..helpers.sandbox import Sandbox, needs_root
+from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
 
 pytestmark = [needs_root, needs_nft]
 
@@ -202,3 +207,39 @@ def test_the_filter_is_also_an_https_proxy_for_clients_that_want_one(net_sandbox
     assert "only CONNECT is served here" in plain.out
     rules = [c["rules"][0] for c in payloads(denied, "net.connect") + payloads(plain, "net.connect")]
     assert rules == ["net.host_not_allowed", "net.proxy_request"]
+
+
+LAUNCHER = """
+import json, sys
+from enforcer.cli.exec import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+# What serves connections and queries: the filter's process loads it after it said "ready", so the
+# launch does not wait for it; the launcher never does.
+SERVING = ("dns", "enforcer.egress.server", "enforcer.egress.filter", "enforcer.egress.sniff", "concurrent.futures")
+
+
+def test_the_launcher_loads_none_of_what_serves_the_agents_connections(net_sandbox: Sandbox, netlab: NetLab) -> None:
+    env = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(net_sandbox.root / "audit-key.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": net_sandbox.group,
+        "ADL_ENFORCER_CACHE_DIR": str(net_sandbox.root / "policy-cache"),
+        **netlab.env(),
+    }
+    argv = [
+        *netlab.wrap(), sys.executable, "-c", LAUNCHER, "--adl", str(net_sandbox.policy()), "--user", AGENT_USER,
+        "--", "curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://api.example.test/",
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "host=api.example.test" in proc.stdout, proc.stdout  # resolved and relayed by the filter
+    modules = set(json.loads(proc.stdout.splitlines()[-1])["modules"])
+    assert "enforcer.egress.process" in modules
+    assert not {m for m in modules if m.split(".")[0] == "dns" or m.startswith(SERVING)}
+    # The filter recorded net.start (synced) before it answered the first query.
+    kinds = [r["intent"].removeprefix("adl.enforcer.") for r in iter_records(net_sandbox.audit)]
+    net = [k for k in kinds if k.startswith("net.")]
+    assert net[0] == "net.start" and "net.dns" in net and "net.connect" in net, net

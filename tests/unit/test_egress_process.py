@@ -1,12 +1,14 @@
 """The egress filter process's serving parts without a namespace or root: its records in a temporary
 audit log, DNS answers from the stub against an in-memory upstream (over UDP and TCP on loopback),
-the connection accounting and the stop summary."""
+the connection accounting and the stop summary; what it loads after "ready", and from where."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,9 +23,10 @@ import pytest
 
 from enforcer.audit import AuditWriter
 from enforcer.audit.writer import log_files
-from enforcer.egress.dns import DnsStub, Resolution, SyntheticAddresses, UpstreamResolver
+from enforcer.egress.dns import DnsStub, Resolution, ResolveError, SyntheticAddresses, UpstreamResolver, dnspython
 from enforcer.egress.filter import ConnectionFilter
 from enforcer.egress.netns import AgentNamespace
+from enforcer.egress.process import EgressProcess, trusted_import_path
 from enforcer.egress.server import FilterServer, Recorder
 
 from ..helpers.documents import base_adl, compile_doc
@@ -296,3 +299,51 @@ def test_a_summary_without_drops_allows(setup: Setup) -> None:
     setup.writer.sync()
     payload = audit_records(setup.log)[-1]["payload"]
     assert payload["decision"] == "allow" and payload["rules"] == []
+
+
+def test_without_dnspython_queries_go_unanswered_and_names_unresolved(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dnspython is loaded at first use, after the filter said ready: if it cannot be, nothing is
+    answered or resolved, and every query is still recorded."""
+    wire = query("api.example.test")
+    dnspython.cache_clear()
+    monkeypatch.setitem(sys.modules, "dns.message", None)  # importing it now raises ImportError
+    try:
+        assert setup.server.answer(wire) is None
+        with pytest.raises(ResolveError, match="could not be loaded"):
+            UpstreamResolver(("192.0.2.53", 53), 1.0).lookup("api.example.test", 4)
+    finally:
+        monkeypatch.undo()
+        dnspython.cache_clear()
+    assert setup.server.dns_stats == {"queries": 1, "denied": 1, "shed": 0}
+    setup.writer.sync()
+    [event] = [r["payload"] for r in audit_records(setup.log)]
+    assert event["decision"] == "deny" and event["rules"] == ["net.dns_unavailable"]
+    assert "import of dns.message halted" in event["error"]
+    # Loadable again: the failure was not remembered.
+    assert dns.message.from_wire(setup.server.answer(wire) or b"").rcode() == dns.rcode.NOERROR
+
+
+def test_the_import_path_leaves_out_the_working_directory(tmp_path: Path) -> None:
+    """What the filter imports after "ready" it imports while the agent runs: never from the
+    directory `python -m` or `-c` put first, which the agent may write to."""
+    work, lib = tmp_path / "work", tmp_path / "lib"
+    work.mkdir()
+    lib.mkdir()
+    (tmp_path / "link").symlink_to(work)
+    path = ["", "relative", str(work), f"{work}/", str(tmp_path / "link"), str(lib), sys.prefix]
+    assert trusted_import_path(path, str(work)) == [str(lib), sys.prefix]
+
+
+def test_a_filter_that_failed_after_ready_gives_its_error_as_the_summary() -> None:
+    """The launcher learns why: the error the filter queued before it exited, even though its own
+    "stop" can no longer be sent."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.send(b"error OSError: the audit log is unwritable")
+    theirs.close()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    summary = EgressProcess(pid, os.open("/dev/null", os.O_RDONLY), ours).stop()
+    assert summary == {"error": "the egress filter failed after it started: OSError: the audit log is unwritable"}
