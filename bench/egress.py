@@ -8,7 +8,11 @@ the ratios.
 
 Targets: added setup latency p50 under 1 ms; throughput at least half of direct.
 
-Run (as root): .venv/bin/python bench/egress.py [CONNECTIONS] [BULK_MIB] [ROUNDS]
+With OTHER_TREE (a checkout of another revision, e.g. an unpacked `git archive` with its generated
+enforcer/v1), each round also runs the filter from that tree (PYTHONPATH), and the bench prints the
+per-round ratios of this tree's filter to it: added setup p50 and connections per second.
+
+Run (as root): .venv/bin/python bench/egress.py [CONNECTIONS] [BULK_MIB] [ROUNDS] [OTHER_TREE]
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ def main() -> None:
     connections = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     bulk = (int(sys.argv[2]) if len(sys.argv) > 2 else 512) << 20
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    other_tree = os.path.abspath(sys.argv[4]) if len(sys.argv) > 4 else None
     if os.geteuid() != 0:
         raise SystemExit("bench/egress.py needs root (network namespaces)")
     direct: list[dict[str, Any]] = []
     filtered: list[dict[str, Any]] = []
+    other: list[dict[str, Any]] = []
     with agent_tmp_dir() as tmp:  # the agent's uid must reach the workspace in it
         root = Path(tmp)
         (root / "lab").mkdir()
@@ -55,6 +61,9 @@ def main() -> None:
             box.permissions["resource_limits"] = {"max_duration_sec": 300}
             box.permissions["network"] = {"allowed_hosts": ["api.example.test"], "allowed_ports": [PORT]}
             args = [str(CLIENT), "{host}", str(PORT), str(connections), str(bulk)]
+            # `python -m` looks in the working directory first: neither tree's, so each run's
+            # PYTHONPATH (or this tree's installation) decides which filter runs.
+            os.chdir(root)
             for _ in range(rounds):  # interleaved, so a noisy neighbour hits both sides alike
                 run = lab.in_outer(sys.executable, *[a.format(host="198.51.100.10") for a in args], timeout=300)
                 if run.returncode != 0:
@@ -64,6 +73,14 @@ def main() -> None:
                 if result.code != 0:
                     raise SystemExit(f"filtered client failed: {result.err}")
                 filtered.append(json.loads(result.out))
+                if other_tree is not None:
+                    result = box.run(
+                        "python3", *[a.format(host="api.example.test") for a in args], timeout=300,
+                        env={"PYTHONPATH": other_tree},
+                    )  # fmt: skip
+                    if result.code != 0:
+                        raise SystemExit(f"filtered client (other tree) failed: {result.err}")
+                    other.append(json.loads(result.out))
         finally:
             lab.stop()
     d_setup = [us for run in direct for us in run["setup_us"]]
@@ -93,6 +110,22 @@ def main() -> None:
     f_round = [percentile(run["setup_us"], 0.5) for run in filtered]
     added_rounds = sorted(f - d for f, d in zip(f_round, d_round, strict=True))
     print(f"per-round added setup p50 (us): {', '.join(f'{a:.0f}' for a in added_rounds)}")
+    if other:
+        o_round = [percentile(run["setup_us"], 0.5) for run in other]
+        added_ratios = [(f - d) / (o - d) for f, o, d in zip(f_round, o_round, d_round, strict=True)]
+        o_conn = [run["rate"] for run in other]
+        rate_ratios = [f / o for f, o in zip(f_conn, o_conn, strict=True)]
+        print(f"this tree vs {other_tree}, per round:")
+        print(
+            f"  added setup p50 (us): this {', '.join(f'{f - d:.0f}' for f, d in zip(f_round, d_round, strict=True))};"
+            f" other {', '.join(f'{o - d:.0f}' for o, d in zip(o_round, d_round, strict=True))};"
+            f" ratio median {statistics.median(added_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in added_ratios)})"
+        )
+        print(
+            f"  connections/s: this {', '.join(f'{r:.0f}' for r in f_conn)};"
+            f" other {', '.join(f'{r:.0f}' for r in o_conn)};"
+            f" ratio median {statistics.median(rate_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in rate_ratios)})"
+        )
     added = percentile(f_setup, 0.5) - percentile(d_setup, 0.5)
     print(
         f"targets: added setup p50 {added:.0f} us (< 1000 us): {'met' if added < 1000 else 'NOT met'}; "

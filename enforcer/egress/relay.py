@@ -73,19 +73,31 @@ def relay(
     upstream: socket.socket,
     workers: Executor,
     outbound: Callable[[], int] | None = None,
+    first: bytes = b"",
 ) -> tuple[int, int]:
-    """Relay until both directions are done (the way back on a worker thread). `outbound`, when
-    given, moves the agent's bytes itself (plain HTTP: every request head is read and checked) and
-    returns how many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
+    """Relay until both directions are done (the way back on a worker thread). `first`: the agent's
+    bytes already read and checked, sent before anything else. `outbound`, when given, moves the
+    agent's other bytes itself (plain HTTP: every request head is read and checked) and returns how
+    many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
     counts = [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
+    if first:
+        # Out before the way back is set up: the request does not wait for a worker thread to
+        # wake, and the answer waits in the socket until the pump reads it.
+        try:
+            upstream.sendall(first)
+            counts[0] = len(first)
+        except OSError:
+            for sock in (client, upstream):  # one side reset: end both directions, as _pump does
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
     back = workers.submit(_pump, upstream, client, counts, 1)
     if outbound is None:
         _pump(client, upstream, counts, 0)
     else:
         try:
-            counts[0] = outbound()
+            counts[0] += outbound()
         except OSError:
             for sock in (client, upstream):  # one side reset: end both directions, as _pump does
                 with contextlib.suppress(OSError):
