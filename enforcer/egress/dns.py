@@ -152,16 +152,6 @@ class UpstreamResolver:
             return Resolution([]), NEGATIVE_TTL
         return Resolution([ipaddress.ip_address(r.address) for r in rrset]), float(rrset.ttl)
 
-    def cached(self, name: str) -> list[IPAddress]:
-        """The addresses of a name still in the cache, IPv4 first, without asking upstream."""
-        now = time.monotonic()
-        found: list[IPAddress] = []
-        for version in (4, 6):
-            entry = self._cache.get((name, version))
-            if entry is not None and entry[0] > now:
-                found.extend(entry[1].addresses)
-        return found
-
     def addresses(self, name: str) -> list[IPAddress]:
         """Every address of a name, IPv4 first (the order connections are tried in)."""
         found: list[IPAddress] = []

@@ -13,10 +13,8 @@ each connection's totals when it ends.
 from __future__ import annotations
 
 import contextlib
-import errno
 import ipaddress
 import itertools
-import os
 import select
 import socket
 import struct
@@ -113,7 +111,6 @@ class ConnectionFilter:
             self.stats["connections"] += 1
             self.active.add(client)
         upstream: socket.socket | None = None
-        early: tuple[IPAddress, socket.socket] | None = None
         try:
             try:
                 target, port = original_destination(client)
@@ -136,7 +133,6 @@ class ConnectionFilter:
                 name = self.synthetic.name_for(target)  # None: a literal address
                 host = name or str(target)
             event["host"] = host
-            early = self._early_dial(host, name, port, target)
             sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
             if sniffed.silent and self._opaque_refused(host, port):
                 # tcp would be refused anyway: give a slow client time to say what it speaks
@@ -152,7 +148,7 @@ class ConnectionFilter:
                 return
             assert verdict.address is not None
             try:
-                upstream, early = _dial(verdict.address, port, early, self.connect_timeout_s), None
+                upstream = socket.create_connection((str(verdict.address), port), timeout=self.connect_timeout_s)
             except OSError as exc:
                 self._deny(
                     client,
@@ -220,8 +216,6 @@ class ConnectionFilter:
             for sock in (client, upstream):
                 if sock is not None:
                     sock.close()
-            if early is not None:
-                reset(early[1])  # started, not chosen: closed before a byte was sent
 
     def _connect_request(
         self, reader: ClientReader, event: dict[str, Any]
@@ -382,21 +376,6 @@ class ConnectionFilter:
                 )
                 return sent
             head = following
-
-    def _early_dial(
-        self, host: str, name: str | None, port: int, target: IPAddress
-    ) -> tuple[IPAddress, socket.socket] | None:
-        """A connection to where this one will most likely go, started while the agent's first bytes
-        are awaited and checked, so the decision does not wait for a round trip after them. Only to
-        an address the policy allows opaque TCP to (the agent could open such a connection itself),
-        already resolved (nothing is asked upstream before the checks); used only if the decision
-        picks that address, else reset before a byte is sent."""
-        candidates = [target] if name is None else self.resolver.cached(name)
-        for address in candidates:
-            if decide(self.policy, NetworkConnect(host, port, "tcp", str(address))).verdict == "ALLOW":
-                started = _start_connect(address, port)
-                return None if started is None else (address, started)
-        return None
 
     def _opaque_refused(self, host: str, port: int) -> bool:
         decision = decide(self.policy, NetworkConnect(host, port, "tcp"))
@@ -576,43 +555,6 @@ def _await_switch(upstream: socket.socket, client: socket.socket, timeout_s: flo
         data += chunk
     client.sendall(data)
     return status == 101
-
-
-def _start_connect(address: IPAddress, port: int) -> socket.socket | None:
-    """A non-blocking connect to `address` under way (None if it failed at once: the dial after the
-    decision tries again and reports why)."""
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.setblocking(False)
-    if sock.connect_ex((str(address), port)) not in (0, errno.EINPROGRESS):
-        sock.close()
-        return None
-    return sock
-
-
-def _dial(
-    address: IPAddress, port: int, early: tuple[IPAddress, socket.socket] | None, timeout_s: float
-) -> socket.socket:
-    """A connected socket to the address the decision chose: the early connection when it went
-    there (waited for, within the timeout), else a new one. OSError when it cannot be had."""
-    if early is None or early[0] != address:
-        if early is not None:
-            reset(early[1])
-        return socket.create_connection((str(address), port), timeout=timeout_s)
-    sock = early[1]
-    try:
-        poller = select.poll()
-        poller.register(sock, select.POLLOUT)
-        if not poller.poll(round(timeout_s * 1000)):
-            raise TimeoutError("timed out")
-        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-        if code:
-            raise OSError(code, os.strerror(code))
-        sock.setblocking(True)
-    except OSError:
-        reset(sock)
-        raise
-    return sock
 
 
 def _same_host(claimed: str, host: str) -> bool:

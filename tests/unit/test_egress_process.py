@@ -4,7 +4,6 @@ the connection accounting and the stop summary; what it loads after "ready", and
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import os
 import socket
@@ -24,7 +23,6 @@ import pytest
 
 from enforcer.audit import AuditWriter
 from enforcer.audit.writer import log_files
-from enforcer.egress import filter as egress_filter
 from enforcer.egress.dns import DnsStub, Resolution, ResolveError, SyntheticAddresses, UpstreamResolver, dnspython
 from enforcer.egress.filter import ConnectionFilter
 from enforcer.egress.netns import AgentNamespace
@@ -349,63 +347,3 @@ def test_a_filter_that_failed_after_ready_gives_its_error_as_the_summary() -> No
         os._exit(0)
     summary = EgressProcess(pid, os.open("/dev/null", os.O_RDONLY), ours).stop()
     assert summary == {"error": "the egress filter failed after it started: OSError: the audit log is unwritable"}
-
-
-def test_the_early_dial_goes_only_where_opaque_tcp_is_allowed(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Started before the agent's first bytes are read: only to an address already resolved and
-    allowed to take opaque TCP on that port, so the handshake reaches nothing the agent could not."""
-    started: list[tuple[str, int]] = []
-    ends: list[socket.socket] = []
-
-    def start(address: Any, port: int) -> socket.socket:
-        started.append((str(address), port))
-        ours, theirs = socket.socketpair()
-        ends.append(theirs)
-        return ours
-
-    monkeypatch.setattr(egress_filter, "_start_connect", start)
-    conns = setup.connections
-    conns.policy = dataclasses.replace(conns.policy, public_test_networks=(ipaddress.ip_network("203.0.113.0/24"),))
-    name = "api.example.test"
-    synthetic = conns.synthetic.address_for(name, 4)
-    assert conns._early_dial(name, name, 443, synthetic) is None  # not resolved yet: nothing asked upstream
-    conns.resolver.addresses(name)  # as the agent's DNS query does
-    early = conns._early_dial(name, name, 443, synthetic)
-    assert early is not None and started == [("203.0.113.5", 443)]
-    early[1].close()
-    assert conns._early_dial(name, name, 25, synthetic) is None  # a port the policy does not allow
-    literal = ipaddress.ip_address("10.0.0.7")
-    assert conns._early_dial(str(literal), None, 443, literal) is None  # a private address
-    assert started == [("203.0.113.5", 443)]
-    for end in ends:
-        end.close()
-
-
-def test_the_dial_uses_the_early_connection_only_to_the_chosen_address() -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    loopback = ipaddress.ip_address("127.0.0.1")
-    port = server.getsockname()[1]
-    try:
-        early = egress_filter._start_connect(loopback, port)
-        assert early is not None
-        chosen = egress_filter._dial(loopback, port, (loopback, early), 5.0)
-        assert chosen is early and chosen.getblocking() and chosen.getpeername()[1] == port
-        chosen.close()
-
-        unused = egress_filter._start_connect(loopback, port)
-        assert unused is not None
-        other = ipaddress.ip_address("127.0.0.2")
-        fresh = egress_filter._dial(loopback, port, (other, unused), 5.0)
-        assert fresh is not unused and unused.fileno() == -1  # reset, never used
-        fresh.close()
-
-        closed = socket.create_server(("127.0.0.1", 0))
-        refused_port = closed.getsockname()[1]
-        closed.close()
-        failing = egress_filter._start_connect(loopback, refused_port)
-        assert failing is not None  # under way: the refusal comes back with the handshake
-        with pytest.raises(ConnectionRefusedError):
-            egress_filter._dial(loopback, refused_port, (loopback, failing), 5.0)
-        assert failing.fileno() == -1
-    finally:
-        server.close()
