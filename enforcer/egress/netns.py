@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import json
 import os
 import shutil
 import socket
 import struct
-import subprocess
 import threading
 from dataclasses import dataclass
 
@@ -60,7 +60,8 @@ table inet {TABLE} {{
 
 
 def missing_tools() -> list[str]:
-    """The programs the namespace setup needs that this host lacks."""
+    """The programs the namespace setup needs that this host lacks: nftables (its library, which the
+    nft program runs on, is what the filter loads)."""
     return [tool for tool in ("nft",) if _which(tool) is None]
 
 
@@ -93,7 +94,7 @@ def create(filter_port: int = FILTER_PORT, dns_port: int = DNS_PORT) -> AgentNam
             namespaces.loopback_up()
             add_default_route(socket.AF_INET, "lo", source="127.0.0.1")
             ipv6 = _ipv6_route()
-            _run([_which("nft") or "nft", "-f", "-"], ruleset(filter_port, dns_port))
+            nft(ruleset(filter_port, dns_port))
             tcp = [_listen(socket.AF_INET, "127.0.0.1", filter_port, socket.SOCK_STREAM)]
             dns_udp = [_listen(socket.AF_INET, "127.0.0.1", dns_port, socket.SOCK_DGRAM)]
             dns_tcp = [_listen(socket.AF_INET, "127.0.0.1", dns_port, socket.SOCK_STREAM)]
@@ -215,33 +216,65 @@ def _listen(family: int, address: str, port: int, kind: int) -> socket.socket:
     return sock
 
 
-def _run(argv: list[str], stdin: str | None = None) -> None:
-    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=10, check=False)
-    if result.returncode != 0:
-        raise OSError(f"{' '.join(argv)}: {result.stderr.strip() or f'exit {result.returncode}'}")
+NFT_LIBRARY = "libnftables.so.1"  # what the nft program runs on (nftables)
+_NFT_CTX_OUTPUT_JSON = 1 << 4  # nftables/libnftables.h
+
+
+@functools.cache
+def _libnftables() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL(NFT_LIBRARY)
+    except OSError as exc:
+        raise OSError(f"the egress filter needs {NFT_LIBRARY} (nftables): {exc}") from None
+    lib.nft_ctx_new.argtypes, lib.nft_ctx_new.restype = (ctypes.c_uint32,), ctypes.c_void_p
+    lib.nft_ctx_free.argtypes, lib.nft_ctx_free.restype = (ctypes.c_void_p,), None
+    for name in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = (ctypes.c_void_p,), ctypes.c_int
+    for name in ("nft_ctx_get_output_buffer", "nft_ctx_get_error_buffer"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = (ctypes.c_void_p,), ctypes.c_char_p
+    lib.nft_ctx_output_get_flags.argtypes, lib.nft_ctx_output_get_flags.restype = (ctypes.c_void_p,), ctypes.c_uint
+    lib.nft_ctx_output_set_flags.argtypes, lib.nft_ctx_output_set_flags.restype = (ctypes.c_void_p, ctypes.c_uint), None
+    lib.nft_run_cmd_from_buffer.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    return lib
+
+
+def nft(commands: str, *, json_output: bool = False) -> str:
+    """Run nft commands in the calling thread's network namespace through libnftables, as `nft -f -`
+    (or `nft -j`) would, without starting the program; their output. OSError with nft's own error
+    message if they fail."""
+    lib = _libnftables()
+    ctx = lib.nft_ctx_new(0)
+    if not ctx:
+        raise OSError("nft: no libnftables context")
+    try:
+        lib.nft_ctx_buffer_output(ctx)
+        lib.nft_ctx_buffer_error(ctx)
+        if json_output:
+            lib.nft_ctx_output_set_flags(ctx, lib.nft_ctx_output_get_flags(ctx) | _NFT_CTX_OUTPUT_JSON)
+        if lib.nft_run_cmd_from_buffer(ctx, commands.encode()) != 0:
+            error = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace").strip()
+            raise OSError(f"nft: {error or 'the commands failed'}")
+        return (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+    finally:
+        lib.nft_ctx_free(ctx)
 
 
 def read_counters(netns_fd: int) -> dict[str, int]:
-    """Packets the namespace's rules dropped, by counter. Runs nft inside the agent's namespace from
-    a short-lived thread so the caller's namespace never changes."""
+    """Packets the namespace's rules dropped, by counter. Reads them inside the agent's namespace
+    from a short-lived thread so the caller's namespace never changes."""
     found: dict[str, int] = {}
     errors: list[str] = []
 
     def inside() -> None:
         try:
             namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
-            result = subprocess.run(
-                [_which("nft") or "nft", "-j", "list", "counters", "table", "inet", TABLE],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            )
-            for item in json.loads(result.stdout or "{}").get("nftables", []):
+            listed = nft(f"list counters table inet {TABLE}", json_output=True)
+            for item in json.loads(listed or "{}").get("nftables", []):
                 counter = item.get("counter")
                 if counter and counter.get("name") in COUNTERS:
                     found[counter["name"]] = int(counter.get("packets", 0))
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        except (OSError, ValueError) as exc:
             errors.append(str(exc))
 
     # A thread that changed namespace is discarded with it: its namespace never leaks to others.

@@ -3,6 +3,7 @@ addresses from getifaddrs. Each case runs in a fresh network namespace on a thre
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -140,3 +141,43 @@ def test_interface_addresses_are_every_v4_and_v6_address() -> None:
     assert {"127.0.0.1", "10.91.2.3", "10.91.4.5"} <= set(ours)
     if IPV6:
         assert {"::1", "fd00:91::7", "fe80::91:1"} <= set(ours)
+
+
+def test_nft_runs_in_the_calling_threads_namespace_as_the_program_does() -> None:
+    """The rules go in through libnftables, not the nft program: same rules, nft's own errors."""
+
+    def inside() -> tuple[str, str, str]:
+        netns.nft(netns.ruleset())
+        ours = netns.nft(f"list counters table inet {netns.TABLE}", json_output=True)
+        program = subprocess.run(
+            ["nft", "-j", "list", "counters", "table", "inet", netns.TABLE], capture_output=True, text=True, check=True
+        ).stdout  # a child of this thread: in its namespace
+        with pytest.raises(OSError) as raised:
+            netns.nft("add rule inet nowhere nothing drop")
+        return ours, program, str(raised.value)
+
+    ours, program, error = in_new_namespace(inside)
+
+    def counters(listed: str) -> list[dict[str, Any]]:
+        return [item["counter"] for item in json.loads(listed)["nftables"] if "counter" in item]
+
+    assert counters(ours) == counters(program) and {c["name"] for c in counters(ours)} == set(netns.COUNTERS)
+    assert error.startswith("nft: Error:") and "nowhere" in error
+
+
+def test_the_drop_counters_are_read_inside_the_agents_namespace() -> None:
+    space = netns.create(filter_port=15001, dns_port=53)
+    try:
+        assert netns.read_counters(space.netns_fd) == dict.fromkeys(netns.COUNTERS, 0)
+
+        def send() -> None:  # dropped by the namespace's rules: it never reaches an interface
+            namespaces.setns(space.netns_fd, namespaces.CLONE_NEWNET)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+                sock.sendto(b"x", ("192.0.2.1", 9))
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        thread.join()
+        assert netns.read_counters(space.netns_fd) == {"quic_dropped": 0, "udp_dropped": 1, "other_dropped": 0}
+    finally:
+        space.close()
