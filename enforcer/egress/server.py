@@ -3,8 +3,9 @@
 The launch goes on as soon as the agent's namespace and its listeners exist (process.py); the
 kernel queues what the agent sends meanwhile. Here the filter opens its own audit writer, records
 `net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
-dnspython is loaded at the first name to resolve or query to parse (dns.py): a session that
-never uses the network never loads it.
+The connection filter and its thread pool are made at the first TCP connection, and dnspython is
+loaded at the first name to resolve or query to parse (dns.py): a session that never uses the
+network loads neither.
 """
 
 from __future__ import annotations
@@ -18,23 +19,28 @@ import struct
 import threading
 from collections import Counter as Tally
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..audit import AuditUnavailable, AuditWriter, WriterSettings
-from ..audit.events import agent_of
+from ..audit.events import agent_of, one_rule
 from ..egress_values import EgressValues
 from ..policy import Policy
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
-from .filter import ConnectionFilter
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from .filter import ConnectionFilter
 
 # Refused DNS names and connections written one by one per session; later ones are counted by rule
 # in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
 MAX_DETAILED_DENIALS = 1000
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
+# A session's connection totals before its first connection (ConnectionFilter.stats starts so).
+NO_CONNECTIONS = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
 
 def serve(
@@ -57,21 +63,29 @@ def serve(
     record = Recorder(writer, agent_of(policy), session)
     resolver = UpstreamResolver(settings.resolver(), settings.dns_timeout_s)
     synthetic = SyntheticAddresses()
-    # Connection handlers and their relays run on pooled threads: starting two threads per
-    # connection would be a noticeable part of the setup latency the filter adds.
-    workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
-    connections = ConnectionFilter(
-        policy,
-        resolver,
-        synthetic,
-        record,
-        listen_port=netns.FILTER_PORT,
-        workers=workers,
-        connect_timeout_s=settings.connect_timeout_s,
-        sniff_timeout_s=settings.sniff_timeout_ms / 1000,
-        message_timeout_s=settings.message_timeout_ms / 1000,
-    )
-    server = FilterServer(record, DnsStub(policy, resolver, synthetic), connections, workers, settings.max_connections)
+
+    def open_connections() -> tuple[ConnectionFilter, Executor]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .filter import ConnectionFilter
+
+        # Connection handlers and their relays run on pooled threads: starting two threads per
+        # connection would be a noticeable part of the setup latency the filter adds.
+        workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
+        connections = ConnectionFilter(
+            policy,
+            resolver,
+            synthetic,
+            record,
+            listen_port=netns.FILTER_PORT,
+            workers=workers,
+            connect_timeout_s=settings.connect_timeout_s,
+            sniff_timeout_s=settings.sniff_timeout_ms / 1000,
+            message_timeout_s=settings.message_timeout_ms / 1000,
+        )
+        return connections, workers
+
+    server = FilterServer(record, DnsStub(policy, resolver, synthetic), open_connections, settings.max_connections)
     started = {"upstream_dns": "{}:{}".format(*resolver.server) if resolver.server else None, **started}
     record("net.start", {"decision": "allow", **started})
     writer.sync()  # on disk before the first connection or answer is served
@@ -137,8 +151,7 @@ class FilterServer:
         self,
         record: Recorder,
         stub: DnsStub,
-        connections: ConnectionFilter,
-        workers: Executor,
+        open_connections: Callable[[], tuple[ConnectionFilter, Executor]],
         max_connections: int,
         *,
         dns_threads: int = 8,
@@ -146,13 +159,17 @@ class FilterServer:
     ) -> None:
         self.record = record
         self.stub = stub
-        self.connections = connections
-        self.workers = workers
+        # The connection filter and its thread pool, made at the first TCP connection (a session
+        # that opens none never loads them); only the serving thread makes them.
+        self._open_connections = open_connections
+        self.connections: ConnectionFilter | None = None
+        self.workers: Executor | None = None
         self.max_connections = max_connections
         self.handlers = Counter()
         self.dns_stats = {"queries": 0, "denied": 0, "shed": 0}
         self._dns_lock = threading.Lock()
-        self._dns_pool = ThreadPoolExecutor(max_workers=dns_threads, thread_name_prefix="egress-dns")
+        self._dns_threads = dns_threads
+        self._dns_pool: Executor | None = None  # made at the first UDP query, by the serving thread
         self._pending = threading.BoundedSemaphore(max_pending)
 
     def answer(self, wire: bytes) -> bytes | None:
@@ -175,6 +192,10 @@ class FilterServer:
                 with self._dns_lock:
                     self.dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
                 return
+            if self._dns_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._dns_pool = ThreadPoolExecutor(max_workers=self._dns_threads, thread_name_prefix="egress-dns")
             self._dns_pool.submit(self._reply, sock, wire, peer)
 
     def _reply(self, sock: socket.socket, wire: bytes, peer: Any) -> None:
@@ -203,14 +224,26 @@ class FilterServer:
         already has max_connections open: then it is refused, and audited."""
         with contextlib.suppress(OSError):
             conn, _ = listener.accept()
-            if self.handlers.value >= self.max_connections:
-                self.connections.refuse_over_limit(conn, self.max_connections)
+            try:
+                connections, workers = self._opened()
+            except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
+                with contextlib.suppress(OSError):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                conn.close()
+                error = one_rule("deny", "net.filter_error", f"the connection filter could not be loaded: {exc}")
+                self.record("net.connect", error)
                 return
-            self.spawn(self.connections.handle if kind == "tcp" else self.tcp_dns, conn)
+            if self.handlers.value >= self.max_connections:
+                connections.refuse_over_limit(conn, self.max_connections)
+                return
+            self.handlers.add(1)
+            target = connections.handle if kind == "tcp" else self.tcp_dns
+            workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
 
-    def spawn(self, target: Callable[[socket.socket], None], conn: socket.socket) -> None:
-        self.handlers.add(1)
-        self.workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
+    def _opened(self) -> tuple[ConnectionFilter, Executor]:
+        if self.connections is None or self.workers is None:
+            self.connections, self.workers = self._open_connections()
+        return self.connections, self.workers
 
     def serve(self, control: socket.socket, space: netns.AgentNamespace) -> dict[str, Any]:
         """Serve until the launcher sends "stop"; return the namespace's drop counters it sends along
@@ -239,14 +272,17 @@ class FilterServer:
 
     def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
         """Cut open connections, wait briefly for their handlers, and record the session's summary."""
-        self.connections.shutdown_all()
+        if self.connections is not None:
+            self.connections.shutdown_all()
         self.handlers.wait_zero(timeout=5)
-        self.workers.shutdown(wait=False, cancel_futures=True)
-        self._dns_pool.shutdown(wait=True, cancel_futures=True)
+        if self.workers is not None:
+            self.workers.shutdown(wait=False, cancel_futures=True)
+        if self._dns_pool is not None:
+            self._dns_pool.shutdown(wait=True, cancel_futures=True)
         with self._dns_lock:
             dns_stats = dict(self.dns_stats)
         summary = {
-            "connections": dict(self.connections.stats),
+            "connections": dict(self.connections.stats) if self.connections is not None else dict(NO_CONNECTIONS),
             "dns": dns_stats,
             "dropped_packets": dropped,
             "denials_counted_only": self.record.counted(),

@@ -5,9 +5,11 @@ the connection accounting and the stop summary; what it loads after "ready", and
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -78,18 +80,24 @@ class Setup:
             sniff_timeout_s=0.1,
             message_timeout_s=1.0,
         )
+        self.opened = 0
+
+        def open_connections() -> tuple[ConnectionFilter, ThreadPoolExecutor]:
+            self.opened += 1
+            return self.connections, self.workers
+
         self.server = FilterServer(
             self.record,
             DnsStub(policy, resolver, synthetic),
-            self.connections,
-            self.workers,
+            open_connections,
             max_connections,
             max_pending=max_pending,
         )
 
     def close(self) -> None:
         self.workers.shutdown(wait=False, cancel_futures=True)
-        self.server._dns_pool.shutdown(wait=False, cancel_futures=True)
+        if self.server._dns_pool is not None:
+            self.server._dns_pool.shutdown(wait=False, cancel_futures=True)
         self.writer.close()
 
 
@@ -347,3 +355,63 @@ def test_a_filter_that_failed_after_ready_gives_its_error_as_the_summary() -> No
         os._exit(0)
     summary = EgressProcess(pid, os.open("/dev/null", os.O_RDONLY), ours).stop()
     assert summary == {"error": "the egress filter failed after it started: OSError: the audit log is unwritable"}
+
+
+def test_the_connection_filter_is_made_at_the_first_connection(schemas: Any, tmp_path: Path) -> None:
+    """A session that opens no connection never loads the connection filter or its threads; its
+    summary still has every total."""
+    idle = Setup(schemas, tmp_path)
+    try:
+        summary = idle.server.stop({})
+        assert idle.opened == 0 and idle.server.connections is None and idle.server._dns_pool is None
+        assert summary["connections"] == idle.connections.stats  # the same totals a filter starts with
+    finally:
+        idle.close()
+    busy = Setup(schemas, tmp_path / "busy")
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(2)]
+        for _ in clients:
+            busy.server.accept(listener, "dns_tcp")
+        assert busy.opened == 1 and busy.server.connections is busy.connections  # made once
+        for client in clients:
+            client.close()
+        wait_for(lambda: busy.server.handlers.value == 0)
+    finally:
+        listener.close()
+        busy.close()
+
+
+def test_the_filter_process_loads_its_serving_half_without_the_connection_filter() -> None:
+    """What the filter's process imports before it serves anything (sys.modules of a fresh
+    interpreter): neither the connection filter nor a thread pool nor dnspython."""
+    code = (
+        "import sys, json; import enforcer.egress.process, enforcer.egress.server; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    modules = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout))
+    assert "enforcer.egress.server" in modules
+    loaded = {"enforcer.egress.filter", "enforcer.egress.sniff", "concurrent.futures", "dns"} & modules
+    assert not loaded, loaded
+
+
+def test_a_connection_filter_that_cannot_be_loaded_refuses_and_records(setup: Setup) -> None:
+    def broken() -> tuple[ConnectionFilter, ThreadPoolExecutor]:
+        raise ImportError("no module named 'enforcer.egress.filter'")
+
+    setup.server._open_connections = broken
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(listener.getsockname())
+        client.settimeout(5)
+        setup.server.accept(listener, "tcp")
+        with pytest.raises(ConnectionResetError):
+            client.recv(1)
+        client.close()
+    finally:
+        listener.close()
+    assert setup.server.connections is None and setup.server.handlers.value == 0
+    setup.writer.sync()
+    [refused] = [r["payload"] for r in audit_records(setup.log)]
+    assert refused["decision"] == "deny" and refused["rules"] == ["net.filter_error"]
+    assert "could not be loaded" in refused["reasons"][0]["text"]
