@@ -150,7 +150,6 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit
         working = os.path.realpath(os.getcwd())
     except OSError:
         working = ""  # removed: nothing can be written there
-    os.chdir("/")
     sys.path[:] = trusted_import_path(sys.path, working)
     started: dict[str, Any] = {
         "public_test_ranges": [str(n) for n in test_ranges],
