@@ -5,14 +5,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from .logfiles import sync_directory
+
+# A key written by load_or_create, byte for byte: PKCS#8 (RFC 8410) holding only the 32-byte seed.
+# Read directly, since cryptography's serialization package (SSH, ciphers) costs a launch more to
+# import than signing does; any other PEM goes through cryptography's full loader.
+_PEM_HEAD, _PEM_TAIL = b"-----BEGIN PRIVATE KEY-----\n", b"\n-----END PRIVATE KEY-----\n"
+_PKCS8_ED25519 = bytes.fromhex("302e020100300506032b657004220420")
 
 
 class AuditKeyError(Exception):
@@ -39,6 +43,10 @@ def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    import tempfile  # creating a key happens once per key file
+
+    from cryptography.hazmat.primitives import serialization
+
     key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     # Written whole under a temporary name, then linked into place: a concurrent start never reads
@@ -67,6 +75,10 @@ def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
 
 def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:
     data = path.read_bytes()
+    if (seed := _written_seed(data)) is not None:
+        return ed25519.Ed25519PrivateKey.from_private_bytes(seed)
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except ValueError as exc:
@@ -76,12 +88,28 @@ def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:
     return key
 
 
+def _written_seed(data: bytes) -> bytes | None:
+    """The seed of a key in exactly the form load_or_create writes, else None."""
+    body = data[len(_PEM_HEAD) : -len(_PEM_TAIL)]
+    if len(body) != 64 or not data.startswith(_PEM_HEAD) or not data.endswith(_PEM_TAIL):
+        return None
+    try:
+        der = base64.b64decode(body, validate=True)
+    except ValueError:
+        return None
+    if len(der) != 48 or not der.startswith(_PKCS8_ED25519) or base64.b64encode(der) != body:
+        return None
+    return der[len(_PKCS8_ED25519) :]
+
+
 def public_pem(key: ed25519.Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def raw_public(key: ed25519.Ed25519PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return key.public_bytes_raw()
 
 
 def key_id(key: ed25519.Ed25519PublicKey) -> str:
@@ -93,6 +121,8 @@ def load_public(path: Path) -> ed25519.Ed25519PublicKey:
     data = path.read_bytes()
     if b"PRIVATE KEY" in data:
         return _load_private(path).public_key()
+    from cryptography.hazmat.primitives import serialization
+
     key = serialization.load_pem_public_key(data)
     if not isinstance(key, ed25519.Ed25519PublicKey):
         raise AuditKeyError(f"{path}: not an Ed25519 public key")

@@ -12,10 +12,11 @@ the previous record's hash, so each hash covers the whole history before it.
 
 from __future__ import annotations
 
-import calendar
+import contextlib
 import functools
 import hashlib
 import time
+from datetime import date
 from typing import Any
 
 import orjson
@@ -105,11 +106,29 @@ def format_ts(ns: int) -> str:
     return f"{_ts_cache[1]}.{frac:09d}Z"
 
 
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+
+
 def parse_ts(text: str) -> int:
     """Nanoseconds since the epoch from a timestamp written by format_ts."""
     head, _, frac = text.rstrip("Z").partition(".")
-    seconds = calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
-    return seconds * 1_000_000_000 + int((frac or "0").ljust(9, "0")[:9])
+    return _seconds(head) * 1_000_000_000 + int((frac or "0").ljust(9, "0")[:9])
+
+
+def _seconds(head: str) -> int:
+    """calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S")), read directly when `head` is in
+    the form format_ts writes: time.strptime loads its module and compiles its patterns first."""
+    if len(head) == 19 and head[4] == head[7] == "-" and head[10] == "T" and head[13] == head[16] == ":":
+        fields = (head[0:4], head[5:7], head[8:10], head[11:13], head[14:16], head[17:19])
+        if all(f.isascii() and f.isdigit() for f in fields):
+            year, month, day, hour, minute, second = map(int, fields)
+            if hour < 24 and minute < 60 and second < 60:
+                with contextlib.suppress(ValueError):  # no such day: strptime says why
+                    days = date(year, month, day).toordinal() - _EPOCH_DAY
+                    return ((days * 24 + hour) * 60 + minute) * 60 + second
+    import calendar  # any other spelling strptime accepts (leap seconds, one-digit fields)
+
+    return calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import launching
 from .. import session as sessions
@@ -18,7 +18,9 @@ from ..sandbox.plan import LaunchPlan
 from ..sandbox.stage import Prepared
 from ..settings.launch import LaunchSettings
 from .exec_common import print_report, refuse
-from .exec_learn import Learner
+
+if TYPE_CHECKING:
+    from .exec_learn import Learner
 
 
 class _Embedded:
@@ -32,6 +34,10 @@ class _Embedded:
         print(f"adl-exec: warning: {message}", file=sys.stderr)
 
     def planned(self, compiled: launching.CompiledPolicy, plan: LaunchPlan) -> None:
+        if not getattr(self.args, "learn", None):  # Learner.begin's own test: None unless --learn
+            return
+        from .exec_learn import Learner  # fanotify, the learner and the log reader: learn mode only
+
         self.learner = Learner.begin(
             self.args, compiled.adl_document, plan, self.session, self.args.explain, self.cgroup_group
         )

@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -96,6 +94,9 @@ def finish_plan(
     plan.layers.append(Layer("presets", mechanism, "active", list(applied.details)))
     if not applied.session_tmp or explain_only:
         return lambda: None
+    import shutil  # only for presets that ask for a session temp directory
+    import tempfile
+
     directory = tempfile.mkdtemp(prefix="adl-session-tmp-", dir="/tmp")
     if uid is not None:
         os.chown(directory, uid, gid if gid is not None else -1)

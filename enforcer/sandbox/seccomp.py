@@ -10,7 +10,6 @@ upper half of a register cannot slip past; a foreign architecture kills the proc
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import importlib
@@ -46,6 +45,8 @@ def pyseccomp() -> ModuleType:
 
 
 def _import_pyseccomp() -> ModuleType:
+    import ctypes.util  # subprocess, shutil: only where pyseccomp is loaded
+
     usual = ctypes.util.find_library
 
     def find_library(name: str) -> str | None:

@@ -43,12 +43,10 @@ import functools
 import os
 import pickle
 import resource
-import secrets
 import select
 import signal
 import socket
 import sys
-import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,7 +243,7 @@ class Prepared:
 
 
 def new_session_id() -> str:
-    return "session-" + secrets.token_hex(8)
+    return "session-" + os.urandom(8).hex()  # secrets.token_hex's bytes, without importing random
 
 
 def prepare(
@@ -282,6 +280,8 @@ def _fork(main: Any) -> tuple[int, socket.socket]:
             code = 0
         except BaseException:  # a forked child must never return into the caller's code
             with contextlib.suppress(Exception):
+                import traceback  # only when a child fails
+
                 traceback.print_exc()
         finally:
             os._exit(code)
@@ -303,6 +303,8 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
+    import traceback  # noqa: F401 - for failure reports, which may come after Landlock is applied
+
     from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
     from . import creation_guard, execmounts, landlock, namespaces, seccomp  # noqa: F401
 
@@ -383,6 +385,8 @@ class _StepFailed(Exception):
 def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -> None:
     message = f"{step}: {exc}"
     if exc is not None and not isinstance(exc, OSError):
+        import traceback  # loaded by _stage_main before anything restricts the stage
+
         message += " " + "".join(traceback.format_exception(exc, limit=2))
     with contextlib.suppress(OSError):
         os.write(sock.fileno(), message.encode()[:4000])

@@ -1,11 +1,13 @@
 """The audit writer's parts on their own: reading a log file's tail (torn or not), setting a torn
 line aside, HEAD.json replacement, when group commit, checkpoints and rotation fall due, the chain's
-lines, and the writer registry."""
+lines, the writer registry, and reading timestamps back."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -230,3 +232,45 @@ def test_the_lease_says_when_it_was_newly_taken(tmp_path: Path) -> None:
     finally:
         lease.release()
         lease.close()
+
+
+# -- timestamps ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "1970-01-01T00:00:00", "2024-02-29T23:59:59", "0001-01-01T00:00:00", "9999-12-31T23:59:59",
+        "2026-06-30T23:59:60", "2026-06-30T23:59:61",  # leap seconds: strptime's spelling
+        "2026-1-2T3:4:5", "2026-01-01t00:00:00", "2026-01- 1T00:00:00", "２０２６-01-01T00:00:00",
+        "2023-02-29T00:00:00", "2026-13-01T00:00:00", "2026-01-00T00:00:00", "2026-01-01T24:00:00",
+        "2026-01-01T00:00:0a", " 2026-01-01T00:00:00", "2026-01-01T00:00:00 ", "2026+01-01T00:00:00", "",
+    ],
+)  # fmt: skip
+def test_a_timestamp_reads_as_strptime_reads_it(head: str) -> None:
+    """parse_ts reads format_ts's form without time.strptime, and every other string as before."""
+    import calendar
+    import time
+
+    try:
+        expected: int | type[Exception] = calendar.timegm(time.strptime(head, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        expected = ValueError
+    try:
+        got: int | type[Exception] = records.parse_ts(head + ".5Z")
+    except ValueError:
+        got = ValueError
+    assert got == (expected if expected is ValueError else expected * 1_000_000_000 + 500_000_000)
+
+
+def test_format_ts_round_trips_without_loading_strptime() -> None:
+    code = (
+        "import random, sys\n"
+        "from enforcer.audit import records\n"
+        "rnd = random.Random(7)\n"
+        "for ns in [0, 253402300799_999999999, *(rnd.randrange(253402300800 * 10**9) for _ in range(5000))]:\n"
+        "    assert records.parse_ts(records.format_ts(ns)) == ns, ns\n"
+        "print('_strptime' in sys.modules, 'calendar' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["False", "False"]
