@@ -52,49 +52,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..policy.patterns import PatternList
+from .seccomp import GUARDED, METADATA, WATCH
 
 if TYPE_CHECKING:
     from .landlock import LandlockPlan
 
-# Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
-# means relative to the cwd. open/openat are only sent here when O_CREAT is set (see seccomp.py).
-GUARDED: dict[str, tuple[tuple[int | None, int], ...]] = {
-    "open": ((None, 0),),
-    "creat": ((None, 0),),
-    "openat": ((0, 1),),
-    "mkdir": ((None, 0),),
-    "mkdirat": ((0, 1),),
-    "mknod": ((None, 0),),
-    "mknodat": ((0, 1),),
-    "symlink": ((None, 1),),
-    "symlinkat": ((1, 2),),
-    "link": ((None, 0), (None, 1)),
-    "linkat": ((0, 1), (2, 3)),
-    "rename": ((None, 0), (None, 1)),
-    "renameat": ((0, 1), (2, 3)),
-    "renameat2": ((0, 1), (2, 3)),
-}
-
-# Metadata calls Landlock has no right for (mode, owner, times): answered only for files beneath a
-# writable grant. name -> (dirfd argument, path argument, flags argument); no path argument: the call
-# names the descriptor in the dirfd position.
-METADATA: dict[str, tuple[int | None, int | None, int | None]] = {
-    "chmod": (None, 0, None),
-    "fchmod": (0, None, None),
-    "fchmodat": (0, 1, None),
-    "fchmodat2": (0, 1, 3),
-    "chown": (None, 0, None),
-    "lchown": (None, 0, None),
-    "fchown": (0, None, None),
-    "fchownat": (0, 1, 4),
-    "utime": (None, 0, None),
-    "utimes": (None, 0, None),
-    "futimesat": (0, 1, None),
-    "utimensat": (0, 1, 3),
-}
-# inotify reports the names of entries in a watched directory, and no Landlock right covers watching:
-# a watch is added only on what the agent could open for reading.
-WATCH = "inotify_add_watch"
 IN_ONLYDIR, IN_DONT_FOLLOW = 0x01000000, 0x02000000
 _SYS_PIDFD_OPEN, _SYS_PIDFD_GETFD = 434, 438
 # Argument positions of what each metadata call sets.

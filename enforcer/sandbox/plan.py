@@ -22,13 +22,14 @@ from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
 from ..policy.errors import Refusal
 from ..policy.patterns import PatternList
-from . import DOMAINS, creation_guard, landlock, seccomp
+from . import DOMAINS, landlock, seccomp
 from .cgroups import Limits
 from .execmounts import ExecMounts
 from .seccomp import SeccompPlan
 
-if TYPE_CHECKING:  # pydantic is slow to import: only plans with a network layer load it
-    from ..egress_values import EgressValues
+if TYPE_CHECKING:
+    from ..egress_values import EgressValues  # only plans with a network layer load it
+    from . import creation_guard  # loaded by plans with a guard or denied patterns
 
 LayerStatus = Literal["active", "unavailable", "accepted-unenforced", "not declared"]
 DEFAULT_PIDS_MAX = 512
@@ -598,6 +599,8 @@ def _creation_matcher(fs: Any, writable: list[str]) -> creation_guard.DeniedName
     None without a writable grant: Landlock forbids creating files and seccomp every metadata change."""
     if fs is None or not writable:
         return None
+    from . import creation_guard  # only plans with a guard (or masks to compute) load it
+
     return creation_guard.DeniedNames(fs.denied, tuple(writable))
 
 
@@ -611,6 +614,8 @@ def _baseline_masks(denied: PatternList, roots: list[str], cwd: str, home: str, 
     more than MAX_MASK_WALK entries checked refuses the launch rather than leave matches readable."""
     details: list[str] = []
     masked = set(masks.files) | set(masks.dirs)
+    if denied.patterns:
+        from . import creation_guard
     for pattern in denied.patterns:
         single = creation_guard.DeniedNames(PatternList.compile([pattern], "path"))
         prefix = literal_prefix(pattern, cwd, home)

@@ -21,7 +21,48 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .creation_guard import GUARDED, METADATA, WATCH
+# The calls the filter sends to the creation guard (creation_guard.py); here, so that a process
+# building a plan or a filter does not load the guard.
+#
+# Syscalls whose calls create a name, with the argument positions of (dirfd, path) pairs; dirfd None
+# means relative to the cwd. open/openat are only sent to the guard when O_CREAT is set (below).
+GUARDED: dict[str, tuple[tuple[int | None, int], ...]] = {
+    "open": ((None, 0),),
+    "creat": ((None, 0),),
+    "openat": ((0, 1),),
+    "mkdir": ((None, 0),),
+    "mkdirat": ((0, 1),),
+    "mknod": ((None, 0),),
+    "mknodat": ((0, 1),),
+    "symlink": ((None, 1),),
+    "symlinkat": ((1, 2),),
+    "link": ((None, 0), (None, 1)),
+    "linkat": ((0, 1), (2, 3)),
+    "rename": ((None, 0), (None, 1)),
+    "renameat": ((0, 1), (2, 3)),
+    "renameat2": ((0, 1), (2, 3)),
+}
+
+# Metadata calls Landlock has no right for (mode, owner, times): the guard answers them only for
+# files beneath a writable grant. name -> (dirfd argument, path argument, flags argument); no path
+# argument: the call names the descriptor in the dirfd position.
+METADATA: dict[str, tuple[int | None, int | None, int | None]] = {
+    "chmod": (None, 0, None),
+    "fchmod": (0, None, None),
+    "fchmodat": (0, 1, None),
+    "fchmodat2": (0, 1, 3),
+    "chown": (None, 0, None),
+    "lchown": (None, 0, None),
+    "fchown": (0, None, None),
+    "fchownat": (0, 1, 4),
+    "utime": (None, 0, None),
+    "utimes": (None, 0, None),
+    "futimesat": (0, 1, None),
+    "utimensat": (0, 1, 3),
+}
+# inotify reports the names of entries in a watched directory, and no Landlock right covers watching:
+# a watch is added only on what the agent could open for reading.
+WATCH = "inotify_add_watch"
 
 # The sonames pyseccomp asks ctypes.util.find_library for when it is imported.
 _SONAMES = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}

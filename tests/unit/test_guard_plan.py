@@ -3,7 +3,10 @@ over the runtime baseline, what the guard is started for, and the moved-tree pre
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +92,34 @@ def test_the_guard_runs_for_every_writable_grant(schemas: Any, tmp_path: Path) -
     assert denied.seccomp.guard_creation and denied.seccomp.guard_metadata
     read_only = plan_for(schemas, {"filesystem": {"allowed_paths": [{"path": f"{tmp_path}/**", "access": "read"}]}})
     assert read_only.creation_denied is None and not read_only.seccomp.guarded
+
+
+GUARD_LOADED = """
+import json, os, sys
+from pathlib import Path
+from enforcer.policy import SchemaSet, spec_root
+from enforcer.sandbox.plan import HostFeatures, build_plan, load_baseline
+from enforcer.settings.launch import read as read_settings
+from tests.helpers.documents import base_adl, compile_doc
+
+schemas = SchemaSet(spec_root(read_settings(os.environ).spec_dir))
+baseline = load_baseline(Path("policies/runtime-baseline.yaml"))
+features = HostFeatures(landlock_abi=7, cgroups="v1")
+seen = []
+for access in ("read", "read_write"):
+    permissions = {"filesystem": {"allowed_paths": [{"path": sys.argv[1] + "/**", "access": access}]}}
+    policy = compile_doc(schemas, base_adl(permissions=permissions))
+    plan = build_plan(policy, ["/bin/true"], baseline=baseline, environ={}, features=features, cwd="/")
+    seen.append([plan.creation_denied is not None, "enforcer.sandbox.creation_guard" in sys.modules])
+print(json.dumps(seen))
+"""
+
+
+def test_a_plan_without_a_guard_does_not_load_the_guard(tmp_path: Path) -> None:
+    """The launcher builds the seccomp plan from the guard's syscall lists without loading the guard's
+    code; a plan with a writable grant gets its guard (and loads it)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", GUARD_LOADED, str(tmp_path)], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[False, False], [True, True]]
