@@ -52,7 +52,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
-from . import cgroups, guardian, pidns
+from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
+
+# What the stage runs, imported before it is forked: the stage and the session's PID-namespace init
+# (a fork of the stage) then share these pages with the launcher, which needs them (and the guard's
+# orjson) anyway, instead of each importing private copies.
+from . import cgroups, creation_guard, execmounts, guardian, landlock, namespaces, pidns, seccomp
 
 if TYPE_CHECKING:
     from .creation_guard import DeniedNames
@@ -305,9 +310,6 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
     # the session's cgroup, so the session is not charged for them.
     import traceback  # noqa: F401 - for failure reports, which may come after Landlock is applied
 
-    from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
-    from . import creation_guard, execmounts, landlock, namespaces, seccomp  # noqa: F401
-
     seccomp.pyseccomp()  # with libseccomp: the module loads them on first use
 
     join_error = None
@@ -369,8 +371,6 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
 def _compile_while_idle(sock: socket.socket) -> None:
     """Compile every seccomp variant until the order arrives: the stage is idle while adl-exec
     imports the policy code, and a compiled filter is then ready when the order names it."""
-    from . import seccomp
-
     for plan in seccomp.variants():
         if select.select([sock], [], [], 0)[0]:
             return
@@ -394,8 +394,6 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
 
 
 def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
-    from . import execmounts, landlock, namespaces, seccomp
-
     libc = ctypes.CDLL(None, use_errno=True)
     step = "seccomp"
     try:
@@ -490,8 +488,6 @@ def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | N
 
 
 def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:
-    from . import creation_guard
-
     code = 1
     try:
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
