@@ -15,13 +15,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..audit import records
 from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
-from ..policy.grants import Grant, explain_landlock, explain_seccomp
 from . import kernel_audit
+
+if TYPE_CHECKING:
+    from ..policy.grants import Grant
 
 MAX_TEXT = 512
 
@@ -128,6 +130,8 @@ class DenialLog:
         return False
 
     def _grant(self, d: kernel_audit.Denial) -> Grant:
+        from ..policy.grants import explain_landlock, explain_seccomp  # only a session with denials
+
         if d.mechanism == "seccomp":
             return explain_seccomp(_syscall_name(d.syscall))
         return explain_landlock(self.policy, d.blockers, d.path, d.port)

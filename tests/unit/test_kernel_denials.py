@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -177,3 +179,10 @@ def test_explain_says_that_a_launch_turns_host_auditing_on(monkeypatch: Any) -> 
     assert "Landlock ABI 6 does not report its denials" in ka.describe(6)
     monkeypatch.setattr(ka, "status", lambda: {**off, "enabled": 1, "backlog": 0})
     assert ka.describe(7) == "recorded in the audit log (kernel auditing is on)"
+
+
+def test_a_session_without_denials_does_not_load_the_grant_explainer() -> None:
+    """explain_landlock/explain_seccomp (the policy's grants) are loaded by the first denial."""
+    code = "import sys\nfrom enforcer.sandbox import denials\nprint('enforcer.policy.grants' in sys.modules)\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ["False"]
