@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -36,16 +37,16 @@ _REFERENCE_MEMBERS = {
 # (`A(?<!\wA)KIA` is `\bAKIA`). Led by `\b`, a pattern gives the regex engine no first character to
 # skip to, so it tries every position.
 # tests/unit/test_scan_patterns.py holds each equal to its plain form.
-_SECRET_VALUES = [
-    ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
-    ("AWS access key", re.compile(r"A(?<!\wA)(?:KIA|SIA)[0-9A-Z]{16}\b")),
-    ("GitHub token", re.compile(r"g(?<!\wg)h[pousr]_[A-Za-z0-9]{30,}\b")),
-    ("Slack token", re.compile(r"x(?<!\wx)ox[abprs]-[A-Za-z0-9-]{10,}")),
-    ("API secret key", re.compile(r"s(?<!\ws)k-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}")),
-    ("Google API key", re.compile(r"A(?<!\wA)Iza[0-9A-Za-z_-]{35}\b")),
-    ("JSON Web Token", re.compile(r"e(?<!\we)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
-    ("bearer credential", re.compile(r"B(?<!\wB)(?:earer|asic)\s+[A-Za-z0-9+/=._-]{16,}")),
-]
+_SECRET_VALUES = {
+    "private key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+    "AWS access key": r"A(?<!\wA)(?:KIA|SIA)[0-9A-Z]{16}\b",
+    "GitHub token": r"g(?<!\wg)h[pousr]_[A-Za-z0-9]{30,}\b",
+    "Slack token": r"x(?<!\wx)ox[abprs]-[A-Za-z0-9-]{10,}",
+    "API secret key": r"s(?<!\ws)k-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}",
+    "Google API key": r"A(?<!\wA)Iza[0-9A-Za-z_-]{35}\b",
+    "JSON Web Token": r"e(?<!\we)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+    "bearer credential": r"B(?<!\wB)(?:earer|asic)\s+[A-Za-z0-9+/=._-]{16,}",
+}
 # All of the above in one pattern: most values match none, and one search is cheaper than eight. The
 # engine tries every character that can start one of them, and "s" (sk-) and "e" (eyJ) are common
 # in ordinary text. Here those two, and the private key, start at a rarer character inside them and
@@ -58,9 +59,16 @@ _RARER_START = {
     "JSON Web Token": r"J(?<=(?<!\w)eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
 }
 _ANY_SECRET_VALUE = re.compile(
-    "|".join(f"(?:{_RARER_START.get(label, pattern.pattern)})" for label, pattern in _SECRET_VALUES)
+    "|".join(f"(?:{_RARER_START.get(label, pattern)})" for label, pattern in _SECRET_VALUES.items())
 )
 _SECRET_QUERY = re.compile(r"^(api[_-]?key|key|token|access_token|secret|password|sig|signature)$", re.IGNORECASE)
+
+
+@functools.cache
+def secret_value_patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
+    """Each kind of secret value, compiled: only to name the kind once _ANY_SECRET_VALUE has found
+    one (compiling them all costs a launch, which masks its argv here, more than the search does)."""
+    return tuple((label, re.compile(pattern)) for label, pattern in _SECRET_VALUES.items())
 
 
 def find_inline_credentials(document: Any) -> Iterator[Finding]:
@@ -78,7 +86,7 @@ def credential_reason(member: str, value: str) -> str | None:
     if member not in _REFERENCE_MEMBERS and _SECRET_NAME.search(member) and not value.startswith(("$", "${")):
         return f"member '{member}' carries a secret value"
     if _ANY_SECRET_VALUE.search(value):
-        for label, pattern in _SECRET_VALUES:  # the first kind in the list names it, as before
+        for label, pattern in secret_value_patterns():  # the first kind in the list names it, as before
             if pattern.search(value):
                 return f"value looks like a {label}"
     if "://" in value:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -29,7 +31,7 @@ PLAIN_SECRETS = {
     "bearer credential": r"\b(Bearer|Basic)\s+[A-Za-z0-9+/=._-]{16,}",
 }
 PAIRS = [(name, re.compile(plain), getattr(pii, name)) for name, plain in PLAIN_PII.items()] + [
-    (label, re.compile(PLAIN_SECRETS[label]), pattern) for label, pattern in credentials._SECRET_VALUES
+    (label, re.compile(PLAIN_SECRETS[label]), pattern) for label, pattern in credentials.secret_value_patterns()
 ]
 
 # Texts are built from characters the patterns care about and pieces that come close to (or make)
@@ -76,7 +78,7 @@ def test_each_pattern_matches_exactly_where_its_plain_form_does(name: str, plain
 def test_the_combined_secret_search_finds_a_secret_exactly_when_one_pattern_does() -> None:
     for text in TEXTS:
         assert bool(credentials._ANY_SECRET_VALUE.search(text)) == any(
-            pattern.search(text) for _, pattern in credentials._SECRET_VALUES
+            pattern.search(text) for _, pattern in credentials.secret_value_patterns()
         ), text
 
 
@@ -148,3 +150,14 @@ def test_searching_from_the_first_capitals_finds_every_match(name: str) -> None:
         assert found == expected, text
         matched += bool(expected)
     assert matched > 100
+
+
+def test_each_secret_pattern_is_compiled_only_to_name_a_secret_found() -> None:
+    """Every launch masks its argv: a value without a secret costs the combined search only."""
+    code = (
+        "from enforcer.policy import credentials as c\n"
+        "print(c.credential_reason('argv', '/bin/true'), c.secret_value_patterns.cache_info().currsize)\n"
+        "print(c.credential_reason('argv', 'x AKIAABCDEFGHIJKLMNOP'), c.secret_value_patterns.cache_info().currsize)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines() == ["None 0", "value looks like a AWS access key 1"]
