@@ -612,10 +612,10 @@ def _baseline_masks(denied: PatternList, roots: list[str], cwd: str, home: str, 
     """Mask what a denied pattern matches inside the baseline's directories. Each walk starts at the
     deepest literal directory the pattern and the baseline directory share; a pattern that would need
     more than MAX_MASK_WALK entries checked refuses the launch rather than leave matches readable."""
+    from . import creation_guard  # called only for a policy with denied patterns
+
     details: list[str] = []
     masked = set(masks.files) | set(masks.dirs)
-    if denied.patterns:
-        from . import creation_guard
     for pattern in denied.patterns:
         single = creation_guard.DeniedNames(PatternList.compile([pattern], "path"))
         prefix = literal_prefix(pattern, cwd, home)
