@@ -16,6 +16,7 @@ from ..daemon import affinity, notify, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
 from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
 from ..daemon.orders import SpawnerConfig
+from ..import_path import drop_working_directory
 from ..version import version_text
 
 EPILOG = f"""\
@@ -88,7 +89,9 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:  # run as the command: it imports some modules while agents run
+        drop_working_directory()
+        argv = sys.argv[1:]
     if argv[:1] == ["install-systemd"]:
         from . import install_systemd
 

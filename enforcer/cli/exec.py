@@ -134,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
+    if argv is None:  # run as the command: what it imports later, it imports while the agent runs
+        from ..import_path import drop_working_directory
+
+        drop_working_directory()
         argv = sys.argv[1:]
     from .daemon_args import read
 

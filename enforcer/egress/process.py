@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import socket
-import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 from ..audit import WriterSettings
 from ..egress_values import EgressValues
+from ..import_path import drop_working_directory
 from ..policy import Policy
 from ..sandbox import namespaces
 from ..sandbox.stage import close_all_but
@@ -146,11 +146,7 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     # What this process imports from here on, it imports while the agent runs: never from a
     # directory the agent may write to.
-    try:
-        working = os.path.realpath(os.getcwd())
-    except OSError:
-        working = ""  # removed: nothing can be written there
-    sys.path[:] = trusted_import_path(sys.path, working)
+    drop_working_directory()
     started: dict[str, Any] = {
         "public_test_ranges": [str(n) for n in test_ranges],
         "ipv6": space.ipv6,
@@ -172,11 +168,3 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit
     return 0
 
 
-def trusted_import_path(path: list[str], working_directory: str) -> list[str]:
-    """`path` without the entries that name the working directory (`""`, a relative entry, or the
-    directory itself, as `python -m` and `-c` put it first): the agent may write there."""
-    kept = []
-    for entry in path:
-        if entry and os.path.isabs(entry) and os.path.realpath(entry) != working_directory:
-            kept.append(entry)
-    return kept

@@ -7,7 +7,8 @@ layer, nothing else.
 
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_values (the egress filter's settings as plain values, and
-                  their validators), text (printing what agents chose)
+                  their validators), text (printing what agents chose), import_path (no import
+                  from a directory the agent may write)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -37,7 +38,7 @@ import enforcer
 ROOT = Path(enforcer.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values", "text"),
+    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values", "text", "import_path"),
     ("egress_settings",),
     ("settings",),
     ("policy",),

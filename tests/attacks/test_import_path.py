@@ -1,0 +1,71 @@
+"""Modules planted by the agent where root imports from. `python -m enforcer.cli.exec` puts its
+working directory first on sys.path, adl-exec imports some modules only when it first needs them
+(after the agent has started: its report, the end of the session), and the agent may write to that
+directory when it is its workspace. Every module name the interpreter could look up is planted
+there while the session runs; none may be imported by root."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
+
+pytestmark = needs_root
+
+PLANT = """
+import os
+names, markers = os.environ["ALLOWED_NAMES"].split(), os.environ["ALLOWED_MARKERS"]
+for name in names:
+    with open(name + ".py", "w") as f:
+        f.write(f"open({markers!r} + '/{name}', 'w').close()\\n")
+print("PLANTED", len(names), flush=True)
+for denied in (os.environ["ALLOWED_OUTSIDE"], "/etc/shadow"):  # kernel denials: the report explains them
+    try:
+        open(denied).read()
+    except OSError:
+        pass
+"""
+
+
+def module_names() -> list[str]:
+    """Every top-level name the launcher's interpreter might import: the standard library's and
+    those of each installed distribution."""
+    names = set(sys.stdlib_module_names)
+    for dist in importlib.metadata.distributions():
+        top = dist.read_text("top_level.txt") or ""
+        names.update(top.split())
+        names.update(p.parts[0].removesuffix(".py") for p in dist.files or () if len(p.parts) >= 1)
+    return sorted(n for n in names if n.isidentifier() and n not in {"__future__", "__main__", "enforcer"})
+
+
+def test_root_imports_nothing_the_agent_plants_in_the_working_directory(sandbox: Sandbox, tmp_path: Path) -> None:
+    markers = tmp_path / "imported"  # root writes a name here when it runs a planted module
+    markers.mkdir()
+    names = module_names()
+    environ = {
+        **os.environ,
+        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
+        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
+        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
+        "ADL_ENFORCER_CACHE_DIR": str(sandbox.root / "policy-cache"),
+        "ALLOWED_NAMES": " ".join(names),
+        "ALLOWED_MARKERS": str(markers),
+        "ALLOWED_OUTSIDE": str(sandbox.outside / "private.txt"),
+    }
+    argv = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--report"]
+    proc = subprocess.run(
+        [*argv, "--user", AGENT_USER, "--", "python3", "-c", PLANT],
+        cwd=sandbox.ws,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    planted = [n for n in names if (sandbox.ws / f"{n}.py").exists()]
+    assert proc.returncode == 0 and f"PLANTED {len(names)}" in proc.stdout, proc.stdout + proc.stderr
+    assert len(planted) == len(names) > 300  # the control: the agent could write every one of them
+    assert sorted(p.name for p in markers.iterdir()) == [], proc.stderr
