@@ -48,8 +48,10 @@ def _exactly(sock: _socket.socket, size: int, got: bytes = b"") -> bytes:
 
 
 def _recv_fds(sock: _socket.socket, size: int, max_fds: int) -> tuple[bytes, list[int]]:
-    """As socket.recv_fds: the data and every whole descriptor of the SCM_RIGHTS messages."""
-    head, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(max_fds * _FD_SIZE))
+    """As socket.recv_fds: the data and every whole descriptor of the SCM_RIGHTS messages, each
+    close-on-exec (a process this one executes later never inherits another session's stdio)."""
+    space = _socket.CMSG_LEN(max_fds * _FD_SIZE)
+    head, ancillary, _flags, _addr = sock.recvmsg(size, space, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, rights in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:

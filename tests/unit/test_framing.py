@@ -40,6 +40,9 @@ def test_descriptors_travel_with_the_frame(pair: tuple[socket.socket, socket.soc
                 os.fstat(received).st_ino,
                 os.fstat(received).st_dev,
             )
+            # Close-on-exec: an interpreter or guardian this process executes next never holds
+            # another session's stdio open.
+            assert not os.get_inheritable(received)
             os.close(received)
         # What socket.recv_fds reads from the same message, for comparison.
         send_frame(a, b"again", files[:2])
