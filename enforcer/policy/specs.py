@@ -16,6 +16,7 @@ built only for schemas whose every keyword and pattern means the same to both va
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -25,7 +26,7 @@ from typing import Any
 from ..data import SCHEMAS
 from .ecma import ecma_pattern
 from .formats import is_uri, parse_timestamp
-from .jsonvalues import unsafe_integers
+from .jsonvalues import MAX_SAFE_INTEGER
 
 ADL_SPEC_REPO = "agent-definition-language__specification"
 AAIF_REPO = "Observalytics-SL__aaif"
@@ -224,7 +225,8 @@ def _aaif_validator(root: Path, schema_file: str) -> Any:
 # classes, groups, alternation, quantifiers, anchors and \d, where both read `\d` as ASCII digits
 # and `$` as the end of the input. `.`, `\s`, `\w`, `\b` and the like differ between the two (line
 # terminators, Unicode whitespace) and so do keywords such as multipleOf: a schema using one is
-# not given the fast check.
+# not given the fast check. So is one with a `$id` below its root (references inside it resolve
+# differently), and a document holding a value the two read differently (see _read_alike).
 
 _SUBSCHEMA = {"additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames"}
 _SUBSCHEMA_MAP = {"properties", "patternProperties", "$defs", "definitions"}
@@ -270,6 +272,10 @@ def _portable(schema: Any) -> bool:
         if not isinstance(node, dict):
             return False
         for keyword, value in node.items():
+            if keyword == "$id" and node is not schema:
+                # Inside not, contains and if jsonschema resolves references against the enclosing
+                # resource, jsonschema_rs against this $id: the same reference names two schemas.
+                return False
             if keyword in _SUBSCHEMA:
                 stack.append(value)
             elif keyword in _SUBSCHEMA_MAP:
@@ -361,10 +367,36 @@ def _aaif_check(root: Path, schema_file: str) -> Any | None:
 
 
 def _accepts(check: Any | None, document: dict[str, Any]) -> bool:
-    # Integers beyond ±(2^53-1) may be compared as floats by one validator and exactly by the other.
-    if check is None or unsafe_integers(document):
+    if check is None or not _read_alike(document):
         return False
     try:
         return bool(check.is_valid(document))
     except Exception:  # a value jsonschema_rs cannot take: the wording validator decides
         return False
+
+
+def _read_alike(document: Any) -> bool:
+    """Whether both validators read every value of `document` as the same JSON value (iteratively:
+    documents may be deep). Not so for a tuple (an array to jsonschema_rs, no JSON type to
+    jsonschema), NaN and the infinities (no number to jsonschema_rs, so bounds skip them), other
+    Python types, and integers beyond ±(2^53-1) (compared as floats by one, exactly by the other).
+    The loader refuses all but the large integers; a caller may hand over a document it built."""
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            if not all(type(key) is str for key in value):
+                return False
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is float:
+            if not math.isfinite(value):
+                return False
+        elif kind is int:
+            if abs(value) > MAX_SAFE_INTEGER:
+                return False
+        elif kind not in (str, bool, type(None)):
+            return False
+    return True

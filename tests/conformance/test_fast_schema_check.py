@@ -177,6 +177,8 @@ def test_a_schema_with_a_keyword_read_differently_is_validated_exactly(tmp_path:
         ({"items": [{"type": "string"}]}, False),
         ({"patternProperties": {"^a.$": {}}}, False),
         ({"dependencies": {"a": ["b"]}}, False),
+        ({"$id": "urn:example:root", "type": "object"}, True),
+        ({"$defs": {"a": {"$id": "urn:example:a"}}}, False),
     ],
 )
 def test_schemas_outside_the_shared_subset_are_not_given_the_fast_check(schema: dict, portable: bool) -> None:
@@ -220,3 +222,64 @@ def test_portable_patterns_match_alike_in_both_engines() -> None:
         for _ in range(300):
             text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
             assert check.is_valid(text) == bool(ecma_pattern(pattern).search(text)), (pattern, text)
+
+
+def _fast_and_exact(schema: dict[str, Any], instance: Any, asserted: bool = True) -> tuple[bool, bool]:
+    from enforcer.policy.schema_errors import AAIFSchemaValidator, ADLSchemaValidator
+    from enforcer.policy.specs import _accepts, _check
+
+    exact_validator = (ADLSchemaValidator if asserted else AAIFSchemaValidator)(schema)
+    exact = not any(True for _ in iter_leaf_errors(exact_validator, instance))
+    return _accepts(_check(schema, [], asserted), instance), exact
+
+
+def _inner_resource(keyword: str) -> dict[str, Any]:
+    # The same reference names an integer from the outer resource and a string from the inner one.
+    inner = {"$id": "urn:example:inner", "$defs": {"y": {"type": "string"}}, "$ref": "#/$defs/y"}
+    schema: dict[str, Any] = {"$id": "urn:example:outer", "$defs": {"y": {"type": "integer"}}, keyword: inner}
+    if keyword == "if":
+        schema["then"] = False
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema,instance",
+    [
+        # jsonschema resolves a reference inside not, contains and if against the enclosing resource,
+        # jsonschema_rs against the subschema's own $id: each reads another schema.
+        (_inner_resource("not"), 1),
+        (_inner_resource("contains"), ["s"]),
+        (_inner_resource("if"), 1),
+        ({"properties": {"a": _inner_resource("not")}}, {"a": 1}),
+        ({"$defs": {"e": _inner_resource("not")}, "$ref": "#/$defs/e"}, 1),
+    ],
+)
+def test_a_reference_inside_an_embedded_resource_is_not_read_two_ways(schema: dict, instance: Any) -> None:
+    fast, exact = _fast_and_exact(schema, instance)
+    assert not exact
+    assert not fast
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        # jsonschema_rs reads a tuple as an array; to the wording validator it is no JSON type at all.
+        base_adl(tools=({"name": "t", "description": "d"},)),
+        base_adl(tools=[{"name": "t", "description": "d", "examples": ({"name": "e"},)}]),
+    ],
+    ids=["tools", "examples"],
+)
+def test_values_outside_json_are_left_to_the_exact_validator(document: dict[str, Any]) -> None:
+    # The loader refuses such values; the check must not accept them when handed one directly.
+    schemas = SchemaSet(PACKAGED_SCHEMAS)
+    fast, exact = _adl_agrees(schemas, document)
+    assert not fast or exact
+    assert not fast
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_a_value_that_is_no_json_number_is_left_to_the_exact_validator(value: float) -> None:
+    # jsonschema_rs reads NaN and the infinities as no number, so the bounds do not apply to them.
+    fast, exact = _fast_and_exact({"properties": {"a": {"minimum": 0, "maximum": 10}}}, {"a": value})
+    assert not fast or exact
+    assert not fast
