@@ -51,7 +51,15 @@ MAX_ENTRIES = 256
 _PACKAGE = Path(__file__).resolve().parent
 # The code a compiled policy depends on; the libraries that validate documents are in the key by
 # their installed files, so an upgrade misses too.
-_CODE = ("policy", "documents.py", "policy_cache.py", "sandbox/plan.py", "version.py", "data/parsed.json")
+_CODE = (
+    "policy",
+    "documents.py",
+    "policy_cache.py",
+    "sandbox/plan.py",
+    "version.py",
+    "data/parsed.py",
+    "data/parsed.json",
+)
 _LIBRARIES = ("jsonschema", "jsonschema_rs", "referencing", "rfc8785", "idna", "ruamel")
 
 

@@ -273,3 +273,17 @@ def test_a_changed_parsed_yaml_table_changes_the_code_fingerprint(tmp_path, monk
     table = package / "data" / "parsed.json"
     table.write_text(table.read_text().replace('"file"', '"file" ', 1))
     assert policy_cache.code_fingerprint(None) != before
+
+
+def test_the_code_that_reads_the_parsed_yaml_table_is_in_the_code_fingerprint(tmp_path, monkeypatch):
+    # enforcer/data/parsed.py decides which bytes the table stands in for, as plan.py and the loader
+    # decide how other bytes parse: an edit of it must make compiled entries miss too.
+    package = tmp_path / "enforcer"
+    (package / "data").mkdir(parents=True)
+    shutil.copyfile(policy_cache._PACKAGE / "data" / "parsed.py", package / "data" / "parsed.py")
+    monkeypatch.setattr(policy_cache, "_PACKAGE", package)
+    before = policy_cache.code_fingerprint(None)
+    assert policy_cache.code_fingerprint(None) == before
+    lookup = package / "data" / "parsed.py"
+    lookup.write_text(lookup.read_text() + "\n")
+    assert policy_cache.code_fingerprint(None) != before
