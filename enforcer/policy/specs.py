@@ -339,7 +339,8 @@ def _check(schema: dict[str, Any], resources: list[tuple[str, Any]], asserted: b
 
     # The core is one resource under several URIs: look at each schema once.
     everything = list({id(each): each for each in (schema, *(contents for _, contents in resources))}.values())
-    if not all(_portable(each) for each in everything):
+    # A schema file may hold NaN or Infinity (Python's json reads them), which jsonschema_rs reads as null.
+    if not all(_portable(each) and _read_alike(each) for each in everything):
         return None
     try:
         return jsonschema_rs.Draft202012Validator(

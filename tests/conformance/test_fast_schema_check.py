@@ -283,3 +283,19 @@ def test_a_value_that_is_no_json_number_is_left_to_the_exact_validator(value: fl
     fast, exact = _fast_and_exact({"properties": {"a": {"minimum": 0, "maximum": 10}}}, {"a": value})
     assert not fast or exact
     assert not fast
+
+
+@pytest.mark.parametrize(
+    "schema,instance",
+    [
+        ({"properties": {"a": {"const": float("nan")}}}, {"a": None}),
+        ({"properties": {"a": {"enum": [float("inf"), 1]}}}, {"a": None}),
+        ({"properties": {"a": {"const": {"b": [float("-inf")]}}}}, {"a": {"b": [None]}}),
+    ],
+    ids=["const-nan", "enum-inf", "nested-inf"],
+)
+def test_a_schema_holding_a_value_that_is_no_json_number_is_validated_exactly(schema: dict, instance: Any) -> None:
+    # Python's json module reads NaN and Infinity in a schema file; jsonschema_rs takes them for null.
+    fast, exact = _fast_and_exact(schema, instance)
+    assert not exact
+    assert not fast
