@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Set
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -261,9 +262,9 @@ def _portable_pattern(pattern: Any) -> bool:
     return True
 
 
-def _portable(schema: Any) -> bool:
+def _portable(schema: Any, uris: Set[str]) -> bool:
     """Whether every keyword and pattern of `schema` (iteratively: schemas may be deep) is one the two
-    validators agree on."""
+    validators agree on; `uris`: the names a reference may give a whole resource by."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -288,7 +289,7 @@ def _portable(schema: Any) -> bool:
                 if not isinstance(value, list):
                     return False
                 stack.extend(value)
-            elif not _portable_value(keyword, value):
+            elif not _portable_value(keyword, value, uris):
                 return False
     return True
 
@@ -298,11 +299,16 @@ def _portable(schema: Any) -> bool:
 _PORTABLE_REF = re.compile(r"[^#]*#?|#/(?:\$defs|definitions)/[A-Za-z0-9_.-]+", re.ASCII)
 
 
-def _portable_value(keyword: str, value: Any) -> bool:
+def _portable_value(keyword: str, value: Any, uris: Set[str]) -> bool:
     if keyword == "pattern":
         return _portable_pattern(value)
     if keyword == "$ref":
-        return isinstance(value, str) and _PORTABLE_REF.fullmatch(value) is not None
+        if not isinstance(value, str) or _PORTABLE_REF.fullmatch(value) is None:
+            return False
+        # A whole resource only by the very name it is registered under: jsonschema_rs normalises a
+        # URI (case, port, dot segments, escapes) before looking it up, the wording validator does not.
+        resource = value.removesuffix("#")
+        return value.startswith("#/") or resource == "" or resource in uris
     return keyword in _VALUES or not (keyword in _OTHER_KEYWORDS or keyword.startswith("$"))
 
 
@@ -340,7 +346,8 @@ def _check(schema: dict[str, Any], resources: list[tuple[str, Any]], asserted: b
     # The core is one resource under several URIs: look at each schema once.
     everything = list({id(each): each for each in (schema, *(contents for _, contents in resources))}.values())
     # A schema file may hold NaN or Infinity (Python's json reads them), which jsonschema_rs reads as null.
-    if not all(_portable(each) and _read_alike(each) for each in everything):
+    uris = {uri for uri, _ in resources} | {each["$id"] for each in everything if isinstance(each.get("$id"), str)}
+    if not all(_portable(each, uris) and _read_alike(each) for each in everything):
         return None
     try:
         return jsonschema_rs.Draft202012Validator(

@@ -184,7 +184,7 @@ def test_a_schema_with_a_keyword_read_differently_is_validated_exactly(tmp_path:
 def test_schemas_outside_the_shared_subset_are_not_given_the_fast_check(schema: dict, portable: bool) -> None:
     from enforcer.policy.specs import _portable
 
-    assert _portable(schema) is portable
+    assert _portable(schema, {"urn:example:core"}) is portable
 
 
 def _schema_patterns(root: Path) -> set[str]:
@@ -299,3 +299,46 @@ def test_a_schema_holding_a_value_that_is_no_json_number_is_validated_exactly(sc
     fast, exact = _fast_and_exact(schema, instance)
     assert not exact
     assert not fast
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "HTTPS://ADL-SPEC.ORG/0.3/schema.json",
+        "https://adl-spec.org:443/0.3/schema.json",
+        "https://adl-spec.org/0.3/../0.3/schema.json",
+        "https://adl-spec.org/0.3/schema%2Ejson",
+        "URN:adl-enforcer:schema:adl:core",
+    ],
+)
+def test_a_reference_only_jsonschema_rs_resolves_is_left_to_the_exact_validator(reference: str) -> None:
+    # jsonschema_rs normalises a URI before looking it up; the wording validator's registry does not
+    # and cannot resolve it: the fast check must not accept what the exact validator cannot check.
+    from enforcer.policy.schema_errors import adl_validator
+    from enforcer.policy.specs import _accepts, _check
+
+    target = {"$id": "https://adl-spec.org/0.3/schema.json", "type": "integer"}
+    resources = [("https://adl-spec.org/0.3/schema.json", target), ("urn:adl-enforcer:schema:adl:core", target)]
+    schema = {"allOf": [{"$ref": reference}]}
+    from referencing.exceptions import Unresolvable
+
+    with pytest.raises(Unresolvable):
+        list(iter_leaf_errors(adl_validator(schema, resources), 1))
+    assert not _accepts(_check(schema, resources, True), 1)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "https://adl-spec.org/0.3/schema.json",
+        "https://adl-spec.org/0.3/schema.json#",
+        "urn:adl-enforcer:schema:adl:core",
+    ],
+)
+def test_a_reference_to_a_registered_resource_gets_the_fast_check(reference: str) -> None:
+    from enforcer.policy.specs import _accepts, _check
+
+    target = {"$id": "https://adl-spec.org/0.3/schema.json", "type": "integer", "properties": {"a": {"$ref": ""}}}
+    resources = [("https://adl-spec.org/0.3/schema.json", target), ("urn:adl-enforcer:schema:adl:core", target)]
+    check = _check({"allOf": [{"$ref": reference}]}, resources, True)
+    assert _accepts(check, 1) and not _accepts(check, "1")
