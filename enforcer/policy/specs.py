@@ -346,7 +346,8 @@ def _check(schema: dict[str, Any], resources: list[tuple[str, Any]], asserted: b
     # The core is one resource under several URIs: look at each schema once.
     everything = list({id(each): each for each in (schema, *(contents for _, contents in resources))}.values())
     # A schema file may hold NaN or Infinity (Python's json reads them), which jsonschema_rs reads as null.
-    uris = {uri for uri, _ in resources} | {each["$id"] for each in everything if isinstance(each.get("$id"), str)}
+    uris = {uri for uri, _ in resources}
+    uris |= {each["$id"] for each in everything if isinstance(each, dict) and isinstance(each.get("$id"), str)}
     if not all(_portable(each, uris) and _read_alike(each) for each in everything):
         return None
     try:

@@ -342,3 +342,11 @@ def test_a_reference_to_a_registered_resource_gets_the_fast_check(reference: str
     resources = [("https://adl-spec.org/0.3/schema.json", target), ("urn:adl-enforcer:schema:adl:core", target)]
     check = _check({"allOf": [{"$ref": reference}]}, resources, True)
     assert _accepts(check, 1) and not _accepts(check, "1")
+
+
+@pytest.mark.parametrize("resource", [True, False])
+def test_a_boolean_resource_gets_the_fast_check(resource: bool) -> None:
+    from enforcer.policy.specs import _accepts, _check
+
+    check = _check({"$ref": "urn:example:any"}, [("urn:example:any", resource)], True)
+    assert check is not None and _accepts(check, {"a": 1}) is resource
