@@ -350,3 +350,60 @@ def test_a_boolean_resource_gets_the_fast_check(resource: bool) -> None:
 
     check = _check({"$ref": "urn:example:any"}, [("urn:example:any", resource)], True)
     assert check is not None and _accepts(check, {"a": 1}) is resource
+
+
+# Values at the edges where a regex engine, a format parser or a number comparison may differ.
+EDGE_VALUES: list[Any] = [
+    "1.0.0\r", "1.0.0\u2028", "\uff11.0.0", " 1.0.0", "x_\u0663", "X_acme", "\u212a", "\u0130", "e\u0301", "a\x00",
+    "\U0001f600", "\U0001f600\U0001f600", "internal\n", "INTERNAL", "restricted\u200b",
+    "http://[::1]/", "http://[v1.x]/", "HTTP://A", "a:b", "urn:", ":x", "http://%41", "http://ex.com/%", "file:///etc",
+    "x://", "1http://x", "http://a\u00e9.com", "mailto:a@b", "http://a:b@c:99999/", "http://[::1", "//x", "#frag",
+    "2026-06-30T23:59:60Z", "2026-01-01T00:00:00+24:00", "2026-01-01t00:00:00z", "2026-01-01T00:00:00.123456789Z",
+    "2026-01-01T00:00:00-00:00", "2026-02-29T00:00:00Z", "2024-02-29T00:00:00Z", "2026-01-01T00:00:00+0100",
+    "2026-01-01 00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:00:00",
+    -0.0, 1e16, 1e300, 2**53 - 1, -(2**53 - 1), 0.1, 1.5, 2.0, 3, 100, -2,
+    [True, 1], [0, False], [0, -0.0], [{"a": [1]}, {"a": [1.0]}], ["x", "X"], [None, None], [[], []], [{}, {}],
+]  # fmt: skip
+
+
+def _judge(schemas: SchemaSet, kind: str, document: dict[str, Any]) -> Any:
+    """The document's check as the compiler runs it: (fast, exact) for one document, None when its
+    schema is unknown here."""
+    if kind == "adl":
+        return lambda doc: _adl_agrees(schemas, doc)
+    from enforcer.policy.aaif import schema_file_for
+    from enforcer.policy.specs import SpecMissing
+
+    name = schema_file_for(document)
+    try:
+        validator = schemas.aaif_validator(name)
+    except SpecMissing:
+        return None
+    return lambda doc: (schemas.aaif_accepts(name, doc), not any(True for _ in iter_leaf_errors(validator, doc)))
+
+
+@pytest.mark.parametrize("root", _roots(), ids=lambda r: r.name)
+@pytest.mark.parametrize("kind", ["adl", "aaif"])
+def test_one_edge_value_in_a_valid_document_is_judged_alike(root: Path, kind: str) -> None:
+    # Each AAIF document against the schema it names (agent-state, conformance-report, ...), every
+    # valid one with one member replaced by an edge value: regex, format and number edges meet the
+    # real schemas one at a time.
+    schemas = SchemaSet(root)
+    cases = []
+    for document in _documents(kind) + ([base_adl()] if kind == "adl" else []):
+        agrees = _judge(schemas, kind, document)
+        if agrees is not None and agrees(document)[1]:
+            cases += [(agrees, document, path) for path in json_paths(document)]
+    assert len({id(document) for _, document, _ in cases}) >= (20 if kind == "adl" else 8)
+    rng = random.Random(f"edges:{root.name}:{kind}")
+    tally = {"accepted": 0, "refused": 0}
+    for agrees, document, path in rng.sample(cases, min(len(cases), 400)):
+        for value in rng.sample(EDGE_VALUES, 3):
+            changed = copy.deepcopy(document)
+            set_at(changed, path, copy.deepcopy(value))
+            fast, exact = agrees(changed)
+            assert not fast or exact, (path, value)
+            if not unsafe_integers(changed):
+                assert fast == exact, ("the fast check refused a valid document", path, value)
+            tally["accepted" if fast else "refused"] += 1
+    assert tally["accepted"] >= 100 and tally["refused"] >= 100, tally
