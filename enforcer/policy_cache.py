@@ -57,6 +57,7 @@ _CODE = (
     "policy_cache.py",
     "sandbox/plan.py",
     "version.py",
+    "data/__init__.py",
     "data/parsed.py",
     "data/parsed.json",
 )
