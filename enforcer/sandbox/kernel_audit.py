@@ -22,6 +22,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import select
 import socket
 import struct
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 NETLINK_AUDIT = 9
 AUDIT_NLGRP_READLOG = 1
 AUDIT_GET, AUDIT_SET = 1000, 1001
+AUDIT_USER = 1005  # a message from user space, logged (and multicast) like the kernel's own records
 AUDIT_STATUS_ENABLED = 0x0001
 AUDIT_STATUS_BACKLOG_LIMIT = 0x0010
 # The kernel's default queue (64 records) overflows within milliseconds of a denial loop; this is
@@ -471,10 +473,22 @@ class Reader:
             self.error = exc
 
     def _drain(self) -> None:
-        """The session's processes are gone: once the kernel's queue is empty (kauditd has sent
-        everything to the group), what is left is in this socket. Bounded: a second at most."""
-        for _ in range(50):
-            self._read_available()
+        """The session's processes are gone, so every record of theirs is already in the kernel's
+        queue, which kauditd sends to the group in order: a marker queued now arrives after them.
+        Without the marker (user messages filtered out by the host's audit rules, rate-limited,
+        no CAP_AUDIT_WRITE), wait until the queue is empty instead. Bounded: a second at most."""
+        nonce = self._send_marker()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if nonce is not None:
+                # Woken by what arrives (the marker, usually within a fraction of a millisecond);
+                # the queue is asked about only once nothing has arrived for a while.
+                if select.select([self.sock], [], [], 0.02)[0]:
+                    if self._read_available(nonce):
+                        return
+                    continue
+            else:
+                self._read_available()
             try:
                 empty = status()["backlog"] == 0
             except OSError:
@@ -483,20 +497,40 @@ class Reader:
                 time.sleep(0.005)  # kauditd dequeues, then sends: let the last one land
                 self._read_available()
                 return
-            time.sleep(0.02)
+            if nonce is None:
+                time.sleep(0.02)
 
-    def _read_available(self) -> None:
+    def _send_marker(self) -> bytes | None:
+        """Queue an AUDIT_USER message naming a random nonce (no other process can send the same
+        one ahead of time); None if the kernel refused it."""
+        nonce = secrets.token_hex(16).encode()
+        try:
+            with _control_socket() as sock:
+                _request(sock, AUDIT_USER, b"op=adl-enforcer-drain nonce=" + nonce + b"\0")
+                answer = sock.recv(65536)
+        except OSError:
+            return None
+        _, msg_type, _, _, _ = _HEADER.unpack_from(answer)
+        if msg_type == _NLMSG_ERROR and struct.unpack_from("=i", answer, _HEADER.size)[0] != 0:
+            return None
+        return nonce
+
+    def _read_available(self, marker: bytes | None = None) -> bool:
+        """Whether a record holding `marker` (the drain's nonce) was among those read."""
+        seen = False
         for _ in range(4096):  # bounded: the stop pipe and the grace flush get their turn
             try:
                 data = self.sock.recv(65536)
             except BlockingIOError:
-                return
+                return seen
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
                     self.lost_datagrams += 1
                     continue
                 raise
             for msg_type, body in messages(data):
+                if msg_type == AUDIT_USER and marker is not None and b" nonce=" + marker + b"'" in body:
+                    seen = True
                 if msg_type not in _INTERESTING:
                     continue
                 record = parse_record(msg_type, body)
@@ -510,6 +544,7 @@ class Reader:
                 if record.serial not in self._pending and len(self._pending) >= _MAX_REMEMBERED:
                     self._flush(everything=True)
                 self._pending.setdefault(record.serial, (time.monotonic(), []))[1].append(record)
+        return seen
 
     def _flush(self, everything: bool) -> None:
         cutoff = time.monotonic() - _EVENT_GRACE_S

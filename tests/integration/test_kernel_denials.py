@@ -131,3 +131,17 @@ def test_daemon_sessions_record_kernel_denials_and_report_them(daemon: RunningDa
     assert r.returncode == 1 and "kernel denials:" in r.stderr and target in r.stderr, r.stderr
     found = [d for d in kernel_denials(daemon.records()) if d.get("path") == target]
     assert len(found) == 1 and found[0]["command"] == "cat" and found[0]["rules"] == ["fs.not_allowed"]
+
+
+def test_a_denial_made_as_the_agent_exits_is_recorded_every_time(sandbox: Sandbox) -> None:
+    # The reader stops as soon as the kernel has delivered what was queued before the session
+    # ended: a denial in the agent's last instant is among it, in every session.
+    target = sandbox.outside / "last.txt"
+    target.write_text("x")
+    code = f"import os\ntry: os.open({str(target)!r}, os.O_RDONLY)\nexcept PermissionError: os._exit(3)\nos._exit(0)\n"
+    for _ in range(3):
+        r = sandbox.python(code)
+        assert r.code == 3, r.err
+        found = [d for d in kernel_denials(r.records) if d.get("path") == str(target)]
+        assert len(found) == 1 and found[0]["blockers"] == ["fs.read_file"], r.records
+        assert r.record("exit")["payload"]["kernel_denials"]["denials"] >= 1

@@ -186,3 +186,108 @@ def test_a_session_without_denials_does_not_load_the_grant_explainer() -> None:
     code = "import sys\nfrom enforcer.sandbox import denials\nprint('enforcer.policy.grants' in sys.modules)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.split() == ["False"]
+
+
+def _deny_then_exit(reader_roots: list[int], target: str) -> int:
+    """Fork a process that Landlock denies reading `target` and that exits at once; returns its pid,
+    reaped. Its pid is known to the attribution before it may deny anything."""
+    import os
+
+    from enforcer.sandbox import landlock
+
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(go_w)
+            os.read(go_r, 1)
+            landlock.restrict(landlock.LandlockPlan(abi=landlock.abi_version()))
+            try:
+                os.open(target, os.O_RDONLY)
+            except PermissionError:
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(go_r)
+    reader_roots.append(pid)
+    os.write(go_w, b"x")
+    os.close(go_w)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the read was not denied"
+    return pid
+
+
+class _ByPid(ka.Attribution):
+    """The test's process is in no session's cgroup: its pid alone makes its denials the session's."""
+
+    def owns(self, denial: ka.Denial) -> bool:
+        return denial.pid in self.roots()
+
+
+def _reader_or_skip(roots: list[int], sink: Any) -> ka.Reader:
+    import os
+    import secrets
+
+    import pytest
+
+    from enforcer.sandbox import landlock
+
+    if os.geteuid() != 0:
+        pytest.skip("reading the kernel's audit records needs root")
+    if landlock.abi_version() < 7:
+        pytest.skip("Landlock reports its denials from ABI 7")
+    try:
+        ka.ensure_enabled()
+        return ka.Reader(_ByPid(f"session-{secrets.token_hex(8)}", lambda: tuple(roots), "adl-test"), sink)
+    except ka.KernelAuditUnavailable as exc:
+        pytest.skip(f"no kernel audit here: {exc}")
+
+
+def test_a_denial_just_before_the_process_exits_is_read_by_the_drain_marker(monkeypatch: Any, tmp_path: Any) -> None:
+    import time
+
+    target = tmp_path / "private.txt"
+    target.write_text("x")
+    roots: list[int] = []
+    got: list[ka.Denial] = []
+    reader = _reader_or_skip(roots, got.append)
+    reader.start()
+    pid = _deny_then_exit(roots, str(target))
+    asked: list[bool] = []
+
+    def queue_status() -> dict[str, int]:
+        asked.append(True)
+        raise OSError("the drain ends at its marker, without asking for the kernel's queue")
+
+    monkeypatch.setattr(ka, "status", queue_status)
+    started = time.monotonic()
+    reader.stop()
+    assert reader.error is None
+    assert [(d.pid, d.path) for d in got] == [(pid, str(target))]
+    assert not asked and time.monotonic() - started < 0.5
+
+
+def test_without_its_marker_the_drain_still_waits_for_the_kernel_queue(monkeypatch: Any, tmp_path: Any) -> None:
+    target = tmp_path / "private.txt"
+    target.write_text("x")
+    roots: list[int] = []
+    got: list[ka.Denial] = []
+    reader = _reader_or_skip(roots, got.append)
+    reader.start()
+    pid = _deny_then_exit(roots, str(target))
+    # A marker the host's audit rules filtered out: queued by nobody, it never arrives.
+    monkeypatch.setattr(ka.Reader, "_send_marker", lambda self: b"0" * 32)
+    real_status = ka.status
+    asked: list[int] = []
+
+    def queue_status() -> dict[str, int]:
+        current = real_status()
+        asked.append(current["backlog"])
+        return current
+
+    monkeypatch.setattr(ka, "status", queue_status)
+    reader.stop()
+    assert reader.error is None
+    assert [(d.pid, d.path) for d in got] == [(pid, str(target))]
+    assert asked and asked[-1] == 0
