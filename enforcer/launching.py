@@ -453,12 +453,32 @@ def apply_masks(plan: LaunchPlan, masks: Masks) -> None:
 def enter_as_caller(path: str, uid: int, gid: int) -> str:
     """Change to the working directory the caller asked for, found with the credentials the agent
     will have (uid, gid, no supplementary groups), never root's: a directory the caller could not
-    reach itself (behind another user's 0700 home) is refused. The lookup runs in a child that drops
-    to those credentials and hands the directory back as a descriptor; this process then enters
-    that very directory, so nothing can swap the path in between. Returns its path."""
+    reach itself (behind another user's 0700 home) is refused. The lookup runs in a thread that
+    takes those credentials (sandbox/as_caller.py), or where it cannot, in a child that drops to
+    them; either hands the directory back as a descriptor, and this process then enters that very
+    directory, so nothing can swap the path in between. Returns its path."""
     if uid == os.getuid():
         os.chdir(path)
         return os.getcwd()
+    from .sandbox import as_caller
+
+    try:
+        fd = as_caller.open_directory(path, uid, gid)
+    except as_caller.Unsupported:
+        fd = _open_in_child(path, uid, gid)
+    except OSError as exc:
+        raise PermissionError(
+            f"working directory {path!r}: not reachable as uid {uid}: {exc.strerror or exc}"
+        ) from None
+    try:
+        os.fchdir(fd)
+    finally:
+        os.close(fd)
+    return os.getcwd()
+
+
+def _open_in_child(path: str, uid: int, gid: int) -> int:
+    """The directory as uid/gid find it, looked up in a child process with those credentials."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -491,8 +511,4 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
     if not fds:
         detail = message.decode(errors="replace") or "the lookup failed"
         raise PermissionError(f"working directory {path!r}: not reachable as uid {uid}: {detail}")
-    try:
-        os.fchdir(fds[0])
-    finally:
-        os.close(fds[0])
-    return os.getcwd()
+    return fds[0]

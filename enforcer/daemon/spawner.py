@@ -134,7 +134,7 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     # forked on the launch path and would build its own). The policy compiler, its schemas'
     # validators and the region map's parser are loaded by the first order's compilation ahead.
     from .. import launching  # noqa: F401
-    from ..sandbox import seccomp
+    from ..sandbox import as_caller, seccomp  # noqa: F401 - as_caller: the caller's cwd looked up
     from ..v1 import enforcer_pb2  # noqa: F401 - protobuf only: no gRPC, no thread
 
     _first_uses()

@@ -1,0 +1,115 @@
+"""The daemon's caller's working directory, looked up with the caller's credentials from a thread
+(enforcer/sandbox/as_caller.py, through launching.enter_as_caller): what the caller cannot reach is
+refused, root's groups and capabilities and this process's descriptors lend it nothing, nothing is
+forked, and the process's own credentials are untouched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer import launching
+from enforcer.sandbox import as_caller
+
+from ..helpers.sandbox import needs_root
+
+pytestmark = needs_root
+CALLER = (54321, 54321)  # an unprivileged account that owns nothing here
+GROUP = 54322  # a group root is given below, never the caller
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """public/ (0755), private/inside (0700 root), grouped/inside (0750 root:GROUP)."""
+    root = Path(tempfile.mkdtemp(prefix=f"adl-as-caller-{os.getpid()}-"))
+    try:
+        root.chmod(0o755)
+        for name, mode, gid in (("public", 0o755, 0), ("private", 0o700, 0), ("grouped", 0o750, GROUP)):
+            (root / name / "inside").mkdir(parents=True)
+            (root / name).chmod(mode)
+            os.chown(root / name, 0, gid)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _in_child(check: Any) -> None:
+    """Run `check` in a forked child (it changes this process's groups or directory); its failure
+    fails the test."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            check()
+            code = 0
+        except BaseException as exc:
+            print(f"{type(exc).__name__}: {exc}")
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _thread_fs_credentials() -> tuple[str, str, str]:
+    with open("/proc/thread-self/status") as f:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    return fields["Uid"].split()[3], fields["Gid"].split()[3], fields.get("Groups", "").strip()
+
+
+def test_a_directory_the_caller_can_reach_is_entered_without_a_fork(tree: Path, monkeypatch: Any) -> None:
+    def no_fork() -> int:
+        raise AssertionError("the lookup forked")
+
+    def check() -> None:
+        monkeypatch.setattr(os, "fork", no_fork)
+        assert launching.enter_as_caller(str(tree / "public" / "inside"), *CALLER) == str(tree / "public" / "inside")
+
+    before = _thread_fs_credentials()
+    _in_child(check)
+    assert _thread_fs_credentials() == before
+
+
+def test_what_the_caller_cannot_reach_is_refused_whatever_root_may(tree: Path) -> None:
+    def check() -> None:
+        os.setgroups([GROUP])  # root's own groups lend the caller nothing
+        credentials = _thread_fs_credentials()
+        for name in ("private", "grouped"):
+            with pytest.raises(PermissionError, match="not reachable as uid 54321"):
+                launching.enter_as_caller(str(tree / name / "inside"), *CALLER)
+        # The caller's own group does reach it.
+        entered = launching.enter_as_caller(str(tree / "grouped" / "inside"), CALLER[0], GROUP)
+        assert entered == str(tree / "grouped" / "inside")
+        assert _thread_fs_credentials() == credentials  # this thread's are untouched
+        assert os.getgroups() == [GROUP]
+
+    _in_child(check)
+
+
+def test_magic_links_to_this_process_s_directories_are_never_followed(tree: Path) -> None:
+    def check() -> None:
+        private = tree / "private" / "inside"
+        os.chdir(private)  # the supervisor's own directory, behind a directory the caller cannot enter
+        held = os.open(private, os.O_RDONLY | os.O_DIRECTORY)
+        for magic in ("/proc/self/cwd", "/proc/thread-self/cwd", f"/proc/self/fd/{held}", f"/proc/{os.getpid()}/cwd"):
+            with pytest.raises(PermissionError, match="not reachable"):
+                launching.enter_as_caller(magic, *CALLER)
+            assert os.getcwd() == str(private)
+
+    _in_child(check)
+
+
+def test_without_the_per_thread_lookup_a_child_looks_the_path_up(tree: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+
+    def check() -> None:
+        with pytest.raises(PermissionError, match="not reachable as uid 54321"):
+            launching.enter_as_caller(str(tree / "private" / "inside"), *CALLER)
+        assert launching.enter_as_caller(str(tree / "public" / "inside"), *CALLER) == str(tree / "public" / "inside")
+
+    _in_child(check)
