@@ -9,14 +9,17 @@ spawner before the fork, once per set of documents and settings, and the session
 with the supervisor's own writer on the same log. The supervisor reports SessionEnded straight
 to the caller; the spawner tells the daemon when each supervisor ends.
 
-Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG); a supervisor's
-death releases the launcher's guardian, which kills the session's cgroup.
+Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG). The spawner makes
+each session's cgroup before it forks the supervisor and kills and removes it when the supervisor
+ends, however it ends (a supervisor has no guardian of its own); one guardian started by the
+spawner (guardian.py) does the same for every session if the spawner dies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -28,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
@@ -141,12 +144,59 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
 
-    children: dict[int, str] = {}
-    helpers: dict[int, Any] = {}  # supervisor pid -> its helpers' cgroup
+    sessions = _Sessions(_sessions_guardian(config))
     try:
-        _serve_orders(sock, config, children, helpers)
+        _serve_orders(sock, config, sessions)
     finally:
         _remove_helper_groups(config)
+
+
+def _sessions_guardian(config: SpawnerConfig) -> Any:
+    """One guardian for every daemon session (guardian.py): if this process dies, even by SIGKILL,
+    its supervisors die with it and the guardian kills and removes every session's cgroup. While
+    it lives, this process removes each session's cgroup when its supervisor ends (_Sessions)."""
+    from ..sandbox import cgroups, stage
+
+    pid, sock = stage._fork(stage._exec_guardian)
+    watcher = stage.Guardian(pid, sock)
+    watcher.watch_sessions(cgroups.group_directories(group=config.cgroup_group))
+    watcher.confirm()
+    return watcher
+
+
+@dataclass
+class _Sessions:
+    """The supervisors this process forked, and what it removes when each ends."""
+
+    guardian: Any  # stage.Guardian: its socket is this process's alone (each supervisor closes its copy)
+    children: dict[int, str] = field(default_factory=dict)  # supervisor pid -> session
+    pidfds: dict[int, int] = field(default_factory=dict)  # supervisor pid -> pidfd: readable once it ends
+    helpers: dict[int, Any] = field(default_factory=dict)  # supervisor pid -> its helpers' cgroup
+    groups: dict[int, Any] = field(default_factory=dict)  # supervisor pid -> its session's cgroup
+    left: list[Any] = field(default_factory=list)  # sessions' cgroups still to remove
+
+    def remove_left(self) -> None:
+        """Kill and remove what ended supervisors left, without waiting: a cgroup whose members
+        are still dying is tried again at the next turn."""
+        self.left = [group for group in self.left if not _removed(group)]
+
+
+def _removed(group: Any) -> bool:
+    """Whether the session's cgroup is gone; kills its members, removes it once they are gone."""
+    try:
+        if not any(d.exists() for d in group.directories):
+            return True
+        if group.members():
+            group.kill_all()
+            return False
+        for directory in reversed(group.directories):
+            with contextlib.suppress(FileNotFoundError):
+                directory.rmdir()
+        return True
+    except OSError as exc:  # EBUSY while the last members are reaped: tried again at the next turn
+        if exc.errno != errno.EBUSY:
+            print(f"adl-enforcerd spawner: removing {group.directories[0]}: {exc}", file=sys.stderr)
+        return False
 
 
 def _first_uses() -> None:
@@ -179,13 +229,14 @@ def _remove_helper_groups(config: SpawnerConfig) -> None:
                     base.rmdir()
 
 
-def _serve_orders(
-    sock: socket.socket, config: SpawnerConfig, children: dict[int, str], helpers: dict[int, Any]
-) -> None:
+def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Sessions) -> None:
     while True:
-        ready, _, _ = select.select([sock], [], [], 0.2)
-        _reap(children, sock, helpers, config)
-        if not ready:
+        # A supervisor's end (its pidfd) wakes this loop: its session's cgroup goes at once.
+        waits = [sock.fileno(), *sessions.pidfds.values()]
+        ready, _, _ = select.select(waits, [], [], 0.02 if sessions.left else 0.2)
+        _reap(sessions, sock, config)
+        sessions.remove_left()
+        if sock.fileno() not in ready:
             continue
         try:
             frame = recv_frame(sock, max_fds=4)
@@ -204,7 +255,7 @@ def _serve_orders(
         if isinstance(order, TerminateOrder):
             for fd in fds:
                 os.close(fd)
-            for pid, session in children.items():  # a child not reaped yet: its pid is still its own
+            for pid, session in sessions.children.items():  # a child not reaped yet: its pid is still its own
                 if session == order.session:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
@@ -216,24 +267,44 @@ def _serve_orders(
         except OSError as exc:
             helper_group = None
             joins = [f"/nonexistent/{exc}"]  # the supervisor refuses the session: nothing runs unaccounted
+        session_group = _session_cgroup(order.session, config)
         # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         pid = os.fork()
         if pid == 0:
             sock.close()
+            # Only this process may hold it: the guardian acts once every holder is gone.
+            os.close(sessions.guardian.fileno())
+            for pidfd in sessions.pidfds.values():
+                os.close(pidfd)
             _die_with_parent(os.getppid())
             code = 1
             try:
-                code = _supervise(order, fds, config, joins)
+                code = _supervise(order, fds, config, joins, session_group)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
         for fd in fds:
             os.close(fd)
-        children[pid] = order.session
+        sessions.children[pid] = order.session
+        sessions.pidfds[pid] = os.pidfd_open(pid)
         if helper_group is not None:
-            helpers[pid] = helper_group
+            sessions.helpers[pid] = helper_group
+        if session_group[0] is not None:
+            sessions.groups[pid] = session_group[0]
         send_frame(sock, SessionStarted(order.session, pid).to_json())
+
+
+def _session_cgroup(session: str, config: SpawnerConfig) -> tuple[Any, str | None]:
+    """The session's cgroup, made here so that this process, which outlives the supervisor, knows
+    it and removes it when the supervisor ends; or why there is none (the supervisor refuses the
+    session with it)."""
+    from ..sandbox import cgroups
+
+    try:
+        return cgroups.create(session, group=config.cgroup_group), None
+    except OSError as exc:
+        return None, str(exc)
 
 
 def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> None:
@@ -306,21 +377,33 @@ def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
     return group
 
 
-def _reap(children: dict[int, str], sock: socket.socket, helpers: dict[int, Any], config: SpawnerConfig) -> None:
-    while children:
+def _reap(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> None:
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        group = helpers.pop(pid, None)
+        if pid == sessions.guardian.pid:  # it must not be missing for a moment longer than this
+            print("adl-enforcerd spawner: the sessions' guardian ended; starting another", file=sys.stderr)
+            sessions.guardian.release()
+            sessions.guardian = _sessions_guardian(config)
+            continue
+        pidfd = sessions.pidfds.pop(pid, None)
+        if pidfd is not None:
+            os.close(pidfd)
+        session_group = sessions.groups.pop(pid, None)
+        if session_group is not None:  # gone already unless the supervisor died before removing it
+            sessions.left.append(session_group)
+            sessions.remove_left()
+        group = sessions.helpers.pop(pid, None)
         if group is not None:
             with contextlib.suppress(OSError):
                 group.remove(timeout=2)  # an egress filter left behind goes with it
-            if not helpers:  # the last one: no empty directory is left when the daemon stops
+            if not sessions.helpers:  # the last one: no empty directory is left when the daemon stops
                 _remove_helper_groups(config)
-        session = children.pop(pid, None)
+        session = sessions.children.pop(pid, None)
         if session is not None:
             event = SessionGone(session, os.waitstatus_to_exitcode(status))
             send_frame(sock, event.to_json())
@@ -335,8 +418,15 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
     return Masks((config.audit_dir,), (config.audit_key,), "daemon_files", detail)
 
 
-def _supervise(order: LaunchOrder, fds: list[int], config: SpawnerConfig, helper_joins: list[str]) -> int:
-    """One session, in its own process: compile, plan, audit, run, report to the caller."""
+def _supervise(
+    order: LaunchOrder,
+    fds: list[int],
+    config: SpawnerConfig,
+    helper_joins: list[str],
+    session_group: tuple[Any, str | None],
+) -> int:
+    """One session, in its own process: compile, plan, audit, run, report to the caller.
+    `session_group`: its cgroup as the spawner made it (or why there is none)."""
     from ..sandbox.stage import prepare
 
     session = order.session
@@ -360,7 +450,7 @@ def _supervise(order: LaunchOrder, fds: list[int], config: SpawnerConfig, helper
     # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
     # then overlaps opening the audit log below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
-    prepared = prepare(session, cgroup_group=config.cgroup_group)
+    prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
     made.append(_Made(prepared))
     # The move (an RCU grace period on v1) overlaps opening the audit log too.
     joining = _Join(helper_joins)

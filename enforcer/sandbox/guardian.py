@@ -12,6 +12,11 @@ file to use when it exists); the last whole frame counts. End of stream, by the 
 or its death (even by SIGKILL), makes the guardian kill every member and remove the directories,
 as cgroups.Cgroup.remove does. It writes one byte on FD when it is running, which the launcher
 waits for before it starts the agent.
+
+The daemon's spawner, which removes each daemon session's cgroup itself when the session's
+supervisor ends, starts one guardian for all of them: its frame names the directories that hold
+the sessions (`s` entries), and at end of stream (the spawner gone) every session found below them
+is killed and removed.
 """
 
 from __future__ import annotations
@@ -28,16 +33,18 @@ _HEADER = struct.Struct("!I")
 REMOVE_TIMEOUT_S = 10.0
 
 
-def encode(directories: list[str], kill_files: list[str]) -> bytes:
-    """The frame body the launcher sends for a cgroup."""
+def encode(directories: list[str], kill_files: list[str], sessions_in: tuple[str, ...] = ()) -> bytes:
+    """The frame body the launcher sends for a cgroup (`sessions_in`: the spawner's, see above)."""
     entries = [b"d" + os.fsencode(d) for d in directories] + [b"k" + os.fsencode(k) for k in kill_files]
+    entries += [b"s" + os.fsencode(s) for s in sessions_in]
     if any(b"\0" in entry for entry in entries):
         raise ValueError("a cgroup path holds a NUL byte")
     return b"\0".join(entries)
 
 
 def decode_last(stream: bytes) -> tuple[list[str], list[str]] | None:
-    """The last whole frame of `stream` as (directories, kill files); None without one."""
+    """The last whole frame of `stream` as (directories, kill files); None without one. A frame of
+    `s` entries decodes to the sessions below those directories, as found now."""
     last = None
     at = 0
     while at + _HEADER.size <= len(stream):
@@ -50,8 +57,25 @@ def decode_last(stream: bytes) -> tuple[list[str], list[str]] | None:
         return None
     directories: list[str] = []
     kill_files: list[str] = []
+    sessions_in: list[str] = []
     for entry in last.split(b"\0") if last else []:
-        (directories if entry[:1] == b"d" else kill_files).append(os.fsdecode(entry[1:]))
+        kind = entry[:1]
+        (directories if kind == b"d" else sessions_in if kind == b"s" else kill_files).append(os.fsdecode(entry[1:]))
+    if sessions_in:
+        return sessions_below(sessions_in)
+    return directories, kill_files
+
+
+def sessions_below(parents: list[str]) -> tuple[list[str], list[str]]:
+    """Every session directory below `parents` (one per hierarchy), and their cgroup.kill files."""
+    directories: list[str] = []
+    for parent in parents:
+        try:
+            with os.scandir(parent) as entries:
+                directories += sorted(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            continue
+    kill_files = [k for k in (os.path.join(d, "cgroup.kill") for d in directories) if os.path.exists(k)]
     return directories, kill_files
 
 
@@ -67,14 +91,19 @@ def members(directories: list[str]) -> list[int]:
 
 
 def kill_all(directories: list[str], kill_files: list[str]) -> None:
-    """cgroup.kill where the group has one (double-forked members included); else SIGKILL each member."""
+    """cgroup.kill where the group has one (double-forked members included); else SIGKILL each member.
+    Several sessions (the spawner's guardian): each kill file is written, and each member killed
+    unless every kill file was."""
+    written = 0
     for path in kill_files:
         try:
             with open(path, "w") as f:
                 f.write("1")
-            return
+            written += 1
         except OSError:
             continue
+    if kill_files and written == len(kill_files):
+        return
     for pid in members(directories):
         try:  # noqa: SIM105 - contextlib is not loaded in a bare interpreter: kept that way
             os.kill(pid, signal.SIGKILL)

@@ -6,7 +6,8 @@ session's cgroup and forks two processes early (adl-exec does it before its heav
 they run on the other core):
 
 - the **guardian** (guardian.py's code, exec'd as a fresh small interpreter), which is told the session's cgroup
-  and removes it (killing everything in it) when the launcher goes away, even by SIGKILL;
+  and removes it (killing everything in it) when the launcher goes away, even by SIGKILL (a daemon
+  session has none: the daemon's spawner made its cgroup and does that, see ParentWatches);
 - the **stage**, which joins the session's cgroup at once (a task's first move between v1 memory
   cgroups waits for an RCU grace period: this keeps that wait off the launch path), then
   forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
@@ -203,6 +204,13 @@ class Guardian:
     def watch(self, group: cgroups.Cgroup) -> None:
         send_frame(self._sock, guardian.encode([str(d) for d in group.directories], group.kill_files()))
 
+    def watch_sessions(self, parents: list[Path]) -> None:
+        """Every session below `parents` (the daemon's spawner: see guardian.py)."""
+        send_frame(self._sock, guardian.encode([], [], tuple(str(p) for p in parents)))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
     def confirm(self, timeout_s: float = 30.0) -> None:
         """Return once the guardian runs; OSError if it could not start. Nothing of the agent's may
         run unguarded: the launcher asks before it starts the agent."""
@@ -233,11 +241,27 @@ class Guardian:
             os.waitpid(self.pid, 0)
 
 
+class ParentWatches:
+    """In place of a guardian, in a daemon session's supervisor: the session's cgroup was made by
+    the supervisor's parent, the daemon's spawner, which kills and removes it once the supervisor
+    ends, however it ends (and whose own guardian does so for every session if the spawner dies).
+    Nothing to start, confirm or release here."""
+
+    def confirm(self, timeout_s: float = 30.0) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+    def reap(self) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Prepared:
     session: str
     stage: Stage
-    guardian: Guardian
+    guardian: Guardian | ParentWatches
     group: cgroups.Cgroup | None
     cgroup_error: str | None  # why there is no group: reported when the launch is attempted
 
@@ -252,18 +276,30 @@ def new_session_id() -> str:
 
 
 def prepare(
-    session: str, cgroup_root: str = "/sys/fs/cgroup", cgroup_group: str = cgroups.GROUP, *, ahead: bool = True
+    session: str,
+    cgroup_root: str = "/sys/fs/cgroup",
+    cgroup_group: str = cgroups.GROUP,
+    *,
+    ahead: bool = True,
+    made_by_parent: tuple[cgroups.Cgroup | None, str | None] | None = None,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
-    builds its one program before forking instead)."""
-    watcher = Guardian(*_fork(_exec_guardian))
+    builds its one program before forking instead). `made_by_parent`: the session's cgroup (or why
+    there is none) as the daemon's spawner made it, which watches it (see ParentWatches): no
+    guardian is forked."""
+    watcher: Guardian | ParentWatches
     group, error = None, None
-    try:
-        group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
-        watcher.watch(group)
-    except (OSError, FrameError) as exc:
-        error = str(exc)
+    if made_by_parent is not None:
+        watcher = ParentWatches()
+        group, error = made_by_parent
+    else:
+        watcher = Guardian(*_fork(_exec_guardian))
+        try:
+            group = cgroups.create(session, Path(cgroup_root), group=cgroup_group)
+            watcher.watch(group)
+        except (OSError, FrameError) as exc:
+            error = str(exc)
     join_files = group.join_files() if group is not None else []
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
     status_read, status_write = os.pipe2(os.O_CLOEXEC)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from enforcer.audit.verify import verify_directory
 from enforcer.client import AsyncClient, Client
+from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon, tool_request
@@ -445,6 +447,73 @@ def test_a_caller_that_goes_away_ends_its_session_at_any_step(daemon: RunningDae
     while daemon.sessions_left() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert daemon.sessions_left() == []
+
+
+def _sleeping_session(daemon: RunningDaemon) -> tuple[subprocess.Popen[str], int, int]:
+    """A daemon session whose agent sleeps: (its client, its supervisor's pid, its agent's pid)."""
+    client = subprocess.Popen(
+        daemon.exec_argv("python3", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert client.stdout is not None and client.stdout.readline()
+    (info,) = daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions
+    (group,) = cgroups.existing(group=daemon.group).values()
+    agents = [pid for pid in group.members() if b"time.sleep(60)" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert info.pid > 0 and len(agents) == 1, group.members()
+    return client, info.pid, agents[0]
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists() or "State:\tZ" in Path(f"/proc/{pid}/status").read_text():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_supervisor_killed_takes_its_session_with_it_through_the_spawner(daemon: RunningDaemon) -> None:
+    """A daemon session has no guardian of its own: the spawner, the supervisor's parent, kills the
+    session's processes and removes its cgroup as soon as the supervisor is gone."""
+    client, supervisor, agent = _sleeping_session(daemon)
+    try:
+        under = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in under]
+        assert not [c for c in commands if c[1:3] == [b"-S", b"-I"]], commands  # no guardian per session
+        os.kill(supervisor, signal.SIGKILL)
+        assert _gone_within(agent, 2), "the agent outlived its supervisor"
+        deadline = time.monotonic() + 2
+        while daemon.sessions_left() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert daemon.sessions_left() == []
+        client.wait(timeout=20)
+        assert client.returncode != 0
+        # The spawner still serves: the next session runs.
+        assert daemon.adl_exec("python3", "-c", "pass").returncode == 0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+
+
+def test_the_spawner_killed_takes_every_session_with_it_through_its_guardian(daemon: RunningDaemon) -> None:
+    client, supervisor, agent = _sleeping_session(daemon)
+    try:
+        spawner = int(Path(f"/proc/{supervisor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert spawner != daemon.proc.pid
+        os.kill(spawner, signal.SIGKILL)
+        assert _gone_within(agent, 5), "the agent outlived the spawner"
+        deadline = time.monotonic() + 5
+        while daemon.sessions_left() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert daemon.sessions_left() == []
+        client.wait(timeout=20)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
 
 
 def test_daemon_killed_mid_session_restarts_clean_with_a_continuous_audit_chain(daemon: RunningDaemon) -> None:

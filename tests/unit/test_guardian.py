@@ -194,3 +194,49 @@ def test_the_guardian_imports_nothing_from_the_launchers_directory(
     directory = _guard_a_group_and_release(tmp_path)
     assert not marker.exists()
     assert not directory.exists()
+
+
+@needs_cgroups
+def test_the_spawner_s_guardian_removes_every_session_below_its_groups() -> None:
+    """The daemon's spawner names the directories that hold its sessions: at end of stream every
+    session found below them then (made after the frame was sent too) is killed and removed."""
+    group = f"adl-test-sessions-{uuid.uuid4().hex[:8]}"
+    parents = cgroups.group_directories(ROOT, group=group)
+    made, members = [], []
+    try:
+        pid, sock = stage._fork(stage._exec_guardian)
+        watcher = stage.Guardian(pid, sock)
+        watcher.watch_sessions(parents)
+        watcher.confirm()
+        for n in range(2):
+            session = cgroups.create(f"session-{n}", ROOT, group=group)
+            made.append(session)
+            member = subprocess.Popen(["sleep", "60"], start_new_session=True)
+            members.append(member)
+            for path in session.join_files():
+                with open(path, "w") as f:
+                    f.write(str(member.pid))
+        watcher.reap()
+        assert [m.wait(timeout=10) for m in members] == [-signal.SIGKILL, -signal.SIGKILL]
+        assert not any(d.exists() for session in made for d in session.directories)
+    finally:
+        for member in members:
+            if member.poll() is None:
+                member.kill()
+        for session in made:
+            if any(d.exists() for d in session.directories):
+                session.remove()
+        for parent in parents:
+            if parent.is_dir():
+                parent.rmdir()
+
+
+def test_a_sessions_frame_decodes_to_the_sessions_found_below_its_directories(tmp_path: Path) -> None:
+    (tmp_path / "m" / "session-a").mkdir(parents=True)
+    (tmp_path / "u" / "session-a").mkdir(parents=True)
+    (tmp_path / "u" / "session-a" / "cgroup.kill").write_text("")
+    (tmp_path / "m" / "not-a-directory").write_text("")
+    body = guardian.encode([], [], (str(tmp_path / "m"), str(tmp_path / "u"), str(tmp_path / "gone")))
+    directories, kill_files = guardian.decode_last(frame(body)) or ([], [])
+    assert directories == [str(tmp_path / "m" / "session-a"), str(tmp_path / "u" / "session-a")]
+    assert kill_files == [str(tmp_path / "u" / "session-a" / "cgroup.kill")]
