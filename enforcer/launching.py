@@ -276,7 +276,9 @@ def launch(
     """Load the policy, plan, audit the launch, run the session, audit its end. `open_audit` is
     not called with explain_only (nothing is recorded then). `prepared`: the stage forked ahead.
     `terminated`: whether TerminateSession ended the session meanwhile (the caller kills the
-    stage). `before_fork`: called once the policy is loaded, before this process forks again."""
+    stage). `before_fork`: called once the launch is planned, before this process forks again or
+    starts the agent (after the launch record), or before it reports that TerminateSession ended
+    the launch; what it raises refuses the launch."""
     if request.explain_only:
         return _Launch(request, None, observer).run(prepared, terminated, before_fork)
     try:
@@ -308,18 +310,22 @@ class _Launch:
     def run(self, prepared: Prepared | None, terminated: Callable[[], bool], before_fork: Callable[[], None]) -> Result:
         try:
             try:
-                planned = self._plan(before_fork)
+                planned = self._plan()
             except (Refusal, OSError) as exc:
                 return self._refuse(str(exc))
             if self.request.explain_only:
                 return Explained(planned.policy, planned.plan)
             if terminated():
+                try:
+                    before_fork()
+                except OSError as exc:
+                    return self._refuse(str(exc))
                 return self._terminated("before the agent started")
-            return self._session(planned, prepared, terminated)
+            return self._session(planned, prepared, terminated, before_fork)
         finally:
             self.remove_session_tmp()
 
-    def _plan(self, before_fork: Callable[[], None]) -> _Planned:
+    def _plan(self) -> _Planned:
         request = self.request
         features = host_features()
         compiled = request.policy.load(features)
@@ -329,7 +335,6 @@ class _Launch:
         if compiled.warning:
             self._warn(compiled.warning)
         uid, gid = (None, None) if request.explain_only else self._identity()
-        before_fork()
         cwd = None
         if request.cwd is not None:
             cwd = enter_as_caller(request.cwd, *_account(uid, gid))
@@ -374,7 +379,13 @@ class _Launch:
             return None, None
         return chosen.uid, chosen.gid
 
-    def _session(self, planned: _Planned, prepared: Prepared | None, terminated: Callable[[], bool]) -> Result:
+    def _session(
+        self,
+        planned: _Planned,
+        prepared: Prepared | None,
+        terminated: Callable[[], bool],
+        before_fork: Callable[[], None],
+    ) -> Result:
         assert self.writer is not None
         policy = planned.policy
         denials: dict[str, Any] = {}
@@ -391,6 +402,7 @@ class _Launch:
                 prepared=prepared,
                 on_denials=denials.update,
                 caller=self._caller(planned.cwd),
+                before_start=before_fork,
             )
             extra = self.observer.ended(self.writer.directory) if self.observer is not None else None
             if extra is not None:

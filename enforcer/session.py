@@ -68,11 +68,14 @@ def run_session(
     on_denials: Callable[[dict[str, Any]], None] | None = None,
     caller: Mapping[str, Any] | None = None,
     kernel_audit: bool = True,
+    before_start: Callable[[], None] | None = None,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
     the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
     identity to switch to (see identity.py); None keeps this process's, which must not be root.
-    `caller`: events.caller_fields() of the daemon's caller, added to the launch record."""
+    `caller`: events.caller_fields() of the daemon's caller, added to the launch record.
+    `before_start`: called before this process forks (the egress filter) or starts the agent; an
+    OSError it raises is a LaunchError."""
     agent_uid = uid if uid is not None else os.geteuid()
     agent_gid = gid if gid is not None else os.getegid()
     if agent_uid == 0 or agent_gid == 0:
@@ -93,6 +96,11 @@ def run_session(
         record=kernel_audit,
     )
     try:
+        if before_start is not None:
+            try:
+                before_start()
+            except OSError as exc:
+                raise launcher.LaunchError(str(exc)) from exc
         outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
     except BaseException:
         # A launch that failed (its filter did not start, its stage died) still stops the reader and

@@ -452,7 +452,8 @@ def _supervise(
     # cgroup: the session's is made below this process's own.
     prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
     made.append(_Made(prepared))
-    # The move (an RCU grace period on v1) overlaps opening the audit log too.
+    # The move (an RCU grace period on v1) overlaps opening the audit log, planning and the launch
+    # record: the launch waits for it only before it forks again or starts the agent.
     joining = _Join(helper_joins)
     try:
         return _supervise_prepared(order, config, client, made[0], terminated, joining)

@@ -5,6 +5,7 @@ in the plan. No session is run here (tests/integration runs them)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,30 @@ def test_terminated_before_the_agent_started(tmp_path: Path, compiled: Any) -> N
     (refused,) = log.records("refused")
     assert refused["refusal"] == "terminated by TerminateSession before the agent started"
     assert not log.records("launch")  # nothing ran
+
+
+def test_the_helpers_join_is_awaited_after_the_launch_record_and_its_failure_refuses(
+    tmp_path: Path, compiled: Any
+) -> None:
+    """The daemon's supervisor moves into its helpers' cgroup on a thread; the launch waits for it
+    only before it would fork or start the agent, and a move that failed starts nothing."""
+    log = Log(tmp_path)
+    seen: list[int] = []
+    reason = "the session's helpers cannot join their cgroup, nothing runs unaccounted: EBUSY"
+
+    def join_failed() -> None:
+        seen.append(len(log.records("launch")))
+        raise OSError(reason)
+
+    result = launching.launch(
+        request(Compiled(compiled), session=f"s-join-{os.getpid()}"),
+        log.open,
+        before_fork=join_failed,
+        terminated=lambda: False,
+    )
+    assert result == launching.Refused(reason)
+    assert seen == [1]  # once, with the launch record written
+    assert [r["refusal"] for r in log.records("refused")] == [reason]
 
 
 # -- the compiled policies PolicyDocuments remembers (the daemon's spawner compiles ahead) ------
