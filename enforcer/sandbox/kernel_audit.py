@@ -18,6 +18,7 @@ that still exists counts as the session's only while it is in the session's cgro
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import errno
 import os
@@ -442,18 +443,27 @@ class Reader:
         self.events = 0
         self._pending: dict[int, tuple[float, list[Record]]] = {}
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._thread: threading.Thread | None = None
+        self._done: threading.Event | None = None  # set when the reading thread has returned
         self.error: BaseException | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kernel-audit", daemon=True)
-        self._thread.start()
+        # A bare thread: threading.Thread.start() waits until the new thread has been scheduled,
+        # which the launch would wait for on a busy machine; nothing here needs it to be running yet
+        # (the socket holds the records until they are read).
+        self._done = threading.Event()
+        _thread.start_new_thread(self._run_then_done, (self._done,))
+
+    def _run_then_done(self, done: threading.Event) -> None:
+        try:
+            self._run()
+        finally:
+            done.set()
 
     def stop(self) -> None:
         """Read what kauditd still sends (it runs asynchronously) until it goes quiet, then stop."""
-        if self._thread is not None:
+        if self._done is not None:
             os.write(self._stop_w, b"x")
-            self._thread.join(10)
+            self._done.wait(10)
         self._flush(everything=True)
         self.sock.close()
         os.close(self._stop_r)
