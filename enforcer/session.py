@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .audit import Appender, AuditWriter, Masker, events, records
+from .audit import Appender, AuditWriter, Entry, Masker, events, records
 from .audit.evidence import EvidenceEvent, build_evidence
 from .audit.records import format_ts
 from .egress import netns
@@ -112,8 +112,11 @@ def run_session(
     if on_denials is not None:
         on_denials(denials)
     end_ns = time.time_ns()
-    _record_exit(writer, policy, session, outcome, network, denials)
-    _record_evidence(writer, policy, plan, session, outcome, (start_ns, end_ns), governor)
+    # The session's end in one write and one sync: the creation guard's refusals, the exit record
+    # and the signed evidence are durable together before anyone is told how the session ended.
+    ending = _exit_entries(policy, session, outcome, network, denials)
+    ending.append(_evidence_entry(writer, policy, plan, session, outcome, (start_ns, end_ns), governor))
+    writer.append_many(ending, sync=True)
     return outcome
 
 
@@ -189,17 +192,18 @@ def _denials_summary(kernel_denials: SessionDenials, plan: LaunchPlan) -> dict[s
     return denials
 
 
-def _record_exit(
-    writer: Appender,
+def _exit_entries(
     policy: Policy,
     session: str,
     outcome: launcher.Outcome,
     network: dict[str, Any] | None,
     denials: dict[str, Any],
-) -> None:
+) -> list[Entry]:
     """The creation guard's refusals (one decision each), then the exit record."""
-    for refusal in outcome.guard_refusals:
-        writer.append(records.DECISION, events.guard_refusal_payload(policy, refusal), corr=session, priority="high")
+    entries = [
+        Entry(records.DECISION, events.guard_refusal_payload(policy, refusal), session, priority="high")
+        for refusal in outcome.guard_refusals
+    ]
     payload = events.exit_payload(
         policy,
         reason=outcome.reason,
@@ -213,10 +217,11 @@ def _record_exit(
         network=network,
         cleanup_error=outcome.cleanup_error,
     )
-    writer.append(records.EXIT, payload, corr=session, priority=events.exit_priority(outcome.reason), sync=True)
+    entries.append(Entry(records.EXIT, payload, session, priority=events.exit_priority(outcome.reason)))
+    return entries
 
 
-def _record_evidence(
+def _evidence_entry(
     writer: AuditWriter,
     policy: Policy,
     plan: LaunchPlan,
@@ -224,7 +229,7 @@ def _record_evidence(
     outcome: launcher.Outcome,
     span_ns: tuple[int, int],
     governor: str | None,
-) -> None:
+) -> Entry:
     """The session's signed evidence record (its start, end, limits and how it ended)."""
     start_ns, end_ns = span_ns
     evidence_events = []
@@ -251,4 +256,4 @@ def _record_evidence(
         outcome=_EVIDENCE.get(outcome.reason, ("", "", "completed"))[2],
         key=writer.signing_key,
     )
-    writer.append(records.EVIDENCE, events.evidence_payload(policy, evidence), corr=session, sync=True)
+    return Entry(records.EVIDENCE, events.evidence_payload(policy, evidence), session)

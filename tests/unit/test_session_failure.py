@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from enforcer import session
-from enforcer.audit import AuditWriter
+from enforcer.audit import AuditWriter, records
 from enforcer.sandbox import launcher
 
 from ..helpers.documents import base_adl, compile_doc
@@ -59,3 +59,38 @@ def test_a_failed_launch_finishes_the_kernel_denials_and_raises_its_own_error(
     finally:
         writer.close()
     assert reader.finished == 1
+
+
+def test_the_session_s_end_is_written_and_synced_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schemas: Any
+) -> None:
+    """The creation guard's refusals, the exit record and the signed evidence: one write and one
+    sync, in that order, all durable before run_session returns."""
+    from enforcer.audit.query import iter_records
+
+    monkeypatch.setattr(session.SessionDenials, "start", staticmethod(lambda *args, **kw: Reader()))
+    refusal = {"syscall": "openat", "path": "/tmp/x.sh", "rule": "deny_create", "pid": 7}
+    outcome = launcher.Outcome("exit", 0, None, 0.01, 7, guard_refusals=[refusal], guard_refused_total=1)
+    monkeypatch.setattr(session, "_run", lambda *args, **kw: (outcome, None))
+    ends = plan()
+    ends.limits = SimpleNamespace(memory_bytes=None, cpu_percent=None, pids_max=64)
+    ends.timeout_s, ends.residual, ends.landlock = None, [], SimpleNamespace(abi=7)
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
+    writes: list[tuple[list[str], bool]] = []
+    append_many = writer.append_many
+
+    def counted(entries: Any, *, sync: bool = False) -> Any:
+        writes.append(([e.kind for e in entries], sync))
+        return append_many(entries, sync=sync)
+
+    monkeypatch.setattr(writer, "append_many", counted)
+    try:
+        session.run_session(compile_doc(schemas, base_adl()), ends, writer, "s-ended", uid=54321, gid=54321)
+        assert writes[-1] == ([records.DECISION, records.EXIT, records.EVIDENCE], True)
+        assert writer.durable_seq == max(r["seq"] for r in iter_records(tmp_path / "log"))
+    finally:
+        writer.close()
+    kinds = [r["intent"] for r in iter_records(tmp_path / "log") if r.get("corr") == "s-ended"]
+    assert kinds == [
+        f"adl.enforcer.{kind}" for kind in (records.LAUNCH, records.DECISION, records.EXIT, records.EVIDENCE)
+    ]
