@@ -477,14 +477,14 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
         rules = replace(order.landlock, rules=list(order.landlock.rules))
         if order.landlock.abi and order.proc_self:
             rules.add(f"/proc/{os.getpid()}", landlock.READ)
-        guard_socket = None
+        guard_socket, guard_forker = None, 0
         if order.guard is not None and report_fd is not None:
             step = "creation guard"
             if order.landlock.abi:  # the guard's domain: the agent's rules plus reading /proc
                 outer = replace(rules, rules=list(rules.rules))
                 outer.add("/proc", landlock.READ)
                 landlock.restrict(outer)
-            guard_socket = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
+            guard_socket, guard_forker = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
             os.close(report_fd)
         if order.landlock.abi:
             step = "landlock"
@@ -500,13 +500,16 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
             if guard_socket.recv(2) != b"ok":
                 raise OSError("the creation guard did not start")
             guard_socket.close()
+            os.waitpid(guard_forker, 0)  # collected before the exec: the agent inherits no child
     except BaseException as exc:
         raise _StepFailed(step) from exc
 
 
-def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> socket.socket:
+def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> tuple[socket.socket, int]:
     """Double-fork the creation guard (it becomes init's child, not the agent's) and return
-    the socket on which it waits for the seccomp listener."""
+    the socket on which it waits for the seccomp listener, and the pid of the process that forks
+    it, to collect before the exec: its fork and exit (the teardown of a copy of this process's
+    memory) then overlap the agent's Landlock and seccomp set-up instead of holding them up."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -519,8 +522,7 @@ def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | N
         finally:
             os._exit(code)
     theirs.close()
-    os.waitpid(pid, 0)
-    return ours
+    return ours, pid
 
 
 def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:

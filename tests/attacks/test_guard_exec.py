@@ -474,3 +474,18 @@ def test_a_launch_directory_inside_a_mask_does_not_bypass_it(sandbox: Sandbox) -
         timeout=60,
     )
     assert control.returncode == 0 and control.stdout == "workspace notes\n", control.stderr
+
+
+def test_the_agent_starts_with_no_child_and_the_guard_is_not_its_child(sandbox: Sandbox) -> None:
+    """The guard is double-forked: the process between is collected before the agent's exec, so the
+    agent inherits no child (a zombie it could wait for), and the guard is init's child, not the
+    agent's (a child, live or dead, would be waited for here)."""
+    code = (
+        "import os\n"
+        "try:\n    print('a child to wait for', os.waitpid(-1, os.WNOHANG))\n"
+        "except ChildProcessError:\n    print('no child')\n"
+    )
+    for _ in range(3):
+        result = sandbox.python(code)
+        assert result.code == 0 and result.out.strip() == "no child", (result.out, result.err)
+        assert "creation guard" in " ".join(str(layer) for layer in result.record("launch")["payload"]["layers"])
