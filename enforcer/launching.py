@@ -272,13 +272,16 @@ def launch(
     terminated: Callable[[], bool] = _never,
     before_fork: Callable[[], None] = _nothing,
     observer: Observer | None = None,
+    report: Callable[[Result], None] | None = None,
 ) -> Result:
     """Load the policy, plan, audit the launch, run the session, audit its end. `open_audit` is
     not called with explain_only (nothing is recorded then). `prepared`: the stage forked ahead.
     `terminated`: whether TerminateSession ended the session meanwhile (the caller kills the
     stage). `before_fork`: called once the launch is planned, before this process forks again or
     starts the agent (after the launch record), or before it reports that TerminateSession ended
-    the launch; what it raises refuses the launch."""
+    the launch; what it raises refuses the launch. `report`: given the result once every record of
+    it is durable, before the audit writer is closed (its checkpoint and HEAD need not delay the
+    caller)."""
     if request.explain_only:
         return _Launch(request, None, observer).run(prepared, terminated, before_fork)
     try:
@@ -286,7 +289,10 @@ def launch(
     except AuditUnavailable as exc:
         return Refused(f"audit log unavailable, nothing runs unrecorded: {exc}")
     try:
-        return _Launch(request, writer, observer).run(prepared, terminated, before_fork)
+        result = _Launch(request, writer, observer).run(prepared, terminated, before_fork)
+        if report is not None:
+            report(result)
+        return result
     finally:
         writer.close()
 

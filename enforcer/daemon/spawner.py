@@ -557,11 +557,15 @@ def _supervise_prepared(
         presets=config.presets,
         kernel_audit=config.kernel_audit,
     )
+    def report(result: launching.Result) -> None:
+        with contextlib.suppress(OSError):
+            send_frame(client, session_ended(order.session, result).SerializeToString())
+
+    # SessionEnded goes out before the audit writer's close (the daemon, stopping, still waits for
+    # this process to end, close included).
     result = launching.launch(
-        request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait
+        request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait, report=report
     )
-    with contextlib.suppress(OSError):
-        send_frame(client, session_ended(order.session, result).SerializeToString())
     return 1 if isinstance(result, launching.Refused) else 0
 
 

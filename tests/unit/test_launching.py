@@ -222,6 +222,28 @@ def test_the_helpers_join_is_awaited_after_the_launch_record_and_its_failure_ref
     assert [r["refusal"] for r in log.records("refused")] == [reason]
 
 
+def test_the_result_is_reported_once_recorded_and_before_the_writer_closes(tmp_path: Path, compiled: Any) -> None:
+    """The daemon's supervisor sends SessionEnded from `report`: the records are durable by then,
+    and the writer's close (its checkpoint) does not delay it."""
+    opened: list[AuditWriter] = []
+    seen: list[tuple[Any, list[str], bool]] = []
+
+    def open_log() -> AuditWriter:
+        opened.append(Log(tmp_path).open())
+        return opened[-1]
+
+    def report(result: Any) -> None:
+        writer = opened[0]
+        written = [r["intent"] for r in iter_records(tmp_path / "log")]
+        seen.append((result, written, writer.durable_seq == max(r["seq"] for r in iter_records(tmp_path / "log"))))
+
+    result = launching.launch(request(Compiled(compiled), user="0:0"), open_log, report=report)
+    ((reported, written, durable),) = seen
+    assert reported is result and isinstance(result, launching.Refused) and durable
+    assert written[-1] == "adl.enforcer.refused"  # not yet the writer's close and checkpoint
+    assert [r["intent"] for r in iter_records(tmp_path / "log")][len(written) :]  # written after it
+
+
 # -- the compiled policies PolicyDocuments remembers (the daemon's spawner compiles ahead) ------
 
 
