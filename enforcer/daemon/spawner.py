@@ -274,7 +274,7 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
         if pid == 0:
             sock.close()
             # Only this process may hold it: the guardian acts once every holder is gone.
-            os.close(sessions.guardian.fileno())
+            sessions.guardian.release()
             for pidfd in sessions.pidfds.values():
                 os.close(pidfd)
             _die_with_parent(os.getppid())
