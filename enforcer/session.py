@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from .audit import Appender, AuditWriter, Entry, Masker, events, records
+from .audit import Appender, AuditWriter, Entry, Masker, Receipt, events, records
 from .audit.evidence import EvidenceEvent, build_evidence
 from .audit.records import format_ts
 from .egress import netns
@@ -83,7 +83,7 @@ def run_session(
             f"{identity.ROOT_REFUSAL}; with adl-exec --daemon, launch from the account the agent should run as"
         )
     start_ns = time.time_ns()
-    _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller)
+    launch_record = _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller)
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
     # Host side, before the agent starts: the reader's socket buffers its denials until read.
@@ -95,13 +95,21 @@ def run_session(
         joined,
         record=kernel_audit,
     )
-    try:
+
+    def before_agent() -> None:
+        # The launch record on stable storage: nothing runs unrecorded. Its sync (and the helpers'
+        # join) overlap the stage's set-up, which waits for them before it execs the agent.
+        writer.sync(launch_record.seq)
         if before_start is not None:
             try:
                 before_start()
             except OSError as exc:
                 raise launcher.LaunchError(str(exc)) from exc
-        outcome, network = _run(policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid))
+
+    try:
+        outcome, network = _run(
+            policy, plan, writer, session, prepared, cgroup_group, switch_to=(uid, gid), before_agent=before_agent
+        )
     except BaseException:
         # A launch that failed (its filter did not start, its stage died) still stops the reader and
         # records what it saw; the launch's own error is the one raised.
@@ -127,7 +135,8 @@ def _record_launch(
     session: str,
     account: tuple[int, int],
     caller: Mapping[str, Any] | None,
-) -> None:
+) -> Receipt:
+    """Written, not yet synced: run_session syncs it before the agent may start."""
     payload = events.launch_payload(
         policy,
         Masker(plan.secrets),
@@ -142,7 +151,7 @@ def _record_launch(
         uid=account[0],
         gid=account[1],
     )
-    writer.append(records.LAUNCH, {**payload, **(caller or {})}, corr=session, sync=True)
+    return writer.append(records.LAUNCH, {**payload, **(caller or {})}, corr=session)
 
 
 def _run(
@@ -154,11 +163,19 @@ def _run(
     cgroup_group: str,
     *,
     switch_to: tuple[int | None, int | None],
+    before_agent: Callable[[], None],
 ) -> tuple[launcher.Outcome, dict[str, Any] | None]:
     """The agent, behind its egress filter when the plan has a network layer; the outcome and the
     filter's summary (None without one). `switch_to`: the uid/gid the launcher switches to, None
-    for this process's own."""
+    for this process's own. `before_agent`: what must precede the agent's start and this
+    process's next fork."""
     uid, gid = switch_to
+    if plan.egress is None and prepared is not None:  # the launcher forks nothing of its own here
+        outcome = launcher.run(
+            plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group, before_agent=before_agent
+        )
+        return outcome, None
+    before_agent()
     if plan.egress is None:
         outcome = launcher.run(plan, session, prepared=prepared, uid=uid, gid=gid, cgroup_group=cgroup_group)
         return outcome, None

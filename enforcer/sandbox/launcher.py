@@ -59,10 +59,13 @@ def run(
     cgroup_root: str = "/sys/fs/cgroup",
     cgroup_group: str = cgroups.GROUP,
     netns_fd: int | None = None,
+    before_agent: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run the plan's command in a new session cgroup. `prepared`: the stage and guardian forked
     ahead (stage.prepare()); without it they are forked now. With netns_fd the agent joins that
-    network namespace (the egress filter's); without it, it gets a new, empty one."""
+    network namespace (the egress filter's); without it, it gets a new, empty one. `before_agent`:
+    called once the stage has its order, while it sets the sandbox up; the agent starts only after
+    it returns, and not at all if it raises (what it raises is raised)."""
     owned = prepared is None  # forked here, on the launch path: collected here too
     if prepared is None:
         seccomp.compile_filter(plan.seccomp)  # cached: the stage forked now inherits it
@@ -100,7 +103,6 @@ def run(
             guard=GuardOrder(seccomp.guarded_syscall_numbers(), plan.creation_denied) if guarded else None,  # type: ignore[arg-type]
             exec_mounts=plan.exec_mounts,
         )
-        started = time.monotonic()
         try:
             prepared.guardian.confirm()
         except OSError as exc:
@@ -109,7 +111,15 @@ def run(
             prepared.stage.discard()
             raise LaunchError(f"sandbox setup failed: {exc}") from exc
         try:
-            prepared.stage.start(order, netns_fd, report_write if guarded else None)
+            prepared.stage.send(order, netns_fd, report_write if guarded else None)
+            if before_agent is not None:
+                try:
+                    before_agent()
+                except BaseException:
+                    prepared.stage.discard()  # it ends at its exec, without it
+                    raise
+            started = time.monotonic()
+            prepared.stage.go()
         except StageError as exc:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(prepared.stage.pid, 0)

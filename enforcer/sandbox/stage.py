@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 # start and its restart, a write by whoever can write the installation).
 GUARDIAN_CODE = Path(guardian.__file__).read_text(encoding="utf-8")
 
+GO = b"G"  # the launcher's word that the stage may exec the agent
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -139,16 +140,36 @@ class Stage:
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
         The launcher's stdio goes along: it is the agent's, whatever the stage inherited at its fork."""
+        self.send(order, netns_fd, report_fd)
+        self.go()
+
+    def send(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+        """Hand the stage its order: it sets the sandbox up, then waits for go() before the exec
+        (what must precede the agent's start, its launch record, is done meanwhile)."""
         fds = [0, 1, 2, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
         try:
             self._adopt_init()
             self._learn_agent_pid()
             send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
-            self._sock.shutdown(socket.SHUT_WR)
-            answer = b""
-            while chunk := self._sock.recv(65536):
-                answer += chunk
         except (OSError, FrameError) as exc:
+            self._sock.close()
+            raise StageError(f"the launch stage is gone: {exc}") from exc
+
+    def go(self) -> None:
+        """Let the stage exec the agent and return once it has; StageError if it failed (before or
+        after this call). Closing the socket instead (discard()) ends the stage without the exec."""
+        try:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it failed: its reason is read
+                self._sock.sendall(GO)
+                self._sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            try:
+                while chunk := self._sock.recv(65536):
+                    answer += chunk
+            except ConnectionResetError:
+                # It ended with the go unread, so without the exec: its reason, if it wrote one.
+                answer = answer or b"the launch stage is gone before the agent's start"
+        except OSError as exc:
             raise StageError(f"the launch stage is gone: {exc}") from exc
         finally:
             self._sock.close()
@@ -395,6 +416,8 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
         os.chdir(order.cwd)
         _apply(order, netns_fd, report_fd)
         step = "exec"
+        if sock.recv(len(GO)) != GO:
+            os._exit(125)  # the launcher let go before the agent's start: nothing runs
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores these; an ignored signal survives exec
         os.execve(order.executable, order.argv, order.env)

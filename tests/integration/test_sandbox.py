@@ -12,6 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ..helpers.sandbox import AGENT_USER, Sandbox, give_to_agent, needs_root, session_cgroups
 
@@ -292,6 +295,75 @@ def test_a_failing_sandbox_step_is_reported_and_nothing_runs(sandbox: Sandbox) -
     else:
         raise AssertionError("the launch did not fail")
     assert not marker.exists()
+
+
+def _marker_plan(sandbox: Sandbox, marker: Path) -> Any:
+    from enforcer.documents import load_policy
+    from enforcer.sandbox.plan import build_plan, load_baseline
+    from enforcer.session import host_features
+
+    return build_plan(
+        load_policy(sandbox.policy()),
+        ["python3", "-c", f"open({str(marker)!r}, 'w')"],
+        baseline=load_baseline(Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"),
+        environ={},
+        features=host_features(),
+    )
+
+
+def test_the_agent_starts_only_once_what_must_precede_it_is_done(sandbox: Sandbox) -> None:
+    """The stage gets its order first and sets the sandbox up while the launcher writes the launch
+    record; it execs the agent only once the launcher says so, and never if that step fails."""
+    from enforcer.sandbox import launcher
+    from enforcer.sandbox.stage import new_session_id, prepare
+
+    marker = sandbox.ws / "ran"
+    session = new_session_id()
+    prepared = prepare(session, cgroup_group=sandbox.group)
+    seen: list[bool] = []
+
+    def slow_record() -> None:
+        time.sleep(0.5)  # the stage has its order and is ready long before this returns
+        seen.append(marker.exists())
+
+    try:
+        outcome = launcher.run(
+            _marker_plan(sandbox, marker),
+            session,
+            prepared=prepared,
+            cgroup_group=sandbox.group,
+            uid=65534,
+            gid=65534,
+            before_agent=slow_record,
+        )
+    finally:
+        prepared.discard()
+    assert seen == [False] and outcome.exit_code == 0 and marker.exists()
+
+    marker.unlink()
+    session = new_session_id()
+    prepared = prepare(session, cgroup_group=sandbox.group)
+
+    def record_failed() -> None:
+        time.sleep(0.3)
+        raise OSError("the launch record could not be written")
+
+    try:
+        with pytest.raises(OSError, match="launch record could not be written"):
+            launcher.run(
+                _marker_plan(sandbox, marker),
+                session,
+                prepared=prepared,
+                cgroup_group=sandbox.group,
+                uid=65534,
+                gid=65534,
+                before_agent=record_failed,
+            )
+    finally:
+        prepared.discard()
+    time.sleep(0.3)
+    assert not marker.exists()
+    assert session not in session_cgroups(sandbox.group)
 
 
 def _children(pid: int) -> list[int]:
