@@ -522,7 +522,7 @@ def _open_in_child(path: str, uid: int, gid: int) -> int:
             os._exit(code)
     theirs.close()
     try:
-        message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
+        message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1, socket.MSG_CMSG_CLOEXEC)
     finally:
         ours.close()
         os.waitpid(pid, 0)

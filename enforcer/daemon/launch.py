@@ -295,7 +295,7 @@ class LaunchServer:
 
     def _read(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
         try:
-            data, fds, flags, _ = socket.recv_fds(pending.conn, 1 << 16, 3)
+            data, fds, flags, _ = socket.recv_fds(pending.conn, 1 << 16, 3, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError as exc:

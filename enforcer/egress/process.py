@@ -107,7 +107,7 @@ def start(policy: Policy, settings: EgressValues, audit: AuditTarget, session: s
     theirs.close()
     ours.settimeout(START_TIMEOUT_S)
     try:
-        message, fds, _, _ = socket.recv_fds(ours, 65536, 1)
+        message, fds, _, _ = socket.recv_fds(ours, 65536, 1, socket.MSG_CMSG_CLOEXEC)
     except OSError as exc:
         message, fds = f"error no answer from the egress filter: {exc}".encode(), []
     if message != b"ready" or not fds:

@@ -557,7 +557,7 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rul
         for fd in (0, 1, 2):
             os.dup2(null, fd)  # never hold the agent's stdout open
         close_all_but({0, 1, 2, sock.fileno(), report_fd})  # the stage's order socket among them
-        _, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        _, fds, _, _ = socket.recv_fds(sock, 16, 1, socket.MSG_CMSG_CLOEXEC)
         if not fds:
             return
         supervisor = creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd, agent_rules)

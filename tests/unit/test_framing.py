@@ -86,3 +86,21 @@ def test_peer_credentials_are_the_kernels(pair: tuple[socket.socket, socket.sock
     assert peer_credentials(a) == (os.getpid(), os.getuid(), os.getgid())
     raw = a.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     assert peer_credentials(a) == struct.unpack("3i", raw)
+
+
+def test_every_descriptor_received_in_the_package_is_close_on_exec() -> None:
+    """Each recv_fds/recvmsg call in enforcer/ asks for MSG_CMSG_CLOEXEC: a process that executes
+    another program later (the stage the agent, the launcher its helpers) passes on only what it
+    means to."""
+    import ast
+    from pathlib import Path
+
+    import enforcer
+
+    calls = []
+    for path in Path(enforcer.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if call and node.func.attr in {"recv_fds", "recvmsg"}:  # type: ignore[attr-defined]
+                calls.append((f"{path.name}:{node.lineno}", "MSG_CMSG_CLOEXEC" in ast.unparse(node)))
+    assert len(calls) >= 5 and [where for where, cloexec in calls if not cloexec] == []
