@@ -17,6 +17,7 @@ from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain
 from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
 from ..daemon.orders import SpawnerConfig
 from ..import_path import drop_working_directory
+from ..standard_streams import open_standard_streams
 from ..version import version_text
 
 EPILOG = f"""\
@@ -90,6 +91,7 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as the command: it imports some modules while agents run
+        open_standard_streams()  # no socket it opens may take a closed 0-2 and reach a session
         drop_working_directory()
         argv = sys.argv[1:]
     if argv[:1] == ["install-systemd"]:

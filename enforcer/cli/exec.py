@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as the command: what it imports later, it imports while the agent runs
+        from ..standard_streams import open_standard_streams
+
+        open_standard_streams()  # before anything is opened: 0-2 are what the agent gets
         from ..import_path import drop_working_directory
 
         drop_working_directory()

@@ -8,7 +8,7 @@ layer, nothing else.
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_values (the egress filter's settings as plain values, and
                   their validators), text (printing what agents chose), import_path (no import
-                  from a directory the agent may write)
+                  from a directory the agent may write), standard_streams (0-2 held open)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -38,7 +38,18 @@ import enforcer
 ROOT = Path(enforcer.__file__).parent
 
 LAYERS: list[tuple[str, ...]] = [
-    ("enforcer", "version", "paths", "data", "v1", "framing", "egress_values", "text", "import_path"),
+    (
+        "enforcer",
+        "version",
+        "paths",
+        "data",
+        "v1",
+        "framing",
+        "egress_values",
+        "text",
+        "import_path",
+        "standard_streams",
+    ),
     ("egress_settings",),
     ("settings",),
     ("policy",),
