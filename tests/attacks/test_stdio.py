@@ -164,3 +164,25 @@ def test_the_agents_frame_is_one_the_guardian_reads() -> None:
 
     body = b"d/a/group\0k/a/kill"
     assert guardian.decode_last(struct.pack("!I", len(body)) + body) == (["/a/group"], ["/a/kill"])
+
+
+def test_only_closed_standard_descriptors_are_filled() -> None:
+    """stdin closed, stdout a pipe, stderr closed: 0 and 2 become /dev/null, 1 stays the pipe, and
+    nothing else is left open."""
+    probe = (
+        "import os\n"
+        "from enforcer.standard_streams import open_standard_streams\n"
+        "open_standard_streams()\n"
+        "print([os.readlink(f'/proc/self/fd/{fd}') for fd in (0, 2)], sorted(os.listdir('/proc/self/fd'))[:4])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=30,
+        preexec_fn=close_then_exec((0, 2)),
+    )
+    # listdir's own descriptor is the fourth: 0-2 and nothing else were open before it
+    assert proc.stdout.strip() == "['/dev/null', '/dev/null'] ['0', '1', '2', '3']"
