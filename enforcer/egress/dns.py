@@ -204,9 +204,9 @@ class DnsStub:
             return DnsOutcome(None, {"decision": "deny", "rules": ["net.dns_unavailable"], "error": error})
         try:
             query = dns.message.from_wire(wire)
+            response = dns.message.make_response(query)  # refuses a message that is not a query
         except dns.exception.DNSException as exc:
             return DnsOutcome(None, {"decision": "deny", "rules": ["net.dns_malformed"], "error": str(exc)[:200]})
-        response = dns.message.make_response(query)
         response.flags |= dns.flags.RA
         if len(query.question) != 1 or query.opcode() != 0:
             response.set_rcode(dns.rcode.FORMERR if len(query.question) != 1 else dns.rcode.NOTIMP)
