@@ -14,7 +14,11 @@ EXIT_REFUSED = 125
 
 
 def refuse(message: str) -> int:
-    print(f"adl-exec: refused: {message}", file=sys.stderr)
+    """Print why, with control characters escaped: refusals carry names the caller, the agent or the
+    daemon chose (paths, the daemon's reason, the agent's last words in a session's end)."""
+    from ..text import printable
+
+    print(f"adl-exec: refused: {printable(message)}", file=sys.stderr)
     return EXIT_REFUSED
 
 
