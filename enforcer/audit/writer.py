@@ -66,8 +66,10 @@ class AuditWriter(Appender):
         settings: WriterSettings | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.directory = Path(directory)
-        self.key_path = Path(key_path)
+        # Absolute from the start: the egress filter opens its own writer on the same paths after the
+        # agent has started, from a working directory the agent may write to.
+        self.directory = Path(os.path.abspath(directory))
+        self.key_path = Path(os.path.abspath(key_path))
         self.settings = settings or WriterSettings()
         self.source = source
         self._clock = clock

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
 import select
 import socket
 import struct
@@ -513,7 +512,7 @@ class Reader:
     def _send_marker(self) -> bytes | None:
         """Queue an AUDIT_USER message naming a random nonce (no other process can send the same
         one ahead of time); None if the kernel refused it."""
-        nonce = secrets.token_hex(16).encode()
+        nonce = os.urandom(16).hex().encode()  # as secrets.token_hex, without importing random
         try:
             with _control_socket() as sock:
                 _request(sock, AUDIT_USER, b"op=adl-enforcer-drain nonce=" + nonce + b"\0")

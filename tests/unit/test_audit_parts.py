@@ -274,3 +274,12 @@ def test_format_ts_round_trips_without_loading_strptime() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.split() == ["False", "False"]
+
+
+def test_a_writer_given_relative_paths_keeps_them_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The egress filter reopens the writer's paths after the agent has started, from a working
+    directory the agent may write to: a relative --audit-dir must already name the operator's."""
+    monkeypatch.chdir(tmp_path)
+    writer = AuditWriter("audit", "keys/audit-key.pem", source="test")
+    monkeypatch.chdir("/")
+    assert writer.directory == tmp_path / "audit" and writer.key_path == tmp_path / "keys" / "audit-key.pem"
