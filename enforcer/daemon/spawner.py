@@ -432,8 +432,9 @@ def _supervise(
     session = order.session
     stdin, stdout, stderr, client_fd = fds
     for target, fd in enumerate((stdin, stdout, stderr)):
-        os.dup2(fd, target)
-        os.close(fd)
+        if fd != target:  # one received as its own number is already in place
+            os.dup2(fd, target)
+            os.close(fd)
     client = socket.socket(fileno=client_fd)
     terminated = threading.Event()
     made: list[_Made] = []

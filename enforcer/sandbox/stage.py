@@ -411,6 +411,7 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
             os.set_inheritable(fd, False)  # never handed to the agent
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
+            os.set_inheritable(target, True)  # dup2 onto itself (fd == target) would not clear close-on-exec
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
