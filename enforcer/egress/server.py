@@ -196,7 +196,12 @@ class FilterServer:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._dns_pool = ThreadPoolExecutor(max_workers=self._dns_threads, thread_name_prefix="egress-dns")
-            self._dns_pool.submit(self._reply, sock, wire, peer)
+            try:
+                self._dns_pool.submit(self._reply, sock, wire, peer)
+            except RuntimeError:  # no thread to be had: shed like a flood, counted in net.summary
+                self._pending.release()
+                with self._dns_lock:
+                    self.dns_stats["shed"] += 1
 
     def _reply(self, sock: socket.socket, wire: bytes, peer: Any) -> None:
         try:
@@ -227,18 +232,25 @@ class FilterServer:
             try:
                 connections, workers = self._opened()
             except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
-                with contextlib.suppress(OSError):
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
-                conn.close()
-                error = one_rule("deny", "net.filter_error", f"the connection filter could not be loaded: {exc}")
-                self.record("net.connect", error)
+                self._refuse(conn, f"the connection filter could not be loaded: {exc}")
                 return
             if self.handlers.value >= self.max_connections:
                 connections.refuse_over_limit(conn, self.max_connections)
                 return
             self.handlers.add(1)
             target = connections.handle if kind == "tcp" else self.tcp_dns
-            workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
+            try:
+                workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
+            except RuntimeError as exc:  # no thread to be had (the helpers' pids limit): this one is refused
+                self.handlers.add(-1)
+                self._refuse(conn, f"no thread to handle the connection: {exc}")
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        """Reset a connection nothing can handle, and record it (the filter itself keeps serving)."""
+        with contextlib.suppress(OSError):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+        conn.close()
+        self.record("net.connect", one_rule("deny", "net.filter_error", why))
 
     def _opened(self) -> tuple[ConnectionFilter, Executor]:
         if self.connections is None or self.workers is None:

@@ -416,3 +416,31 @@ def test_a_connection_filter_that_cannot_be_loaded_refuses_and_records(setup: Se
     [refused] = [r["payload"] for r in audit_records(setup.log)]
     assert refused["decision"] == "deny" and refused["rules"] == ["net.filter_error"]
     assert "could not be loaded" in refused["reasons"][0]["text"]
+
+
+def test_a_connection_without_a_thread_to_handle_it_is_refused_and_the_filter_serves_on(setup: Setup) -> None:
+    """An agent that opens connections until the filter can start no more threads (its pids
+    limit) gets those refused and recorded; the filter does not die with its summary unwritten."""
+
+    class Exhausted(ThreadPoolExecutor):
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("can't start new thread")
+
+    connections, workers = setup.server._opened()
+    workers.shutdown()
+    setup.server.workers = Exhausted(max_workers=1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        client = socket.create_connection(listener.getsockname())
+        client.settimeout(5)
+        setup.server.accept(listener, "tcp")
+        with pytest.raises(ConnectionResetError):
+            client.recv(1)
+        client.close()
+    finally:
+        listener.close()
+    assert setup.server.handlers.value == 0 and setup.server.connections is connections
+    setup.writer.sync()
+    [refused] = [r["payload"] for r in audit_records(setup.log)]
+    assert refused["decision"] == "deny" and refused["rules"] == ["net.filter_error"]
+    assert "no thread" in refused["reasons"][0]["text"]
