@@ -396,11 +396,8 @@ def test_the_filter_process_loads_its_serving_half_without_the_connection_filter
     assert not loaded, loaded
 
 
-def test_a_connection_filter_that_cannot_be_loaded_refuses_and_records(setup: Setup) -> None:
-    def broken() -> tuple[ConnectionFilter, ThreadPoolExecutor]:
-        raise ImportError("no module named 'enforcer.egress.filter'")
-
-    setup.server._open_connections = broken
+def accept_one_reset(setup: Setup) -> None:
+    """One client connects; the filter server accepts it and must reset it."""
     listener = socket.create_server(("127.0.0.1", 0))
     try:
         client = socket.create_connection(listener.getsockname())
@@ -411,6 +408,14 @@ def test_a_connection_filter_that_cannot_be_loaded_refuses_and_records(setup: Se
         client.close()
     finally:
         listener.close()
+
+
+def test_a_connection_filter_that_cannot_be_loaded_refuses_and_records(setup: Setup) -> None:
+    def broken() -> tuple[ConnectionFilter, ThreadPoolExecutor]:
+        raise ImportError("no module named 'enforcer.egress.filter'")
+
+    setup.server._open_connections = broken
+    accept_one_reset(setup)
     assert setup.server.connections is None and setup.server.handlers.value == 0
     setup.writer.sync()
     [refused] = [r["payload"] for r in audit_records(setup.log)]
@@ -429,16 +434,7 @@ def test_a_connection_without_a_thread_to_handle_it_is_refused_and_the_filter_se
     connections, workers = setup.server._opened()
     workers.shutdown()
     setup.server.workers = Exhausted(max_workers=1)
-    listener = socket.create_server(("127.0.0.1", 0))
-    try:
-        client = socket.create_connection(listener.getsockname())
-        client.settimeout(5)
-        setup.server.accept(listener, "tcp")
-        with pytest.raises(ConnectionResetError):
-            client.recv(1)
-        client.close()
-    finally:
-        listener.close()
+    accept_one_reset(setup)
     assert setup.server.handlers.value == 0 and setup.server.connections is connections
     setup.writer.sync()
     [refused] = [r["payload"] for r in audit_records(setup.log)]
