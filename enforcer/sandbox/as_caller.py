@@ -57,12 +57,22 @@ def _become(uid: int, gid: int) -> None:
 
 
 def _open(path: str) -> int:
-    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_MAGICLINKS)
     root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # a relative path starts at /
     try:
-        fd = _libc.syscall(_SYS_OPENAT2, root, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        named = _openat2(root, path)
     finally:
         os.close(root)
+    try:
+        # O_PATH checks no permission on the last component: "." from it needs the search
+        # permission cd needs, so a directory the caller may name but not enter is refused.
+        return _openat2(named, ".")
+    finally:
+        os.close(named)
+
+
+def _openat2(directory: int, path: str) -> int:
+    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, directory, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
@@ -73,7 +83,7 @@ def _open(path: str) -> int:
 
 def open_directory(path: str, uid: int, gid: int) -> int:
     """An O_PATH descriptor of directory `path` as found by uid/gid without supplementary groups;
-    OSError if that account cannot reach it (or it is reached only through a magic link)."""
+    OSError if that account cannot reach and enter it (or it is reached only through a magic link)."""
     result: list[int] = []
     failure: list[BaseException] = []
 

@@ -113,3 +113,22 @@ def test_without_the_per_thread_lookup_a_child_looks_the_path_up(tree: Path, mon
         assert launching.enter_as_caller(str(tree / "public" / "inside"), *CALLER) == str(tree / "public" / "inside")
 
     _in_child(check)
+
+
+@pytest.mark.parametrize("lookup", ["thread", "child"])
+def test_a_directory_the_caller_may_name_but_not_enter_is_refused(tree: Path, monkeypatch: Any, lookup: str) -> None:
+    """The caller reaches private/ and grouped/ themselves (their parent is 0755) but may not enter
+    them (cd fails): the session, whose directory root enters, must not start there either. Root's
+    own /root and init's /proc/1/fd likewise."""
+    if lookup == "child":
+        monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+
+    def check() -> None:
+        for directory in (tree / "private", tree / "grouped", Path("/root"), Path("/proc/1/fd")):
+            if directory == Path("/root") and directory.stat().st_mode & 0o001:
+                continue  # a host whose /root anyone may enter
+            with pytest.raises(PermissionError, match="not reachable as uid 54321"):
+                launching.enter_as_caller(str(directory), *CALLER)
+        assert launching.enter_as_caller(str(tree / "public"), *CALLER) == str(tree / "public")
+
+    _in_child(check)
