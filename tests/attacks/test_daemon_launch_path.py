@@ -4,6 +4,8 @@ outside its cgroup or leave a cgroup behind."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import signal
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from enforcer.audit.verify import verify_directory
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
@@ -150,3 +153,56 @@ def test_a_working_directory_in_the_host_s_proc_shows_no_host_process(daemon: Ru
     if done.returncode == 0:
         _cwd, count, _one = done.stdout.split(" ", 2)
         assert int(count) <= 4 or "Error" in count, (done.stdout, "the agent sees the host's processes")
+
+
+def _session_records(daemon: RunningDaemon, session: str) -> list[str]:
+    return [r["intent"].rsplit(".", 1)[-1] for r in daemon.records() if r["corr"] == session]
+
+
+def test_an_end_the_caller_hears_of_is_in_the_log_even_if_the_supervisor_dies_at_once(
+    daemon: RunningDaemon,
+) -> None:
+    """SessionEnded goes out before the audit writer's close: concurrent sessions, each of whose
+    callers finds its launch, exit and evidence records in the log the moment it hears the end,
+    then its supervisor SIGKILLed right then (during the close). The chain stays whole and ordered."""
+    daemon.stop()
+    daemon.write_agents(max_concurrent=4)
+    daemon.start()
+    agent = "import sys; sys.stdin.readline(); open(sys.argv[1]).read()"  # a denied read, then exit
+    for _round in range(3):
+        clients = []
+        for n in range(3):
+            session_file = daemon.box.ws / f"session-{_round}-{n}.json"
+            argv = daemon.exec_argv(
+                "python3", "-c", agent, str(daemon.box.outside / "private.txt"),
+                options=("--session-file", str(session_file)),
+            )  # fmt: skip
+            clients.append(
+                (subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True), session_file)
+            )
+        deadline = time.monotonic() + 20
+        supervisors: dict[str, int] = {}
+        while len(supervisors) < 3:  # a session not started yet is listed with pid 0
+            assert time.monotonic() < deadline, [c.poll() for c, _ in clients]
+            listed = daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions
+            supervisors = {s.session: s.pid for s in listed if s.pid > 0}
+            time.sleep(0.01)
+        for client, _ in clients:
+            assert client.stdin is not None
+            client.stdin.write("\n")
+            client.stdin.flush()
+        for client, session_file in clients:
+            client.wait(timeout=30)
+            session = json.loads(session_file.read_text())["session"]
+            assert supervisors[session] > 0
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisors[session], signal.SIGKILL)
+            kinds = _session_records(daemon, session)
+            assert client.returncode == 1, client.stderr.read()  # type: ignore[union-attr]
+            assert kinds[0] == "launch" and kinds[-2:] == ["exit", "evidence"], kinds
+    assert _until(lambda: not daemon.sessions_left(), 5), daemon.sessions_left()
+    daemon.stop()
+    report = verify_directory(daemon.audit)
+    assert report.intact, report
+    seqs = [r["seq"] for r in daemon.records()]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
