@@ -132,3 +132,38 @@ def test_a_directory_the_caller_may_name_but_not_enter_is_refused(tree: Path, mo
         assert launching.enter_as_caller(str(tree / "public"), *CALLER) == str(tree / "public")
 
     _in_child(check)
+
+
+@pytest.fixture
+def hidden_pids() -> Iterator[Path]:
+    """A /proc of this PID namespace mounted with hidepid=2: another account's processes are not
+    there for the caller (a common hardening of the host's /proc)."""
+    import subprocess
+
+    mount = Path(tempfile.mkdtemp(prefix=f"adl-as-caller-proc-{os.getpid()}-"))
+    mount.chmod(0o755)
+    subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+        mount.rmdir()
+
+
+def test_root_s_capabilities_lend_the_lookup_nothing(hidden_pids: Path) -> None:
+    """Only the filesystem capabilities follow fsuid: the lookup must not keep root's others
+    (CAP_SYS_PTRACE would show it the processes hidepid hides from the caller)."""
+
+    def capabilities() -> str:
+        with open("/proc/thread-self/status") as f:
+            return next(line for line in f if line.startswith("CapEff:"))
+
+    def check() -> None:
+        before = capabilities()
+        hidden = hidden_pids / str(os.getppid())  # root's, and not this process's own
+        with pytest.raises(PermissionError, match="not reachable as uid 54321"):
+            launching.enter_as_caller(str(hidden), *CALLER)
+        assert launching.enter_as_caller(str(hidden_pids), *CALLER) == str(hidden_pids)
+        assert capabilities() == before  # this thread keeps its own
+
+    _in_child(check)
