@@ -268,7 +268,16 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
         session_group = _session_cgroup(order.session, config)
         # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN under a full pids limit: this session only, never every one
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            for made in (helper_group, session_group[0]):
+                if made is not None:
+                    with contextlib.suppress(OSError):
+                        made.remove(timeout=1)
+            _refuse_order(sock, data, fds, OrderError(f"no supervisor could be started: {exc}"))
+            continue
         if pid == 0:
             sock.close()
             # Only this process may hold it: the guardian acts once every holder is gone.
