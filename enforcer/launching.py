@@ -489,6 +489,11 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
             f"working directory {path!r}: not reachable as uid {uid}: {exc.strerror or exc}"
         ) from None
     try:
+        # The lookup thread may enter this process's own /proc entries (its descriptors among them)
+        # as the caller never could; and a directory of the host's /proc would stay the agent's view
+        # of the host's processes. None has a use as a session's working directory.
+        if as_caller.on_proc(fd):
+            raise PermissionError(f"working directory {path!r}: a directory of /proc is never a session's")
         os.fchdir(fd)
     finally:
         os.close(fd)

@@ -111,6 +111,18 @@ def _openat2(directory: int, path: str) -> int:
     return int(fd)
 
 
+_PROC_SUPER_MAGIC = 0x9FA0
+
+
+def on_proc(fd: int) -> bool:
+    """Whether descriptor `fd` is on a proc filesystem (statfs's f_type, its first member)."""
+    buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if _libc.fstatfs(fd, buffer) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fstatfs: {os.strerror(err)}")
+    return ctypes.c_long.from_buffer(buffer).value == _PROC_SUPER_MAGIC
+
+
 def open_directory(path: str, uid: int, gid: int) -> int:
     """An O_PATH descriptor of directory `path` as found by uid/gid without supplementary groups;
     OSError if that account cannot reach and enter it (or it is reached only through a magic link)."""

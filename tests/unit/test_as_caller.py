@@ -161,9 +161,27 @@ def test_root_s_capabilities_lend_the_lookup_nothing(hidden_pids: Path) -> None:
     def check() -> None:
         before = capabilities()
         hidden = hidden_pids / str(os.getppid())  # root's, and not this process's own
-        with pytest.raises(PermissionError, match="not reachable as uid 54321"):
-            launching.enter_as_caller(str(hidden), *CALLER)
-        assert launching.enter_as_caller(str(hidden_pids), *CALLER) == str(hidden_pids)
+        with pytest.raises(OSError):
+            as_caller.open_directory(str(hidden), *CALLER)
+        os.close(as_caller.open_directory(str(hidden_pids), *CALLER))  # what the caller does see
         assert capabilities() == before  # this thread keeps its own
+
+    _in_child(check)
+
+
+@pytest.mark.parametrize("lookup", ["thread", "child"])
+def test_no_directory_of_proc_becomes_the_session_s(monkeypatch: Any, lookup: str) -> None:
+    """The lookup thread shares this process's /proc entries, whose descriptors directory the same
+    thread group may always enter: /proc/self/fd resolved to root's process though the caller
+    cannot cd there. No /proc directory has a use as an agent's working directory (and the host's
+    would stay its view of the host's processes under its own /proc): each is refused."""
+    if lookup == "child":
+        monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+
+    def check() -> None:
+        for directory in ("/proc/self/fd", "/proc/thread-self/fd", "/dev/fd", "/proc", "/proc/self/task"):
+            with pytest.raises(PermissionError, match="/proc"):
+                launching.enter_as_caller(directory, *CALLER)
+        assert launching.enter_as_caller("/usr", *CALLER) == "/usr"
 
     _in_child(check)
