@@ -471,10 +471,10 @@ def apply_masks(plan: LaunchPlan, masks: Masks) -> None:
 def enter_as_caller(path: str, uid: int, gid: int) -> str:
     """Change to the working directory the caller asked for, found with the credentials the agent
     will have (uid, gid, no supplementary groups), never root's: a directory the caller could not
-    reach itself (behind another user's 0700 home) is refused. The lookup runs in a thread that
-    takes those credentials (sandbox/as_caller.py), or where it cannot, in a child that drops to
-    them; either hands the directory back as a descriptor, and this process then enters that very
-    directory, so nothing can swap the path in between. Returns its path."""
+    reach or enter itself (another user's 0700 home, or what is behind it) is refused. The lookup
+    runs in a thread that takes those credentials (sandbox/as_caller.py), or where it cannot, in a
+    child that drops to them; either hands the directory back as a descriptor, and this process
+    then enters that very directory, so nothing can swap the path in between. Returns its path."""
     if uid == os.getuid():
         os.chdir(path)
         return os.getcwd()
@@ -489,6 +489,11 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
             f"working directory {path!r}: not reachable as uid {uid}: {exc.strerror or exc}"
         ) from None
     try:
+        # The lookup thread may enter this process's own /proc entries (its descriptors among them)
+        # as the caller never could; and a directory of the host's /proc would stay the agent's view
+        # of the host's processes. None has a use as a session's working directory.
+        if as_caller.on_proc(fd):
+            raise PermissionError(f"working directory {path!r}: a directory of /proc is never a session's")
         os.fchdir(fd)
     finally:
         os.close(fd)
@@ -512,7 +517,9 @@ def _open_in_child(path: str, uid: int, gid: int) -> int:
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
             try:
-                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                named = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                # "." needs the search permission cd needs: O_PATH checks none on the last component.
+                fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=named)
             except OSError as exc:
                 theirs.sendall(f"{exc.strerror or exc}".encode()[:512])
             else:

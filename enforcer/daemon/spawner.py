@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -231,12 +231,10 @@ def _remove_helper_groups(config: SpawnerConfig) -> None:
 
 def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Sessions) -> None:
     while True:
-        # A supervisor's end (its pidfd) wakes this loop: its session's cgroup goes at once.
-        waits = [sock.fileno(), *sessions.pidfds.values()]
-        ready, _, _ = select.select(waits, [], [], 0.02 if sessions.left else 0.2)
+        ordered = _wait(sock, sessions.pidfds.values(), 0.02 if sessions.left else 0.2)
         _reap(sessions, sock, config)
         sessions.remove_left()
-        if sock.fileno() not in ready:
+        if not ordered:
             continue
         try:
             frame = recv_frame(sock, max_fds=4)
@@ -270,7 +268,16 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
         session_group = _session_cgroup(order.session, config)
         # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # EAGAIN under a full pids limit: this session only, never every one
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+            for made in (helper_group, session_group[0]):
+                if made is not None:
+                    with contextlib.suppress(OSError):
+                        made.remove(timeout=1)
+            _refuse_order(sock, data, fds, OrderError(f"no supervisor could be started: {exc}"))
+            continue
         if pid == 0:
             sock.close()
             # Only this process may hold it: the guardian acts once every holder is gone.
@@ -287,12 +294,26 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
         for fd in fds:
             os.close(fd)
         sessions.children[pid] = order.session
-        sessions.pidfds[pid] = os.pidfd_open(pid)
+        try:
+            sessions.pidfds[pid] = os.pidfd_open(pid)
+        except OSError as exc:  # out of descriptors: its end is then found by the loop's next turn
+            print(f"adl-enforcerd spawner: no pidfd for supervisor {pid}: {exc}", file=sys.stderr)
         if helper_group is not None:
             sessions.helpers[pid] = helper_group
         if session_group[0] is not None:
             sessions.groups[pid] = session_group[0]
         send_frame(sock, SessionStarted(order.session, pid).to_json())
+
+
+def _wait(sock: socket.socket, pidfds: Iterable[int], timeout_s: float) -> bool:
+    """Wait for an order or a supervisor's end (its pidfd turns readable: its session's cgroup
+    then goes at once), at most `timeout_s`; whether the daemon's socket has something (or is
+    closed). poll(), not select(): one pidfd per running session may be numbered above 1023."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    for pidfd in pidfds:
+        poller.register(pidfd, select.POLLIN)
+    return any(fd == sock.fileno() for fd, _events in poller.poll(int(timeout_s * 1000)))
 
 
 def _session_cgroup(session: str, config: SpawnerConfig) -> tuple[Any, str | None]:

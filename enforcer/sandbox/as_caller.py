@@ -2,10 +2,9 @@
 
 Linux credentials belong to each thread; glibc makes setuid(2), setgroups(2) and their kin apply to
 every thread, but setfsuid(2), setfsgid(2) and the raw setgroups system call change the calling
-thread only. A short-lived thread that takes the caller's fsuid, fsgid and no supplementary groups
-walks a path with exactly the caller's permissions (setting a non-zero fsuid also clears
-CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and the other filesystem capabilities from its effective
-set), without forking this process. The thread shares this process's descriptors and working
+thread only, as does capset(2). A short-lived thread that takes the caller's fsuid, fsgid, no
+supplementary groups and no effective capabilities walks a path with exactly the caller's
+permissions, without forking this process. The thread shares this process's descriptors and working
 directory, which /proc's magic links (/proc/self/fd/N, /proc/self/cwd, /proc/PID/root) would open
 without any permission check: openat2(2) with RESOLVE_NO_MAGICLINKS refuses to follow them at all.
 
@@ -35,11 +34,37 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-def _thread_credentials() -> tuple[list[str], list[str], str]:
-    """(Uid line, Gid line, Groups line) of this thread, as the kernel holds them."""
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _thread_credentials() -> tuple[list[str], list[str], str, int]:
+    """(Uid line, Gid line, Groups line, effective capabilities) of this thread, as the kernel holds them."""
     with open("/proc/thread-self/status") as f:
         fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-    return fields["Uid"].split(), fields["Gid"].split(), fields.get("Groups", "").strip()
+    groups = fields.get("Groups", "").strip()
+    return fields["Uid"].split(), fields["Gid"].split(), groups, int(fields["CapEff"], 16)
+
+
+def _drop_effective_capabilities() -> None:
+    """This thread only (capset(2) is per thread, and the libc wrapper does not broadcast it)."""
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capget: {os.strerror(err)}")
+    for half in data:
+        half.effective = 0
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
 
 
 def _become(uid: int, gid: int) -> None:
@@ -51,18 +76,33 @@ def _become(uid: int, gid: int) -> None:
         raise OSError(err, f"setgroups: {os.strerror(err)}")
     _libc.setfsgid(gid)
     _libc.setfsuid(uid)
-    uids, gids, groups = _thread_credentials()
-    if uids[3] != str(uid) or gids[3] != str(gid) or groups:
-        raise OSError(errno.EPERM, f"the lookup thread did not take uid {uid}, gid {gid} and no groups")
+    # Only the filesystem capabilities follow fsuid: root's others (CAP_SYS_PTRACE passes /proc's
+    # hidepid checks, for one) must lend the lookup nothing either. Last: the calls above need some.
+    _drop_effective_capabilities()
+    uids, gids, groups, capabilities = _thread_credentials()
+    if uids[3] != str(uid) or gids[3] != str(gid) or groups or capabilities:
+        raise OSError(
+            errno.EPERM, f"the lookup thread did not take uid {uid}, gid {gid}, no groups and no capabilities"
+        )
 
 
 def _open(path: str) -> int:
-    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_MAGICLINKS)
     root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # a relative path starts at /
     try:
-        fd = _libc.syscall(_SYS_OPENAT2, root, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        named = _openat2(root, path)
     finally:
         os.close(root)
+    try:
+        # O_PATH checks no permission on the last component: "." from it needs the search
+        # permission cd needs, so a directory the caller may name but not enter is refused.
+        return _openat2(named, ".")
+    finally:
+        os.close(named)
+
+
+def _openat2(directory: int, path: str) -> int:
+    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, directory, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
@@ -71,9 +111,21 @@ def _open(path: str) -> int:
     return int(fd)
 
 
+_PROC_SUPER_MAGIC = 0x9FA0
+
+
+def on_proc(fd: int) -> bool:
+    """Whether descriptor `fd` is on a proc filesystem (statfs's f_type, its first member)."""
+    buffer = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if _libc.fstatfs(fd, buffer) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fstatfs: {os.strerror(err)}")
+    return ctypes.c_long.from_buffer(buffer).value == _PROC_SUPER_MAGIC
+
+
 def open_directory(path: str, uid: int, gid: int) -> int:
     """An O_PATH descriptor of directory `path` as found by uid/gid without supplementary groups;
-    OSError if that account cannot reach it (or it is reached only through a magic link)."""
+    OSError if that account cannot reach and enter it (or it is reached only through a magic link)."""
     result: list[int] = []
     failure: list[BaseException] = []
 

@@ -113,3 +113,75 @@ def test_without_the_per_thread_lookup_a_child_looks_the_path_up(tree: Path, mon
         assert launching.enter_as_caller(str(tree / "public" / "inside"), *CALLER) == str(tree / "public" / "inside")
 
     _in_child(check)
+
+
+@pytest.mark.parametrize("lookup", ["thread", "child"])
+def test_a_directory_the_caller_may_name_but_not_enter_is_refused(tree: Path, monkeypatch: Any, lookup: str) -> None:
+    """The caller reaches private/ and grouped/ themselves (their parent is 0755) but may not enter
+    them (cd fails): the session, whose directory root enters, must not start there either. Root's
+    own /root and init's /proc/1/fd likewise."""
+    if lookup == "child":
+        monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+
+    def check() -> None:
+        for directory in (tree / "private", tree / "grouped", Path("/root"), Path("/proc/1/fd")):
+            if directory == Path("/root") and directory.stat().st_mode & 0o001:
+                continue  # a host whose /root anyone may enter
+            with pytest.raises(PermissionError, match="not reachable as uid 54321"):
+                launching.enter_as_caller(str(directory), *CALLER)
+        assert launching.enter_as_caller(str(tree / "public"), *CALLER) == str(tree / "public")
+
+    _in_child(check)
+
+
+@pytest.fixture
+def hidden_pids() -> Iterator[Path]:
+    """A /proc of this PID namespace mounted with hidepid=2: another account's processes are not
+    there for the caller (a common hardening of the host's /proc)."""
+    import subprocess
+
+    mount = Path(tempfile.mkdtemp(prefix=f"adl-as-caller-proc-{os.getpid()}-"))
+    mount.chmod(0o755)
+    subprocess.run(["mount", "-t", "proc", "-o", "hidepid=2", "proc", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+        mount.rmdir()
+
+
+def test_root_s_capabilities_lend_the_lookup_nothing(hidden_pids: Path) -> None:
+    """Only the filesystem capabilities follow fsuid: the lookup must not keep root's others
+    (CAP_SYS_PTRACE would show it the processes hidepid hides from the caller)."""
+
+    def capabilities() -> str:
+        with open("/proc/thread-self/status") as f:
+            return next(line for line in f if line.startswith("CapEff:"))
+
+    def check() -> None:
+        before = capabilities()
+        hidden = hidden_pids / str(os.getppid())  # root's, and not this process's own
+        with pytest.raises(OSError):
+            as_caller.open_directory(str(hidden), *CALLER)
+        os.close(as_caller.open_directory(str(hidden_pids), *CALLER))  # what the caller does see
+        assert capabilities() == before  # this thread keeps its own
+
+    _in_child(check)
+
+
+@pytest.mark.parametrize("lookup", ["thread", "child"])
+def test_no_directory_of_proc_becomes_the_session_s(monkeypatch: Any, lookup: str) -> None:
+    """The lookup thread shares this process's /proc entries, whose descriptors directory the same
+    thread group may always enter: /proc/self/fd resolved to root's process though the caller
+    cannot cd there. No /proc directory has a use as an agent's working directory (and the host's
+    would stay its view of the host's processes under its own /proc): each is refused."""
+    if lookup == "child":
+        monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+
+    def check() -> None:
+        for directory in ("/proc/self/fd", "/proc/thread-self/fd", "/dev/fd", "/proc", "/proc/self/task"):
+            with pytest.raises(PermissionError, match="/proc"):
+                launching.enter_as_caller(directory, *CALLER)
+        assert launching.enter_as_caller("/usr", *CALLER) == "/usr"
+
+    _in_child(check)

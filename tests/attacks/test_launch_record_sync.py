@@ -1,0 +1,69 @@
+"""The stage sets the sandbox up while the launch record syncs: a sync that fails (a disk that
+errors, a full one) must leave the agent unstarted, the failure raised as an audit failure, and no
+cgroup behind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.audit import AuditUnavailable, AuditWriter, records
+from enforcer.audit.query import iter_records
+
+from ..helpers.sandbox import Sandbox, needs_root, session_cgroups
+
+pytestmark = needs_root
+
+
+def test_a_launch_record_that_cannot_be_synced_starts_no_agent(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from enforcer.documents import load_policy
+    from enforcer.sandbox.plan import build_plan, load_baseline
+    from enforcer.sandbox.stage import new_session_id, prepare
+    from enforcer.session import host_features, run_session
+
+    marker = sandbox.ws / "ran"
+    policy = load_policy(sandbox.policy())
+    plan = build_plan(
+        policy,
+        ["python3", "-c", f"open({str(marker)!r}, 'w')"],
+        baseline=load_baseline(Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"),
+        environ={},
+        features=host_features(),
+    )
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
+    synced: list[int | None] = []
+
+    def failing_sync(upto_seq: int | None = None) -> None:
+        synced.append(upto_seq)
+        time.sleep(0.2)  # the stage is set up and waits for the go meanwhile
+        raise AuditUnavailable("fdatasync: Input/output error")
+
+    monkeypatch.setattr(writer, "sync", failing_sync)
+    session = new_session_id()
+    prepared = prepare(session, cgroup_group=sandbox.group)
+    try:
+        with pytest.raises(AuditUnavailable, match="Input/output error"):
+            run_session(
+                policy,
+                plan,
+                writer,
+                session,
+                uid=65534,
+                gid=65534,
+                cgroup_group=sandbox.group,
+                prepared=prepared,
+                kernel_audit=False,
+            )
+    finally:
+        prepared.discard()
+        writer.close()
+    time.sleep(0.3)  # an agent let go by mistake would have written its marker by now
+    assert synced and not marker.exists()
+    assert session not in session_cgroups(sandbox.group)
+    kinds: list[Any] = [r["intent"] for r in iter_records(tmp_path / "log") if r.get("corr") == session]
+    assert kinds == [f"adl.enforcer.{records.LAUNCH}"]  # written, then its sync failed: nothing after
