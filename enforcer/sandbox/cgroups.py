@@ -91,7 +91,8 @@ class Cgroup(ABC):
         pids: set[int] = set()
         for d in self.directories:
             try:
-                pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+                # 0 stands for a member outside this PID namespace: kill(0) would hit our own group.
+                pids.update(pid for pid in map(int, (d / "cgroup.procs").read_text().split()) if pid > 0)
             except FileNotFoundError:
                 continue
         return sorted(pids)

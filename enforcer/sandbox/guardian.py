@@ -84,7 +84,9 @@ def members(directories: list[str]) -> list[int]:
     for directory in directories:
         try:
             with open(os.path.join(directory, "cgroup.procs")) as f:
-                pids.update(int(p) for p in f.read().split())
+                # A member outside this process's PID namespace is listed as 0: kill(0) would
+                # signal this process's own group (the daemon), never the member.
+                pids.update(pid for pid in map(int, f.read().split()) if pid > 0)
         except FileNotFoundError:
             continue
     return sorted(pids)

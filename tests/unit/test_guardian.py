@@ -240,3 +240,14 @@ def test_a_sessions_frame_decodes_to_the_sessions_found_below_its_directories(tm
     directories, kill_files = guardian.decode_last(frame(body)) or ([], [])
     assert directories == [str(tmp_path / "m" / "session-a"), str(tmp_path / "u" / "session-a")]
     assert kill_files == [str(tmp_path / "u" / "session-a" / "cgroup.kill")]
+
+
+def test_a_member_listed_as_0_is_never_signalled(tmp_path: Path) -> None:
+    """cgroup.procs lists a member outside the reader's PID namespace as 0; kill(0, SIGKILL) would
+    kill the reader's own process group (the daemon with it). Both readers of the file drop it."""
+    for name, listed in (("a", "0\n4194304\n"), ("b", "0\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cgroup.procs").write_text(listed)
+    directories = [tmp_path / "a", tmp_path / "b"]
+    assert guardian.members([str(d) for d in directories]) == [4194304]
+    assert cgroups.CgroupV1(*directories, tmp_path / "c", None).members() == [4194304]
