@@ -579,6 +579,7 @@ def _supervise_prepared(
         presets=config.presets,
         kernel_audit=config.kernel_audit,
     )
+
     def report(result: launching.Result) -> None:
         with contextlib.suppress(OSError):
             send_frame(client, session_ended(order.session, result).SerializeToString())
