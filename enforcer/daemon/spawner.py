@@ -174,15 +174,18 @@ class _Sessions:
     helpers: dict[int, Any] = field(default_factory=dict)  # supervisor pid -> its helpers' cgroup
     groups: dict[int, Any] = field(default_factory=dict)  # supervisor pid -> its session's cgroup
     left: list[Any] = field(default_factory=list)  # sessions' cgroups still to remove
+    reported: set[str] = field(default_factory=set)  # cgroups whose removal failed, said once each
 
     def remove_left(self) -> None:
         """Kill and remove what ended supervisors left, without waiting: a cgroup whose members
         are still dying is tried again at the next turn."""
-        self.left = [group for group in self.left if not _removed(group)]
+        self.left = [group for group in self.left if not _removed(group, self.reported)]
+        self.reported &= {str(group.directories[0]) for group in self.left}
 
 
-def _removed(group: Any) -> bool:
-    """Whether the session's cgroup is gone; kills its members, removes it once they are gone."""
+def _removed(group: Any, reported: set[str]) -> bool:
+    """Whether the session's cgroup is gone; kills its members, removes it once they are gone. An
+    error other than EBUSY is logged once per cgroup (it is retried every turn)."""
     try:
         if not any(d.exists() for d in group.directories):
             return True
@@ -194,8 +197,10 @@ def _removed(group: Any) -> bool:
                 directory.rmdir()
         return True
     except OSError as exc:  # EBUSY while the last members are reaped: tried again at the next turn
-        if exc.errno != errno.EBUSY:
-            print(f"adl-enforcerd spawner: removing {group.directories[0]}: {exc}", file=sys.stderr)
+        name = str(group.directories[0])
+        if exc.errno != errno.EBUSY and name not in reported:
+            reported.add(name)
+            print(f"adl-enforcerd spawner: removing {name}: {exc} (retried until it goes)", file=sys.stderr)
         return False
 
 

@@ -451,3 +451,33 @@ def test_a_supervisor_that_cannot_be_forked_refuses_its_session_and_the_spawner_
     assert reported["first"] == {"caller_heard": True, "daemon": ["SessionGone"]}, result.stderr[-2000:]
     assert reported["second"] == {"caller_heard": True, "daemon": ["SessionStarted", "SessionGone"]}
     assert left == {group: [], group + spawner.HELPERS_SUFFIX: []}
+
+
+def test_a_cgroup_that_cannot_be_removed_is_retried_and_reported_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The spawner retries a session's cgroup every turn until it goes; an error other than EBUSY
+    is said once, not every 20 ms for as long as it lasts."""
+    from enforcer.daemon import spawner
+
+    class Group:
+        def __init__(self) -> None:
+            self.directories = [tmp_path / "session-x"]
+
+        def members(self) -> list[int]:
+            return []
+
+        def kill_all(self) -> None:
+            pass
+
+    directory = tmp_path / "session-x"
+    directory.mkdir()
+    (directory / "stuck").touch()  # rmdir: ENOTEMPTY, as an error other than EBUSY
+    sessions = spawner._Sessions(guardian=None, left=[Group()])
+    for _ in range(5):
+        sessions.remove_left()
+    said = capsys.readouterr().err.splitlines()
+    assert len(sessions.left) == 1 and len(said) == 1 and "session-x" in said[0], said
+    (directory / "stuck").unlink()
+    sessions.remove_left()
+    assert sessions.left == [] and sessions.reported == set() and not directory.exists()
