@@ -477,7 +477,7 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
     then enters that very directory, so nothing can swap the path in between. Returns its path."""
     if uid == os.getuid():
         os.chdir(path)
-        return os.getcwd()
+        return _recordable(os.getcwd())
     from .sandbox import as_caller
 
     try:
@@ -497,7 +497,18 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
         os.fchdir(fd)
     finally:
         os.close(fd)
-    return os.getcwd()
+    return _recordable(os.getcwd())
+
+
+def _recordable(path: str) -> str:
+    """`path`, which the launch record holds as text: a name that is not UTF-8 is refused as such
+    (rather than as a failure of the audit log when the record cannot be written)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        shown = path.encode(errors="surrogateescape")
+        raise PermissionError(f"working directory {shown!r}: not UTF-8 (the audit log records it as text)") from None
+    return path
 
 
 def _open_in_child(path: str, uid: int, gid: int) -> int:

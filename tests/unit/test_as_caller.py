@@ -185,3 +185,13 @@ def test_no_directory_of_proc_becomes_the_session_s(monkeypatch: Any, lookup: st
         assert launching.enter_as_caller("/usr", *CALLER) == "/usr"
 
     _in_child(check)
+
+
+def test_a_directory_whose_name_is_not_utf8_is_refused_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch record holds the session's directory as text: a name that is not UTF-8 is refused
+    by name, not as a failure of the audit log."""
+    odd = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    os.mkdir(odd)
+    monkeypatch.chdir("/")
+    with pytest.raises(PermissionError, match="not UTF-8"):
+        launching.enter_as_caller(os.fsdecode(odd), os.getuid(), os.getgid())
