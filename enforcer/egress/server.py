@@ -185,23 +185,22 @@ class FilterServer:
         return outcome.response
 
     def udp_query(self, sock: socket.socket) -> None:
-        """Read one datagram and answer it on a DNS thread; past MAX_PENDING_QUERIES waiting, shed it."""
+        """Read one datagram and answer it on a DNS thread; past MAX_PENDING_QUERIES waiting, or with
+        no thread to be had, shed it: the client retries, and the count is in net.summary."""
         with contextlib.suppress(OSError):
             wire, peer = sock.recvfrom(65535)
-            if not self._pending.acquire(blocking=False):
-                with self._dns_lock:
-                    self.dns_stats["shed"] += 1  # a flood: the client retries, nothing is answered unrecorded
-                return
-            if self._dns_pool is None:
-                from concurrent.futures import ThreadPoolExecutor
+            if self._pending.acquire(blocking=False):
+                if self._dns_pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
 
-                self._dns_pool = ThreadPoolExecutor(max_workers=self._dns_threads, thread_name_prefix="egress-dns")
-            try:
-                self._dns_pool.submit(self._reply, sock, wire, peer)
-            except RuntimeError:  # no thread to be had: shed like a flood, counted in net.summary
-                self._pending.release()
-                with self._dns_lock:
-                    self.dns_stats["shed"] += 1
+                    self._dns_pool = ThreadPoolExecutor(max_workers=self._dns_threads, thread_name_prefix="egress-dns")
+                try:
+                    self._dns_pool.submit(self._reply, sock, wire, peer)
+                    return
+                except RuntimeError:
+                    self._pending.release()
+            with self._dns_lock:
+                self.dns_stats["shed"] += 1
 
     def _reply(self, sock: socket.socket, wire: bytes, peer: Any) -> None:
         try:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import threading
 
-_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+_MACHINE = os.uname().machine  # platform.machine() is this, behind a module that costs milliseconds
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(_MACHINE)
 _SYS_OPENAT2 = 437  # the same on every architecture
 _RESOLVE_NO_MAGICLINKS = 0x02
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -70,7 +70,7 @@ def _drop_effective_capabilities() -> None:
 def _become(uid: int, gid: int) -> None:
     """This thread only: no supplementary groups, fsgid `gid`, fsuid `uid`; checked with the kernel."""
     if _SYS_SETGROUPS is None:
-        raise Unsupported(f"the setgroups system call's number on {platform.machine()}")
+        raise Unsupported(f"the setgroups system call's number on {_MACHINE}")
     if _libc.syscall(_SYS_SETGROUPS, 0, None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setgroups: {os.strerror(err)}")
