@@ -7,7 +7,6 @@ there while the session runs; none may be imported by root."""
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,16 +45,13 @@ def test_root_imports_nothing_the_agent_plants_in_the_working_directory(sandbox:
     markers = tmp_path / "imported"  # root writes a name here when it runs a planted module
     markers.mkdir()
     names = module_names()
-    environ = {
-        **os.environ,
-        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
-        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
-        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
-        "ADL_ENFORCER_CACHE_DIR": str(sandbox.root / "policy-cache"),
-        "ALLOWED_NAMES": " ".join(names),
-        "ALLOWED_MARKERS": str(markers),
-        "ALLOWED_OUTSIDE": str(sandbox.outside / "private.txt"),
-    }
+    environ = sandbox.environ(
+        {
+            "ALLOWED_NAMES": " ".join(names),
+            "ALLOWED_MARKERS": str(markers),
+            "ALLOWED_OUTSIDE": str(sandbox.outside / "private.txt"),
+        }
+    )
     argv = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--report"]
     proc = subprocess.run(
         [*argv, "--user", AGENT_USER, "--", "python3", "-c", PLANT],

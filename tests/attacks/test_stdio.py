@@ -67,16 +67,14 @@ def test_an_agent_never_gets_the_guardians_socket_as_its_stdio(sandbox: Sandbox,
     bystander = subprocess.Popen(["sleep", "60"])
     (group / "cgroup.procs").write_text(f"{bystander.pid}\n")
     report = sandbox.ws / "descriptors.txt"
-    environ = {
-        **os.environ,
-        "ADL_ENFORCER_AUDIT_DIR": str(sandbox.audit),
-        "ADL_ENFORCER_AUDIT_KEY": str(sandbox.root / "audit-key.pem"),
-        "ADL_ENFORCER_CGROUP_GROUP": sandbox.group,
-        "ADL_ENFORCER_CACHE_DIR": "off",
-        "ALLOWED_GROUP": str(group),
-        "ALLOWED_TARGET": str(target),
-        "ALLOWED_REPORT": str(report),
-    }
+    environ = sandbox.environ(
+        {
+            "ADL_ENFORCER_CACHE_DIR": "off",
+            "ALLOWED_GROUP": str(group),
+            "ALLOWED_TARGET": str(target),
+            "ALLOWED_REPORT": str(report),
+        }
+    )
     argv = [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--user", AGENT_USER]
     try:
         proc = subprocess.run(

@@ -139,15 +139,7 @@ class Sandbox:
     ) -> Result:
         """Run adl-exec; `stdout`: a file (owned by the agent) instead of a pipe for the command's
         output: an agent of another uid cannot reopen the caller's pipes through /dev/stdout."""
-        environ = {
-            **os.environ,
-            "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
-            "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
-            "ADL_ENFORCER_CGROUP_GROUP": self.group,
-            "ADL_ENFORCER_CACHE_DIR": str(self.root / "policy-cache"),
-            **self.env,
-            **(env or {}),
-        }
+        environ = self.environ(env)
         before = {r["seq"] for r in self._records()}
         with contextlib.ExitStack() as files:
             sink = files.enter_context(stdout.open("a")) if stdout is not None else subprocess.PIPE
@@ -174,6 +166,19 @@ class Sandbox:
         out = stdout.read_text() if stdout is not None else proc.stdout
         records = [r for r in self._records() if r["seq"] not in before]
         return Result(proc.returncode, out, proc.stderr, records)
+
+    def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """adl-exec's environment for this sandbox: its own audit log and key, cgroup group and
+        policy cache, then `self.env` and `extra`."""
+        return {
+            **os.environ,
+            "ADL_ENFORCER_AUDIT_DIR": str(self.audit),
+            "ADL_ENFORCER_AUDIT_KEY": str(self.root / "audit-key.pem"),
+            "ADL_ENFORCER_CGROUP_GROUP": self.group,
+            "ADL_ENFORCER_CACHE_DIR": str(self.root / "policy-cache"),
+            **self.env,
+            **(extra or {}),
+        }
 
     def python(self, code: str, **kw: Any) -> Result:
         return self.run("python3", "-c", code, **kw)

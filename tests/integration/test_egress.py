@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -221,14 +220,7 @@ SERVING = ("dns", "enforcer.egress.server", "enforcer.egress.filter", "enforcer.
 
 
 def test_the_launcher_loads_none_of_what_serves_the_agents_connections(net_sandbox: Sandbox, netlab: NetLab) -> None:
-    env = {
-        **os.environ,
-        "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit),
-        "ADL_ENFORCER_AUDIT_KEY": str(net_sandbox.root / "audit-key.pem"),
-        "ADL_ENFORCER_CGROUP_GROUP": net_sandbox.group,
-        "ADL_ENFORCER_CACHE_DIR": str(net_sandbox.root / "policy-cache"),
-        **netlab.env(),
-    }
+    env = net_sandbox.environ(netlab.env())
     argv = [
         *netlab.wrap(), sys.executable, "-c", LAUNCHER, "--adl", str(net_sandbox.policy()), "--user", AGENT_USER,
         "--", "curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://api.example.test/",

@@ -99,14 +99,7 @@ def test_a_warm_cache_launch_imports_no_validator(sandbox):
 def test_a_launch_with_allowed_hosts_imports_no_pydantic(net_sandbox: Sandbox, netlab: NetLab) -> None:
     """The egress filter's settings are read and validated without the settings model."""
     policy = net_sandbox.policy()
-    env = {
-        **os.environ,
-        "ADL_ENFORCER_AUDIT_DIR": str(net_sandbox.audit),
-        "ADL_ENFORCER_AUDIT_KEY": str(net_sandbox.root / "audit-key.pem"),
-        "ADL_ENFORCER_CGROUP_GROUP": net_sandbox.group,
-        "ADL_ENFORCER_CACHE_DIR": str(net_sandbox.root / "policy-cache"),
-        **netlab.env(),
-    }
+    env = net_sandbox.environ(netlab.env())
     argv = [
         *netlab.wrap(), sys.executable, "-c", LAUNCHER, "--adl", str(policy), "--user", AGENT_USER, "--",
         "curl", "-sS", "--noproxy", "*", "--max-time", "5", "http://api.example.test/",

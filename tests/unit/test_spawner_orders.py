@@ -287,118 +287,35 @@ def test_a_spawner_event_that_is_not_one_is_refused(frame: bytes) -> None:
         read_event(frame)
 
 
-MANY_DESCRIPTORS_SCRIPT = """
-import json, os, resource, socket, sys
+# What the scripts below share: a real spawner in a process of its own (as the daemon forks it),
+# orders sent with a caller's stdio and launch connection, and the spawner's reports until the
+# session is gone. argv: the temporary directory, the order's members (JSON), the cgroup group.
+SPAWNER_PRELUDE = """
+import errno, json, os, resource, socket, sys
 from pathlib import Path
 from enforcer.daemon import spawner
 from enforcer.daemon.orders import SpawnerConfig, read_event
 from enforcer.egress_values import EgressValues
 from enforcer.framing import recv_frame, send_frame
 
-tmp, group = Path(sys.argv[1]), sys.argv[3]
-_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-# As if a thousand sessions ran: the supervisors' pidfds are numbered above 1024.
-opened = os.pidfd_open
-def numbered_high(pid, flags=0):
-    fd = opened(pid, flags)
-    high = os.dup2(fd, 1500 + fd)
-    os.close(fd)
-    return high
-os.pidfd_open = numbered_high
-config = SpawnerConfig(
-    audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
-    production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
-    cgroup_group=group, helper_memory_mb=64, egress=EgressValues(),
-)
-handle = spawner.start(config)
-ours, client = socket.socketpair()
-pipes = [os.pipe() for _ in range(3)]
-fds = [pipes[0][0], pipes[1][1], pipes[2][1], client.fileno()]
-send_frame(handle.sock, sys.argv[2].encode(), fds)
-client.close()
-ours.settimeout(30)
-handle.sock.settimeout(30)
-ended = recv_frame(ours)
-events = []
-while True:
-    frame = recv_frame(handle.sock)
-    if frame is None:
-        events.append("end of stream")
-        break
-    events.append(type(read_event(frame[0])).__name__)
-    if events[-1] == "SessionGone":
-        break
-handle.sock.close()
-os.waitpid(handle.pid, 0)
-print(json.dumps({"caller_heard": ended is not None, "daemon": events}))
-"""
+tmp, members, group = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 
 
-def test_the_spawner_outlives_a_supervisor_whose_descriptor_is_numbered_above_1024(tmp_path: Path) -> None:
-    """The spawner waits on one pidfd per supervisor: with many sessions (or descriptors) their
-    numbers pass 1024, which select() cannot wait on; the spawner (and with it every session)
-    must not die of it, and must still report the supervisor's end."""
-    import subprocess
-    import sys
-
-    from enforcer.daemon import spawner
-    from enforcer.sandbox import cgroups
-
-    group = f"adl-test-fds-{uuid.uuid4().hex[:8]}"
-    members = members_of(order(session="s-many-fds").to_json())
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", MANY_DESCRIPTORS_SCRIPT, str(tmp_path), json.dumps({"launch": members}), group],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-    finally:
-        for name in (group, group + spawner.HELPERS_SUFFIX):
-            for leftover in cgroups.existing(group=name).values():
-                leftover.remove(timeout=5)
-            for base in cgroups.group_directories(group=name):
-                if base.is_dir():
-                    base.rmdir()
-    assert result.returncode == 0, result.stderr
-    reported = json.loads(result.stdout)
-    assert reported == {"caller_heard": True, "daemon": ["SessionStarted", "SessionGone"]}, result.stderr[-2000:]
+def start():
+    handle = spawner.start(SpawnerConfig(
+        audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
+        production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
+        cgroup_group=group, helper_memory_mb=64, egress=EgressValues(),
+    ))
+    handle.sock.settimeout(30)
+    return handle
 
 
-FORK_FAILS_SCRIPT = """
-import errno, json, os, socket, sys
-from pathlib import Path
-from enforcer.daemon import spawner
-from enforcer.daemon.orders import SpawnerConfig, read_event
-from enforcer.egress_values import EgressValues
-from enforcer.framing import recv_frame, send_frame
-
-tmp, group = Path(sys.argv[1]), sys.argv[3]
-# The spawner's own fork, its guardian's, then the first supervisor's: that one fails as under
-# a full pids limit (EAGAIN).
-forks = [0]
-real_fork = os.fork
-def fork():
-    forks[0] += 1
-    if forks[0] == 3:
-        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
-    return real_fork()
-os.fork = fork
-config = SpawnerConfig(
-    audit_dir=tmp / "audit", audit_key=tmp / "key.pem", audit_group_ms=5.0, audit_group_records=64,
-    production=False, regions=tmp / "regions.yaml", baseline=tmp / "baseline.yaml",
-    cgroup_group=group, helper_memory_mb=64, egress=EgressValues(),
-)
-handle = spawner.start(config)
-handle.sock.settimeout(30)
-report = {}
-for attempt in ("first", "second"):
+def send_order(handle, members):
+    \"\"\"Whether the caller heard the session's end, and the spawner's reports up to it.\"\"\"
     ours, client = socket.socketpair()
     ours.settimeout(30)
     pipes = [os.pipe() for _ in range(3)]
-    members = json.loads(sys.argv[2])
-    members["launch"]["session"] = "s-" + attempt
     send_frame(handle.sock, json.dumps(members).encode(), [pipes[0][0], pipes[1][1], pipes[2][1], client.fileno()])
     client.close()
     ended = recv_frame(ours)
@@ -411,11 +328,91 @@ for attempt in ("first", "second"):
         events.append(type(read_event(frame[0])).__name__)
         if events[-1] == "SessionGone":
             break
-    report[attempt] = {"caller_heard": ended is not None, "daemon": events}
-    if events[-1] == "end of stream":
+    return {"caller_heard": ended is not None, "daemon": events}
+
+
+def stop(handle):
+    handle.sock.close()
+    os.waitpid(handle.pid, 0)
+"""
+
+MANY_DESCRIPTORS_SCRIPT = SPAWNER_PRELUDE + """
+_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+# As if a thousand sessions ran: the supervisors' pidfds are numbered above 1024.
+opened = os.pidfd_open
+def numbered_high(pid, flags=0):
+    fd = opened(pid, flags)
+    high = os.dup2(fd, 1500 + fd)
+    os.close(fd)
+    return high
+os.pidfd_open = numbered_high
+handle = start()
+report = send_order(handle, members)
+stop(handle)
+print(json.dumps(report))
+"""
+
+
+def run_spawner_script(script: str, tmp_path: Path, members: dict[str, Any], group: str) -> Any:
+    """Run `script` (SPAWNER_PRELUDE and more) for one order; remove the group's cgroups after it,
+    whatever happened. Returns the completed process and what is left in each group."""
+    import subprocess
+    import sys
+
+    from enforcer.daemon import spawner
+    from enforcer.sandbox import cgroups
+
+    names = (group, group + spawner.HELPERS_SUFFIX)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path), json.dumps({"launch": members}), group],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        left = {name: sorted(cgroups.existing(group=name)) for name in names}
+    finally:
+        for name in names:
+            for leftover in cgroups.existing(group=name).values():
+                leftover.remove(timeout=5)
+            for base in cgroups.group_directories(group=name):
+                if base.is_dir():
+                    base.rmdir()
+    return result, left
+
+
+def test_the_spawner_outlives_a_supervisor_whose_descriptor_is_numbered_above_1024(tmp_path: Path) -> None:
+    """The spawner waits on one pidfd per supervisor: with many sessions (or descriptors) their
+    numbers pass 1024, which select() cannot wait on; the spawner (and with it every session)
+    must not die of it, and must still report the supervisor's end."""
+    group = f"adl-test-fds-{uuid.uuid4().hex[:8]}"
+    members = members_of(order(session="s-many-fds").to_json())
+    result, _ = run_spawner_script(MANY_DESCRIPTORS_SCRIPT, tmp_path, members, group)
+    assert result.returncode == 0, result.stderr
+    reported = json.loads(result.stdout)
+    assert reported == {"caller_heard": True, "daemon": ["SessionStarted", "SessionGone"]}, result.stderr[-2000:]
+
+
+FORK_FAILS_SCRIPT = SPAWNER_PRELUDE + """
+# The spawner's own fork, its guardian's, then the first supervisor's: that one fails as under
+# a full pids limit (EAGAIN).
+forks = [0]
+real_fork = os.fork
+def fork():
+    forks[0] += 1
+    if forks[0] == 3:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+os.fork = fork
+handle = start()
+report = {}
+for attempt in ("first", "second"):
+    members["launch"]["session"] = "s-" + attempt
+    report[attempt] = send_order(handle, members)
+    if report[attempt]["daemon"][-1] == "end of stream":
         break
-handle.sock.close()
-os.waitpid(handle.pid, 0)
+stop(handle)
 print(json.dumps(report))
 """
 
@@ -423,29 +420,11 @@ print(json.dumps(report))
 def test_a_supervisor_that_cannot_be_forked_refuses_its_session_and_the_spawner_serves_on(tmp_path: Path) -> None:
     """A fork that fails (EAGAIN under a full pids limit, which sessions' processes count toward)
     must refuse that session only: the spawner ending would take every running session with it."""
-    import subprocess
-    import sys
-
     from enforcer.daemon import spawner
-    from enforcer.sandbox import cgroups
 
     group = f"adl-test-fork-{uuid.uuid4().hex[:8]}"
     members = members_of(order(session="s-first").to_json())
-    try:
-        result = subprocess.run(
-            [sys.executable, "-c", FORK_FAILS_SCRIPT, str(tmp_path), json.dumps({"launch": members}), group],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        left = {name: sorted(cgroups.existing(group=name)) for name in (group, group + spawner.HELPERS_SUFFIX)}
-    finally:
-        for name in (group, group + spawner.HELPERS_SUFFIX):
-            for leftover in cgroups.existing(group=name).values():
-                leftover.remove(timeout=5)
-            for base in cgroups.group_directories(group=name):
-                if base.is_dir():
-                    base.rmdir()
+    result, left = run_spawner_script(FORK_FAILS_SCRIPT, tmp_path, members, group)
     assert result.returncode == 0, result.stderr
     reported = json.loads(result.stdout)
     assert reported["first"] == {"caller_heard": True, "daemon": ["SessionGone"]}, result.stderr[-2000:]
