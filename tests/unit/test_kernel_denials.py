@@ -244,16 +244,22 @@ def _reader_or_skip(roots: list[int], sink: Any) -> ka.Reader:
         pytest.skip(f"no kernel audit here: {exc}")
 
 
-def test_a_denial_just_before_the_process_exits_is_read_by_the_drain_marker(monkeypatch: Any, tmp_path: Any) -> None:
-    import time
-
+def _denied_once(tmp_path: Any) -> tuple[ka.Reader, list[ka.Denial], int, Any]:
+    """A running reader, what it has read, and the pid of a process that was denied reading
+    `target` once and has exited."""
     target = tmp_path / "private.txt"
     target.write_text("x")
     roots: list[int] = []
     got: list[ka.Denial] = []
     reader = _reader_or_skip(roots, got.append)
     reader.start()
-    pid = _deny_then_exit(roots, str(target))
+    return reader, got, _deny_then_exit(roots, str(target)), target
+
+
+def test_a_denial_just_before_the_process_exits_is_read_by_the_drain_marker(monkeypatch: Any, tmp_path: Any) -> None:
+    import time
+
+    reader, got, pid, target = _denied_once(tmp_path)
     asked: list[bool] = []
 
     def queue_status() -> dict[str, int]:
@@ -269,13 +275,7 @@ def test_a_denial_just_before_the_process_exits_is_read_by_the_drain_marker(monk
 
 
 def test_without_its_marker_the_drain_still_waits_for_the_kernel_queue(monkeypatch: Any, tmp_path: Any) -> None:
-    target = tmp_path / "private.txt"
-    target.write_text("x")
-    roots: list[int] = []
-    got: list[ka.Denial] = []
-    reader = _reader_or_skip(roots, got.append)
-    reader.start()
-    pid = _deny_then_exit(roots, str(target))
+    reader, got, pid, target = _denied_once(tmp_path)
     # A marker the host's audit rules filtered out: queued by nobody, it never arrives.
     monkeypatch.setattr(ka.Reader, "_send_marker", lambda self: b"0" * 32)
     real_status = ka.status
