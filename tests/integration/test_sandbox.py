@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -318,49 +319,39 @@ def test_the_agent_starts_only_once_what_must_precede_it_is_done(sandbox: Sandbo
     from enforcer.sandbox.stage import new_session_id, prepare
 
     marker = sandbox.ws / "ran"
-    session = new_session_id()
-    prepared = prepare(session, cgroup_group=sandbox.group)
     seen: list[bool] = []
 
-    def slow_record() -> None:
-        time.sleep(0.5)  # the stage has its order and is ready long before this returns
-        seen.append(marker.exists())
-
-    try:
-        outcome = launcher.run(
-            _marker_plan(sandbox, marker),
-            session,
-            prepared=prepared,
-            cgroup_group=sandbox.group,
-            uid=65534,
-            gid=65534,
-            before_agent=slow_record,
-        )
-    finally:
-        prepared.discard()
-    assert seen == [False] and outcome.exit_code == 0 and marker.exists()
-
-    marker.unlink()
-    session = new_session_id()
-    prepared = prepare(session, cgroup_group=sandbox.group)
-
-    def record_failed() -> None:
-        time.sleep(0.3)
-        raise OSError("the launch record could not be written")
-
-    try:
-        with pytest.raises(OSError, match="launch record could not be written"):
-            launcher.run(
+    def run(session: str, before_agent: Callable[[], None]) -> Any:
+        prepared = prepare(session, cgroup_group=sandbox.group)
+        try:
+            return launcher.run(
                 _marker_plan(sandbox, marker),
                 session,
                 prepared=prepared,
                 cgroup_group=sandbox.group,
                 uid=65534,
                 gid=65534,
-                before_agent=record_failed,
+                before_agent=before_agent,
             )
-    finally:
-        prepared.discard()
+        finally:
+            prepared.discard()
+
+    def slow_record() -> None:
+        time.sleep(0.5)  # the stage has its order and is ready long before this returns
+        seen.append(marker.exists())
+
+    outcome = run(new_session_id(), slow_record)
+    assert seen == [False] and outcome.exit_code == 0 and marker.exists()
+
+    marker.unlink()
+    session = new_session_id()
+
+    def record_failed() -> None:
+        time.sleep(0.3)
+        raise OSError("the launch record could not be written")
+
+    with pytest.raises(OSError, match="launch record could not be written"):
+        run(session, record_failed)
     time.sleep(0.3)
     assert not marker.exists()
     assert session not in session_cgroups(sandbox.group)
