@@ -8,20 +8,17 @@ the client's connection to the daemon, or the session file."""
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import struct
 import subprocess
 import sys
-import threading
-import uuid
 from pathlib import Path
 
 import pytest
 
-from enforcer.framing import recv_frame, send_frame
 from enforcer.v1 import enforcer_pb2 as pb
 
+from ..helpers.launch_socket import ScriptedDaemon
 from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
 
 # The agent looks at its descriptors 0-2 and, on each that is a socket, writes the guardian a frame:
@@ -94,36 +91,6 @@ def test_an_agent_never_gets_the_guardians_socket_as_its_stdio(sandbox: Sandbox,
         bystander.wait()
 
 
-class LaunchSocket:
-    """A launch socket that reads one request, notes what each descriptor that came with it is, and
-    refuses it."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / f"launch-{uuid.uuid4().hex[:8]}.sock"
-        self.received: list[os.stat_result] = []
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(self.path))
-        self.listener.listen(1)
-        self.listener.settimeout(30)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            frame = recv_frame(conn, max_fds=4)
-            assert frame is not None
-            for fd in frame[1]:
-                self.received.append(os.fstat(fd))
-                os.close(fd)
-            send_frame(conn, pb.LaunchReply(accepted=False, refusal="noted").SerializeToString())
-
-    def close(self) -> None:
-        self.thread.join(timeout=30)
-        self.listener.close()
-        self.path.unlink(missing_ok=True)
-
-
 @pytest.mark.parametrize("session_file", [False, True], ids=["plain", "session-file"])
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "argparse"])
 def test_the_daemon_gets_no_descriptor_of_the_clients_own_as_stdio(
@@ -131,7 +98,7 @@ def test_the_daemon_gets_no_descriptor_of_the_clients_own_as_stdio(
 ) -> None:
     """The client's connection (or its session file) as the agent's stdin would let the agent read
     the daemon's answers to the client and keep the connection open after the client is gone."""
-    daemon = LaunchSocket(tmp_path)
+    daemon = ScriptedDaemon(tmp_path, [pb.LaunchReply(accepted=False, refusal="noted").SerializeToString()])
     options = ["--session-file", str(tmp_path / "session.json")] if session_file else []
     if not fast:
         options.append("--rep")  # an abbreviation: the fast reader declines it, argparse reads it

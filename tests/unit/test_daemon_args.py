@@ -13,12 +13,9 @@ import contextlib
 import io
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
-import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +28,10 @@ from hypothesis import strategies as st
 from enforcer import sandbox
 from enforcer.cli import daemon_args, exec_daemon
 from enforcer.cli import exec as exec_cli
-from enforcer.framing import recv_frame, send_frame
 from enforcer.sandbox import stage
 from enforcer.v1 import enforcer_pb2 as pb
 from tests.helpers.budgets import examples
+from tests.helpers.launch_socket import ScriptedDaemon
 
 # ---- the command line: the fast reader agrees with argparse -----------------------------------------------
 
@@ -221,41 +218,6 @@ def test_session_file_text_is_what_json_writes() -> None:
 # ---- end to end: the same socket traffic, files and messages by both paths ---------------------------------
 
 
-class ScriptedDaemon:
-    """A launch socket that answers one connection with the frames it is given (None: close)."""
-
-    def __init__(self, directory: Path, answers: list[bytes | None]) -> None:
-        self.path = directory / f"launch-{uuid.uuid4().hex[:8]}.sock"
-        self.answers = answers
-        self.request: pb.LaunchRequest | None = None
-        self.fds: list[tuple[int, int]] = []
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(self.path))
-        self.listener.listen(1)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self.listener.accept()
-        with conn:
-            frame = recv_frame(conn, max_fds=4)
-            assert frame is not None
-            for fd in frame[1]:
-                info = os.fstat(fd)
-                self.fds.append((info.st_dev, info.st_ino))
-                os.close(fd)
-            self.request = pb.LaunchRequest.FromString(frame[0])
-            for answer in self.answers:
-                if answer is None:
-                    return
-                send_frame(conn, answer)
-
-    def close(self) -> None:
-        self.thread.join(timeout=10)
-        self.listener.close()
-        self.path.unlink(missing_ok=True)
-
-
 ACCEPTED = pb.LaunchReply(accepted=True, session="s-1", session_token="tok").SerializeToString()
 DENIAL = {"count": 1, "access": "fs.read_file", "path": "/etc/shadow\x1b[2J\nforged", "command": "cat", "hint": "no"}
 DENIALS = {"available": True, "landlock": 7, "denials": 1, "recorded": 1, "top": [DENIAL]}
@@ -302,7 +264,7 @@ def run_client(tmp: Path, answers: list[bytes | None] | None, options: list[str]
         "code": code,
         "stderr": stderr.getvalue().replace(str(tmp), "TMP"),
         "request": daemon.request.SerializeToString(deterministic=True) if daemon and daemon.request else None,
-        "fds": daemon.fds if daemon else None,
+        "fds": [(info.st_dev, info.st_ino) for info in daemon.received] if daemon else None,
     }
 
 
