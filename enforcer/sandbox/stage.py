@@ -410,8 +410,10 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
         for fd in kept:
             os.set_inheritable(fd, False)  # never handed to the agent
         for target, fd in enumerate(stdio):
-            os.dup2(fd, target)
-            os.set_inheritable(target, True)  # dup2 onto itself (fd == target) would not clear close-on-exec
+            if fd == target:  # dup2 onto itself changes nothing: close-on-exec would stay
+                os.set_inheritable(fd, True)
+            else:
+                os.dup2(fd, target)
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
