@@ -21,6 +21,7 @@ rounds, with OTHER_TREE's client too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from enforcer.framing import recv_frame, send_frame
@@ -90,16 +92,28 @@ def memory_mib(pid: int) -> tuple[float, float, float]:
     return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"], fields["Rss"]
 
 
-def memory(other_tree: str | None) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+@contextlib.contextmanager
+def launch_socket(session_s: float = 0.0) -> Iterator[tuple[str, str]]:
+    """(a temporary directory, the path of a launch socket in it that serve() answers)."""
     with tempfile.TemporaryDirectory(prefix=f"adl-client-bench-{os.getpid()}-") as tmp:
         path = f"{tmp}/launch.sock"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(16)
         stop = threading.Event()
-        server = threading.Thread(target=serve, args=(listener, stop, 1.5), daemon=True)
+        server = threading.Thread(target=serve, args=(listener, stop, session_s), daemon=True)
         server.start()
+        try:
+            yield tmp, path
+        finally:
+            stop.set()
+            server.join()
+            listener.close()
+
+
+def memory(other_tree: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with launch_socket(1.5) as (tmp, path):
         client = [sys.executable, "-m", "enforcer.cli.exec", "--daemon", f"unix:{path}", "--agent", "A", "--"]
         commands = {
             "python, sleeping": ([sys.executable, "-c", "import time; time.sleep(1.5)"], env),
@@ -107,20 +121,15 @@ def memory(other_tree: str | None) -> None:
         }
         if other_tree:
             commands["other tree's client, waiting"] = ([*client, "/bin/true"], {**env, "PYTHONPATH": other_tree})
-        try:
-            print("while the session runs, 0.8 s in (MiB):        USS    PSS    RSS")
-            for _ in range(3):
-                for name, (argv, environ) in commands.items():
-                    proc = subprocess.Popen(argv, env=environ, cwd=tmp)
-                    time.sleep(0.8)
-                    uss, pss, rss = memory_mib(proc.pid)
-                    if proc.wait() != 0:
-                        raise SystemExit(f"{argv}: exit code {proc.returncode}")
-                    print(f"  {name:<40} {uss:6.1f} {pss:6.1f} {rss:6.1f}")
-        finally:
-            stop.set()
-            server.join()
-            listener.close()
+        print("while the session runs, 0.8 s in (MiB):        USS    PSS    RSS")
+        for _ in range(3):
+            for name, (argv, environ) in commands.items():
+                proc = subprocess.Popen(argv, env=environ, cwd=tmp)
+                time.sleep(0.8)
+                uss, pss, rss = memory_mib(proc.pid)
+                if proc.wait() != 0:
+                    raise SystemExit(f"{argv}: exit code {proc.returncode}")
+                print(f"  {name:<40} {uss:6.1f} {pss:6.1f} {rss:6.1f}")
 
 
 def main() -> None:
@@ -130,14 +139,7 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     other_tree = sys.argv[2] if len(sys.argv) > 2 else None
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    with tempfile.TemporaryDirectory(prefix=f"adl-client-bench-{os.getpid()}-") as tmp:
-        path = f"{tmp}/launch.sock"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(16)
-        stop = threading.Event()
-        server = threading.Thread(target=serve, args=(listener, stop), daemon=True)
-        server.start()
+    with launch_socket() as (tmp, path):
         launch = ["--daemon", f"unix:{path}", "--agent", "A", "--", "/bin/true"]
         script = str(Path(sys.executable).parent / "adl-exec")
         commands = {
@@ -153,21 +155,16 @@ def main() -> None:
                 [sys.executable, "-m", "enforcer.cli.exec", "--report", *launch],
                 other_env,
             )
-        try:
-            for argv, environ in commands.values():  # warm the page cache and the bytecode
-                run(argv, environ, tmp)
-            names = list(commands)
-            samples: dict[str, list[float]] = {name: [] for name in names}
-            cpu: dict[str, list[float]] = {name: [] for name in names}
-            for r in range(rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    wall, used = run(*commands[name], cwd=tmp)
-                    samples[name].append(wall)
-                    cpu[name].append(used)
-        finally:
-            stop.set()
-            server.join()
-            listener.close()
+        for argv, environ in commands.values():  # warm the page cache and the bytecode
+            run(argv, environ, tmp)
+        names = list(commands)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                wall, used = run(*commands[name], cwd=tmp)
+                samples[name].append(wall)
+                cpu[name].append(used)
     for title, figures in (("wall time", samples), ("CPU time", cpu)):
         base = figures["python -c pass"]
         print(f"{title}, {rounds} interleaved rounds: median ms; per round vs python -c pass: ratio, difference (ms)")
