@@ -12,12 +12,11 @@ from pathlib import Path
 import tomli_w
 
 from .. import paths
+from ..command_start import start_command
 from ..daemon import affinity, notify, spawner
 from ..daemon.config import DEFAULT_CONFIG_FILE, ConfigError, Settings, as_plain, load_settings
 from ..daemon.instance import InstanceLock, InstanceLocked, lock_paths
 from ..daemon.orders import SpawnerConfig
-from ..import_path import drop_working_directory
-from ..standard_streams import open_standard_streams
 from ..version import version_text
 
 EPILOG = f"""\
@@ -90,9 +89,8 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # run as the command: it imports some modules while agents run
-        open_standard_streams()  # no socket it opens may take a closed 0-2 and reach a session
-        drop_working_directory()
+    if argv is None:  # run as the command
+        start_command()
         argv = sys.argv[1:]
     if argv[:1] == ["install-systemd"]:
         from . import install_systemd

@@ -134,13 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # run as the command: what it imports later, it imports while the agent runs
-        from ..standard_streams import open_standard_streams
+    if argv is None:  # run as the command
+        from ..command_start import start_command
 
-        open_standard_streams()  # before anything is opened: 0-2 are what the agent gets
-        from ..import_path import drop_working_directory
-
-        drop_working_directory()
+        start_command()
         argv = sys.argv[1:]
     from .daemon_args import read
 

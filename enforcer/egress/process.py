@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..audit import WriterSettings
+from ..command_start import drop_working_directory
 from ..egress_values import EgressValues
-from ..import_path import drop_working_directory
 from ..policy import Policy
 from ..sandbox import namespaces
 from ..sandbox.stage import close_all_but

@@ -136,7 +136,7 @@ def test_only_closed_standard_descriptors_are_filled() -> None:
     nothing else is left open."""
     probe = (
         "import os\n"
-        "from enforcer.standard_streams import open_standard_streams\n"
+        "from enforcer.command_start import open_standard_streams\n"
         "open_standard_streams()\n"
         "print([os.readlink(f'/proc/self/fd/{fd}') for fd in (0, 2)], sorted(os.listdir('/proc/self/fd'))[:4])\n"
     )

@@ -25,12 +25,12 @@ import pytest
 
 from enforcer.audit import AuditWriter
 from enforcer.audit.writer import log_files
+from enforcer.command_start import trusted_import_path
 from enforcer.egress.dns import DnsStub, Resolution, ResolveError, SyntheticAddresses, UpstreamResolver, dnspython
 from enforcer.egress.filter import ConnectionFilter
 from enforcer.egress.netns import AgentNamespace
 from enforcer.egress.process import EgressProcess
 from enforcer.egress.server import FilterServer, Recorder
-from enforcer.import_path import trusted_import_path
 
 from ..helpers.documents import base_adl, compile_doc
 

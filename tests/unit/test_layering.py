@@ -7,8 +7,8 @@ layer, nothing else.
 
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_values (the egress filter's settings as plain values, and
-                  their validators), text (printing what agents chose), import_path (no import
-                  from a directory the agent may write), standard_streams (0-2 held open)
+                  their validators), text (printing what agents chose), command_start (0-2 held
+                  open and no import from the working directory, first thing in a command)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -47,8 +47,7 @@ LAYERS: list[tuple[str, ...]] = [
         "framing",
         "egress_values",
         "text",
-        "import_path",
-        "standard_streams",
+        "command_start",
     ),
     ("egress_settings",),
     ("settings",),

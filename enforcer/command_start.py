@@ -1,0 +1,53 @@
+"""What adl-exec and adl-enforcerd do first when run as commands, before they open or import
+anything else.
+
+Descriptors 0, 1 and 2 held open: adl-exec hands its 0-2 to the agent as its stdin, stdout and
+stderr (to the stage, or to the daemon over the launch socket). Started with one of them closed, the
+next descriptor it opened would take that number: its end of the guardian's socket, a stage
+socket, its connection to the daemon or the session file, handed to the agent as if it were the
+caller's terminal (and the guardian, root outside the sandbox, obeys the last frame written on its
+socket). So a closed 0-2 is filled with /dev/null first, as setuid programs do.
+
+No import from the working directory: root's processes (adl-exec's supervisor, the daemon, the
+egress filter) and the caller's (`adl-exec --daemon`) import some modules only when they first need
+them, which can be after the agent has started. `python -m` and `-c` put the working directory
+first on `sys.path` (`-m` as its path, `-c` as `""`), and an agent may write there: a module it
+planted would run outside the sandbox, as root. Those entries are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def start_command() -> None:
+    open_standard_streams()  # before anything is opened: 0-2 are what the agent gets
+    drop_working_directory()
+
+
+def open_standard_streams() -> None:
+    """Point each closed descriptor among 0, 1 and 2 at /dev/null (open ones are left alone)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free number: this one, as every lower one is open by now.
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:  # cannot happen while the lower ones are open; never leave it elsewhere
+                os.dup2(null, fd)
+                os.close(null)
+
+
+def trusted_import_path(path: list[str], working_directory: str) -> list[str]:
+    """`path` without the entries that name the working directory (`""`, a relative entry, or the
+    directory itself, by any spelling)."""
+    return [entry for entry in path if entry and os.path.isabs(entry) and os.path.realpath(entry) != working_directory]
+
+
+def drop_working_directory() -> None:
+    try:
+        working = os.path.realpath(os.getcwd())
+    except OSError:
+        working = ""  # deleted: relative entries are removed all the same
+    sys.path[:] = trusted_import_path(sys.path, working)
