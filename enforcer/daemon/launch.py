@@ -64,6 +64,9 @@ TRANSIENT_ACCEPT = {
 BACKOFF_S = (0.01, 1.0)  # first and longest pause after a transient accept() error
 FD_RESERVE = 256  # descriptors launch connections leave to everything else, at least
 REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not read
+# The bytes of unfinished requests held at once, over every connection: beyond it the connection
+# holding the most goes (a real caller sends its request at once, and it is rarely that large).
+PENDING_BYTES_MAX = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class LaunchServer:
         self._stop = threading.Event()
         self._pending: dict[int, _Pending] = {}  # in the order they were accepted
         self._max_pending = self.limits.max_connections
+        self._held = 0  # the bytes of the requests in _pending
         self.accept_errors = 0
 
     def start(self, mode: int, gid: int | None) -> None:
@@ -255,6 +259,7 @@ class LaunchServer:
             for pending in list(self._pending.values()):
                 pending.close()
             self._pending.clear()
+            self._held = 0
             selector.close()
 
     def _accept_all(self, selector: selectors.BaseSelector) -> bool:
@@ -307,6 +312,7 @@ class LaunchServer:
             self._drop(selector, pending)
             return
         pending.data += data
+        self._held += len(data)
         try:
             request = pending.frame()
             if len(pending.fds) > 3 or flags & socket.MSG_CTRUNC:
@@ -316,9 +322,11 @@ class LaunchServer:
             self._drop(selector, pending)
             return
         if request is None:
+            self._hold_at_most(selector, PENDING_BYTES_MAX)
             return
         selector.unregister(pending.conn)
         del self._pending[pending.conn.fileno()]
+        self._held -= len(pending.data)
         threading.Thread(target=self._handle, args=(pending, request), name="launch", daemon=True).start()
 
     def _expire(self, selector: selectors.BaseSelector, now: float) -> None:
@@ -330,10 +338,24 @@ class LaunchServer:
             )
             self._drop(selector, pending)
 
+    def _hold_at_most(self, selector: selectors.BaseSelector, limit: int) -> None:
+        """Drop the connections holding the most until the unfinished requests' bytes fit `limit`."""
+        while self._held > limit and self._pending:
+            largest = max(self._pending.values(), key=lambda pending: len(pending.data))
+            log.warning(
+                "launch connection from uid %d closed: %d bytes of unfinished requests held, %d of them its own",
+                largest.caller.uid,
+                self._held,
+                len(largest.data),
+            )
+            self._drop(selector, largest)
+
     def _drop(self, selector: selectors.BaseSelector, pending: _Pending) -> None:
         with contextlib.suppress(KeyError, ValueError):
             selector.unregister(pending.conn)
-        self._pending.pop(pending.conn.fileno(), None)
+        if self._pending.pop(pending.conn.fileno(), None) is pending:
+            self._held -= len(pending.data)
+        pending.data = bytearray()
         pending.close()
 
     # -- deciding -------------------------------------------------------------------------------

@@ -47,8 +47,8 @@ def test_unfinished_requests_cannot_make_the_daemon_hold_their_bytes(daemon: Run
         growth = _peak_resident(daemon.proc.pid) - before
         assert growth < GROWTH_MAX, f"the daemon's peak resident size grew by {growth >> 20} MiB"
         # Someone else's launch still goes through while the unfinished requests are held.
-        result = daemon.adl_exec("/bin/true")
-        assert result.returncode == 0, result.stderr
+        result = daemon.adl_exec("cat", str(daemon.box.ws / "notes.txt"))
+        assert result.returncode == 0 and result.stdout == "workspace notes\n", result.stderr
     finally:
         for conn in held:
             conn.close()
