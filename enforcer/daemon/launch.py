@@ -67,6 +67,10 @@ REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not re
 # The bytes of unfinished requests held at once, over every connection: beyond it the connection
 # holding the most goes (a real caller sends its request at once, and it is rarely that large).
 PENDING_BYTES_MAX = 64 << 20
+# Characters of a refused request's argv, and of its refusal's reason (which may quote the request),
+# kept in its record: a refusal costs the caller nothing, so its record must not be as large as
+# the request. What is cut is counted in the record.
+REFUSAL_TEXT_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,29 @@ def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> N
                 corr=listener,
                 priority="high",
             )
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def bounded_argv(argv: Sequence[str], limit: int) -> tuple[list[str], dict[str, int]]:
+    """The arguments that fit in `limit` characters (the one crossing it cut), and, when some were
+    cut, how many arguments and characters there were in all."""
+    kept: list[str] = []
+    room = limit
+    for arg in argv:
+        if len(arg) > room:
+            if room:
+                kept.append(arg[:room])
+            total = sum(len(arg) for arg in argv)
+            return kept, {"arguments": len(argv), "characters": total}
+        kept.append(arg)
+        room -= len(arg)
+    return kept, {}
 
 
 def may_launch(agent_callers: Mapping[str, Sequence[str]], entry: AgentEntry, caller: Caller) -> bool:
@@ -504,7 +531,12 @@ class LaunchServer:
         cwd: str,
         policy: Policy | None = None,
     ) -> None:
+        reason = bounded_text(reason, REFUSAL_TEXT_MAX)
+        kept, cut = bounded_argv(argv, REFUSAL_TEXT_MAX)
+        fields = caller_fields(caller.uid, cwd)
+        if cut:
+            fields["argv_cut"] = cut
         with contextlib.suppress(AuditUnavailable):
-            record_refusal(self.sink, policy, "launch", reason, argv, caller_fields(caller.uid, cwd))
+            record_refusal(self.sink, policy, "launch", reason, kept, fields)
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

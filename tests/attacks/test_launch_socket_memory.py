@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from enforcer.framing import MAX_FRAME
+from enforcer.framing import MAX_FRAME, recv_frame, send_frame
+from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
 
@@ -19,8 +20,8 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)"),
 ]
 
-UNFINISHED = 48  # requests, each one byte short of MAX_FRAME: several hundred MiB if all were kept
-GROWTH_MAX = 96 << 20  # what the daemon's peak resident size may grow by meanwhile
+UNFINISHED = 64  # requests, each one byte short of MAX_FRAME: 512 MiB if all were kept
+GROWTH_MAX = 160 << 20  # what the daemon's peak resident size may grow by meanwhile (64 MiB held, and copies)
 
 
 def _peak_resident(pid: int) -> int:
@@ -52,3 +53,47 @@ def test_unfinished_requests_cannot_make_the_daemon_hold_their_bytes(daemon: Run
     finally:
         for conn in held:
             conn.close()
+
+
+REFUSED = 8  # whole requests the daemon refuses, each near MAX_FRAME
+AUDIT_GROWTH_MAX = 1 << 20  # what their refusal records may add to the audit log, together
+
+
+def _audit_bytes(daemon: RunningDaemon) -> int:
+    return sum(f.stat().st_size for f in daemon.audit.rglob("*") if f.is_file())
+
+
+def _refused(daemon: RunningDaemon, request: pb.LaunchRequest) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as conn:
+        conn.settimeout(30)
+        conn.connect(str(daemon.launch))
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            send_frame(conn, request.SerializeToString(), [null] * 3)
+        finally:
+            os.close(null)
+        frame = recv_frame(conn)
+    assert frame is not None
+    reply = pb.LaunchReply.FromString(frame[0])
+    assert not reply.accepted
+    return reply.refusal
+
+
+def test_refused_requests_cannot_flood_the_audit_log_with_their_own_bytes(daemon: RunningDaemon) -> None:
+    """A refusal is recorded with what was asked (argv, the agent's name in the reason): a caller
+    must not make each record as large as its request."""
+    big = "A" * 2000
+    requests = [
+        pb.LaunchRequest(agent="Sandboxed", argv=[big] * ((MAX_FRAME - (1 << 16)) // (len(big) + 3)), cwd="/"),
+        pb.LaunchRequest(agent="x" * (MAX_FRAME - (1 << 16)), argv=["cat"], cwd="/"),
+    ]
+    before = _audit_bytes(daemon)
+    for at in range(REFUSED):
+        assert _refused(daemon, requests[at % len(requests)])
+    growth = _audit_bytes(daemon) - before
+    assert growth < AUDIT_GROWTH_MAX, f"{REFUSED} refused requests added {growth >> 20} MiB to the audit log"
+    refusals = [r["payload"] for r in daemon.records() if r["intent"].rsplit(".", 1)[-1] == "refused"]
+    assert len(refusals) == REFUSED, "every refusal is still recorded"
+    # ... saying how large what was cut was.
+    assert refusals[0]["argv_cut"]["arguments"] == len(requests[0].argv)
+    assert refusals[1]["refusal"].endswith(" more characters)")
