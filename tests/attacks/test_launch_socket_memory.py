@@ -5,6 +5,7 @@ must stay bounded, and a launch by someone else must still go through."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from pathlib import Path
 
@@ -97,3 +98,38 @@ def test_refused_requests_cannot_flood_the_audit_log_with_their_own_bytes(daemon
     # ... saying how large what was cut was.
     assert refusals[0]["argv_cut"]["arguments"] == len(requests[0].argv)
     assert refusals[1]["refusal"].endswith(" more characters)")
+
+
+PIDS_V1 = Path("/sys/fs/cgroup/pids")
+
+
+def _pids_cgroup(pid: int) -> Path:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return PIDS_V1 / path.lstrip("/")
+    raise AssertionError(f"pid {pid} is in no pids cgroup")
+
+
+@pytest.mark.skipif(not (PIDS_V1 / "cgroup.procs").exists(), reason="needs the cgroup v1 pids controller")
+def test_a_request_whose_thread_cannot_start_costs_only_that_request(daemon: RunningDaemon) -> None:
+    """Out of tasks (the unit's TasksMax, or a flood of requests holding threads), the thread that
+    would handle a request cannot start: that request fails, and the launch socket serves on."""
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    home = _pids_cgroup(pid)
+    cap = PIDS_V1 / f"adl-test-{secrets.token_hex(4)}"
+    cap.mkdir()
+    try:
+        (cap / "cgroup.procs").write_text(str(pid))
+        (cap / "pids.max").write_text(str(len(os.listdir(f"/proc/{pid}/task"))))  # no thread more
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as conn:
+            conn.settimeout(10)
+            conn.connect(str(daemon.launch))
+            send_frame(conn, pb.LaunchRequest(agent="Sandboxed", argv=["cat"], cwd="/").SerializeToString())
+            assert recv_frame(conn) is None, "a request no thread could take is closed unanswered"
+    finally:
+        (home / "cgroup.procs").write_text(str(pid))
+        cap.rmdir()
+    result = daemon.adl_exec("cat", str(daemon.box.ws / "notes.txt"), timeout=30)
+    assert result.returncode == 0 and result.stdout == "workspace notes\n", result.stderr
