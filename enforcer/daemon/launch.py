@@ -354,7 +354,11 @@ class LaunchServer:
         selector.unregister(pending.conn)
         del self._pending[pending.conn.fileno()]
         self._held -= len(pending.data)
-        threading.Thread(target=self._handle, args=(pending, request), name="launch", daemon=True).start()
+        try:
+            threading.Thread(target=self._handle, args=(pending, request), name="launch", daemon=True).start()
+        except RuntimeError as exc:  # out of tasks: this request fails, the socket serves on
+            log.warning("launch connection from uid %d closed: no thread to handle it: %s", pending.caller.uid, exc)
+            pending.close()
 
     def _expire(self, selector: selectors.BaseSelector, now: float) -> None:
         for pending in [p for p in self._pending.values() if p.deadline <= now]:
