@@ -71,6 +71,10 @@ PENDING_BYTES_MAX = 64 << 20
 # kept in its record: a refusal costs the caller nothing, so its record must not be as large as
 # the request. What is cut is counted in the record.
 REFUSAL_TEXT_MAX = 4096
+# Refusals of one caller uid recorded in detail per window; beyond, counted only, and the count is in
+# the uid's next detailed refusal: one caller's flood must not fill the log every session shares.
+REFUSALS_DETAILED = 100
+REFUSAL_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,36 @@ def may_launch(agent_callers: Mapping[str, Sequence[str]], entry: AgentEntry, ca
     return any(_matches(rule, caller) for rule in rules)
 
 
+@dataclass
+class _RefusalWindow:
+    start: float
+    detailed: int = 1
+    counted: int = 0
+
+
+class RefusalBudget:
+    """Which refusals of a caller uid are recorded in detail (see REFUSALS_DETAILED)."""
+
+    def __init__(self, detailed: int = REFUSALS_DETAILED, window_s: float = REFUSAL_WINDOW_S) -> None:
+        self.detailed, self.window_s = detailed, window_s
+        self._lock = threading.Lock()
+        self._windows: dict[int, _RefusalWindow] = {}
+
+    def take(self, uid: int, now: float) -> tuple[bool, int]:
+        """(whether this refusal is recorded in detail, the uid's refusals counted only: those
+        before this one when it is detailed, those so far including this one when it is not)."""
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is None or now - window.start >= self.window_s:
+                self._windows[uid] = _RefusalWindow(now)
+                return True, window.counted if window is not None else 0
+            if window.detailed < self.detailed:
+                window.detailed += 1
+                return True, 0
+            window.counted += 1
+            return False, window.counted
+
+
 class _Pending:
     """A connection whose request has not arrived whole yet."""
 
@@ -228,6 +262,7 @@ class LaunchServer:
         self._pending: dict[int, _Pending] = {}  # in the order they were accepted
         self._max_pending = self.limits.max_connections
         self._held = 0  # the bytes of the requests in _pending
+        self._refusals = RefusalBudget()
         self.accept_errors = 0
 
     def start(self, mode: int, gid: int | None) -> None:
@@ -536,11 +571,29 @@ class LaunchServer:
         policy: Policy | None = None,
     ) -> None:
         reason = bounded_text(reason, REFUSAL_TEXT_MAX)
-        kept, cut = bounded_argv(argv, REFUSAL_TEXT_MAX)
-        fields = caller_fields(caller.uid, cwd)
-        if cut:
-            fields["argv_cut"] = cut
+        detailed, counted = self._refusals.take(caller.uid, time.monotonic())
         with contextlib.suppress(AuditUnavailable):
-            record_refusal(self.sink, policy, "launch", reason, kept, fields)
+            if detailed:
+                kept, cut = bounded_argv(argv, REFUSAL_TEXT_MAX)
+                fields = caller_fields(caller.uid, cwd)
+                if cut:
+                    fields["argv_cut"] = cut
+                if counted:
+                    fields["refusals_counted_only"] = counted
+                record_refusal(self.sink, policy, "launch", reason, kept, fields)
+            elif counted == 1:  # the log says when it stops detailing this uid's refusals
+                window = self._refusals.window_s
+                self.sink.append(
+                    records.REFUSED,
+                    {
+                        **refused_members(
+                            f"more than {self._refusals.detailed} launch refusals of uid {caller.uid} within "
+                            f"{window:g} s: the rest of the window's are counted, in its next detailed refusal"
+                        ),
+                        "caller_uid": caller.uid,
+                    },
+                    corr="launch",
+                    priority="high",
+                )
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

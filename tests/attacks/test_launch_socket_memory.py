@@ -7,14 +7,17 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from enforcer.daemon.launch import REFUSALS_DETAILED
 from enforcer.framing import MAX_FRAME, recv_frame, send_frame
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
+from ..helpers.sandbox import AGENT_UID
 
 pytestmark = [
     pytest.mark.daemon,
@@ -133,3 +136,28 @@ def test_a_request_whose_thread_cannot_start_costs_only_that_request(daemon: Run
         cap.rmdir()
     result = daemon.adl_exec("cat", str(daemon.box.ws / "notes.txt"), timeout=30)
     assert result.returncode == 0 and result.stdout == "workspace notes\n", result.stderr
+
+
+FLOOD_S = 3
+
+
+def test_one_callers_flood_of_refusals_is_counted_not_written_one_by_one(daemon: RunningDaemon) -> None:
+    """Every refusal is answered; beyond REFUSALS_DETAILED per uid and window, the log counts them
+    instead of holding one record each, and another uid's refusal is still recorded in detail."""
+    request = pb.LaunchRequest(agent="Sandboxed", argv=["cat"], cwd="/")  # a root caller: refused
+    before = _audit_bytes(daemon)
+    sent, end = 0, time.monotonic() + FLOOD_S
+    while time.monotonic() < end:
+        assert "host root" in _refused(daemon, request)
+        sent += 1
+    growth = _audit_bytes(daemon) - before
+    other = daemon.adl_exec("cat", "/etc/hostname", agent="Nobody")
+    assert other.returncode != 0 and "no policy is loaded" in other.stderr
+    refusals = [r["payload"] for r in daemon.records() if r["intent"].rsplit(".", 1)[-1] == "refused"]
+    ours = [r for r in refusals if r.get("caller_uid") == 0 and "argv" in r]
+    print(f"{sent} refusals in {FLOOD_S} s: {len(ours)} records, the log grew by {growth} bytes")
+    assert sent > 2 * REFUSALS_DETAILED, f"the flood was too slow to tell ({sent} refusals)"
+    assert len(ours) == REFUSALS_DETAILED
+    (marker,) = [r for r in refusals if r.get("caller_uid") == 0 and "argv" not in r]
+    assert "counted" in marker["refusal"]
+    assert [r for r in refusals if r.get("caller_uid") == AGENT_UID and "Nobody" in r["refusal"]]
