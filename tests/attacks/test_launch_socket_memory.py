@@ -4,6 +4,7 @@ must stay bounded, and a launch by someone else must still go through."""
 
 from __future__ import annotations
 
+import array
 import os
 import secrets
 import socket
@@ -161,3 +162,29 @@ def test_one_callers_flood_of_refusals_is_counted_not_written_one_by_one(daemon:
     (marker,) = [r for r in refusals if r.get("caller_uid") == 0 and "argv" not in r]
     assert "counted" in marker["refusal"]
     assert [r for r in refusals if r.get("caller_uid") == AGENT_UID and "Nobody" in r["refusal"]]
+
+
+def test_descriptors_attached_to_unfinished_requests_leave_the_daemon_room(daemon: RunningDaemon) -> None:
+    """Each waiting connection may hold three descriptors besides its own: under a soft file limit
+    of 1024, 700 of them with descriptors attached must not take what a launch needs."""
+    daemon.stop()
+    daemon.wrap = ["prlimit", "--nofile=1024:1024", "--"]
+    daemon.start()
+    held: list[socket.socket] = []
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(700):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            held.append(conn)
+            conn.connect(str(daemon.launch))
+            conn.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [null] * 3).tobytes())])
+        started = time.monotonic()
+        result = daemon.adl_exec("cat", str(daemon.box.ws / "notes.txt"), timeout=30)
+        took = time.monotonic() - started
+        assert result.returncode == 0 and result.stdout == "workspace notes\n", result.stderr
+        # Not after the waiting connections' deadline (5 s) has freed their descriptors.
+        assert took < 3, f"the launch took {took:.1f} s"
+    finally:
+        os.close(null)
+        for conn in held:
+            conn.close()
