@@ -274,11 +274,12 @@ class LaunchServer:
             os.chown(self.path, -1, gid)
         listener.listen(256)
         listener.setblocking(False)
-        # Waiting connections never take the descriptors the audit log, gRPC and sessions need.
+        # Waiting connections never take the descriptors the audit log, gRPC and sessions need: each
+        # holds its own and the stdin, stdout and stderr it may have sent already.
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY:
             room = soft - max(FD_RESERVE, soft // 4)
-            self._max_pending = max(1, min(self._max_pending, room))
+            self._max_pending = max(1, min(self._max_pending, room // (1 + 3)))
         self._listener = listener
         selector = selectors.DefaultSelector()  # made here: its descriptor is not one to run out of later
         selector.register(listener, selectors.EVENT_READ)

@@ -170,6 +170,7 @@ def test_descriptors_attached_to_unfinished_requests_leave_the_daemon_room(daemo
     daemon.stop()
     daemon.wrap = ["prlimit", "--nofile=1024:1024", "--"]
     daemon.start()
+    _refused(daemon, pb.LaunchRequest(agent="Sandboxed", argv=["cat"], cwd="/"))  # the launch socket is up
     held: list[socket.socket] = []
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
