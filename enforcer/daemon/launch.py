@@ -576,7 +576,7 @@ class LaunchServer:
         with contextlib.suppress(AuditUnavailable):
             if detailed:
                 kept, cut = bounded_argv(argv, REFUSAL_TEXT_MAX)
-                fields = caller_fields(caller.uid, cwd)
+                fields = caller_fields(caller.uid, bounded_text(cwd, REFUSAL_TEXT_MAX))
                 if cut:
                     fields["argv_cut"] = cut
                 if counted:

@@ -60,7 +60,7 @@ def test_unfinished_requests_cannot_make_the_daemon_hold_their_bytes(daemon: Run
             conn.close()
 
 
-REFUSED = 8  # whole requests the daemon refuses, each near MAX_FRAME
+REFUSED = 9  # whole requests the daemon refuses, each near MAX_FRAME
 AUDIT_GROWTH_MAX = 1 << 20  # what their refusal records may add to the audit log, together
 
 
@@ -91,6 +91,7 @@ def test_refused_requests_cannot_flood_the_audit_log_with_their_own_bytes(daemon
     requests = [
         pb.LaunchRequest(agent="Sandboxed", argv=[big] * ((MAX_FRAME - (1 << 16)) // (len(big) + 3)), cwd="/"),
         pb.LaunchRequest(agent="x" * (MAX_FRAME - (1 << 16)), argv=["cat"], cwd="/"),
+        pb.LaunchRequest(agent="Sandboxed", argv=["cat"], cwd="c" * (MAX_FRAME - (1 << 16))),  # not absolute
     ]
     before = _audit_bytes(daemon)
     for at in range(REFUSED):
@@ -102,6 +103,7 @@ def test_refused_requests_cannot_flood_the_audit_log_with_their_own_bytes(daemon
     # ... saying how large what was cut was.
     assert refusals[0]["argv_cut"]["arguments"] == len(requests[0].argv)
     assert refusals[1]["refusal"].endswith(" more characters)")
+    assert refusals[2]["cwd"].endswith(" more characters)")
 
 
 PIDS_V1 = Path("/sys/fs/cgroup/pids")
