@@ -131,24 +131,31 @@ def start(config: SpawnerConfig) -> SpawnerHandle:
 
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
-    # Imported and built here, once, so that each supervisor forks with what every launch needs
-    # loaded, its pages shared with the spawner's: the launch path, the message it reports
-    # SessionEnded in, the caches its first uses build, and the seccomp programs (its stage is
-    # forked on the launch path and would build its own). The policy compiler, its schemas'
-    # validators and the region map's parser are loaded by the first order's compilation ahead.
+    load_what_supervisors_run()
+    sessions = _Sessions(_sessions_guardian(config))
+    try:
+        _serve_orders(sock, config, sessions)
+    finally:
+        _remove_helper_groups(config)
+
+
+def load_what_supervisors_run() -> None:
+    """Import and build, once, what every supervisor and the processes it forks would otherwise
+    load after their fork (each page of it then copied into every session): the launch path, the
+    message it reports SessionEnded in, the caches its first uses build, and the seccomp programs
+    (its stage is forked on the launch path and would build its own). The policy compiler, its
+    schemas' validators and the region map's parser are loaded by the first order's compilation
+    ahead."""
+    import encodings.ascii  # noqa: F401 - the stage reads /proc/self/status as ASCII
+
     from .. import launching  # noqa: F401
+    from ..policy import grants  # noqa: F401 - the kernel-audit reader explains a session's denials
     from ..sandbox import as_caller, seccomp  # noqa: F401 - as_caller: the caller's cwd looked up
     from ..v1 import enforcer_pb2  # noqa: F401 - protobuf only: no gRPC, no thread
 
     _first_uses()
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
-
-    sessions = _Sessions(_sessions_guardian(config))
-    try:
-        _serve_orders(sock, config, sessions)
-    finally:
-        _remove_helper_groups(config)
 
 
 def _sessions_guardian(config: SpawnerConfig) -> Any:
@@ -205,19 +212,32 @@ def _removed(group: Any, reported: set[str]) -> bool:
 
 
 def _first_uses() -> None:
-    """What a supervisor's audit writer does first in a process, done once here: parse a timestamp
-    (time.strptime imports its module and compiles its patterns) and load a PEM key (OpenSSL
-    sets up its decoders). The key is a throwaway: the spawner never holds the audit key."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    """What a supervisor's audit writer does in a process, done once here on a throwaway log: the
+    first use of each step builds caches (time.strptime's patterns, the log file glob's compiled
+    pattern, OpenSSL's Ed25519 set-up) and specializes the bytecode it runs. Done in a forked
+    supervisor, every page that holds them would be copied into it; done here, the supervisors
+    share them. The throwaway key and log are this process's own, in a directory only root can
+    enter, removed at once: the spawner never holds the audit key, and what stays is constant."""
+    import tempfile
+    from pathlib import Path
 
-    from ..audit import records
+    from ..audit import AuditWriter, Entry, records
+    from ..audit.keys import load_or_create
 
+    with tempfile.TemporaryDirectory(prefix="adl-enforcerd-spawner-") as tmp:
+        key = Path(tmp) / "key.pem"
+        load_or_create(key)  # created; each writer below loads it as a supervisor's does
+        for _existing in (False, True):  # a new log, then one with records to continue
+            writer = AuditWriter(Path(tmp) / "log", key, source="adl-enforcerd")
+            try:
+                receipt = writer.append(records.LAUNCH, {"first_use": True}, corr="first-use")
+                writer.sync(receipt.seq)
+                writer.append_many([Entry(records.EXIT, {"first_use": True}, "first-use")], sync=True)
+            finally:
+                writer.close()
     records.parse_ts(records.format_ts(time.time_ns()))
-    throwaway = ed25519.Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    serialization.load_pem_private_key(throwaway, password=None)
+    if threading.active_count() > 1:  # the writer's flusher must be gone: this process forks
+        raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 
 
 def _remove_helper_groups(config: SpawnerConfig) -> None:
