@@ -17,6 +17,7 @@ spawner (guardian.py) does the same for every session if the spawner dies.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import errno
@@ -537,25 +538,29 @@ class _Made:
             self.stage_fd = -1
 
 
-class _Join(threading.Thread):
-    """This process into its helpers' cgroup, on a thread of its own; wait() raises what failed."""
+class _Join:
+    """This process into its helpers' cgroup, on a thread of its own; wait() raises what failed. A
+    bare thread: threading.Thread.start() waits until the new thread has been scheduled, which the
+    launch would wait for on a busy machine."""
 
     def __init__(self, join_files: list[str]) -> None:
-        super().__init__(daemon=True)
         self.join_files = join_files
         self.error: OSError | None = None
-        self.start()
+        self._done = threading.Event()
+        _thread.start_new_thread(self._run, ())
 
-    def run(self) -> None:
+    def _run(self) -> None:
         try:
             for path in self.join_files:
                 with open(path, "w") as f:
                     f.write("0")
         except OSError as exc:
             self.error = exc
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
-        super().join()
+        self._done.wait()
         if self.error is not None:
             raise OSError(f"the session's helpers cannot join their cgroup, nothing runs unaccounted: {self.error}")
 
@@ -586,7 +591,7 @@ def _supervise_prepared(
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
         return AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings)
 
-    threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
     request = launching.LaunchRequest(
         session=order.session,
         argv=order.argv,
