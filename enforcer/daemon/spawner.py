@@ -30,7 +30,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -214,29 +213,32 @@ def _removed(group: Any, reported: set[str]) -> bool:
 
 def _first_uses() -> None:
     """What a supervisor's audit writer does in a process, done once here on a throwaway log: the
-    first use of each step builds caches (time.strptime's patterns, the log file glob's compiled
-    pattern, OpenSSL's Ed25519 set-up) and specializes the bytecode it runs. Done in a forked
+    first use of each step builds caches (the log files' glob pattern compiled, the record text
+    caches, OpenSSL's Ed25519 set-up) and specializes the bytecode it runs. Done in a forked
     supervisor, every page that holds them would be copied into it; done here, the supervisors
     share them. The throwaway key and log are this process's own, in a directory only root can
-    enter, removed at once: the spawner never holds the audit key, and what stays is constant."""
+    enter, removed at once: the spawner never holds the audit key, and what stays cached is a
+    function of constants (patterns, timestamps, names), never of a session."""
     import tempfile
     from pathlib import Path
 
-    from ..audit import AuditWriter, Entry, records
-    from ..audit.keys import load_or_create
+    from ..audit import AuditUnavailable, AuditWriter, Entry, records
+    from ..audit.keys import AuditKeyError, load_or_create
 
-    with tempfile.TemporaryDirectory(prefix="adl-enforcerd-spawner-") as tmp:
-        key = Path(tmp) / "key.pem"
-        load_or_create(key)  # created; each writer below loads it as a supervisor's does
-        for _existing in (False, True):  # a new log, then one with records to continue
-            writer = AuditWriter(Path(tmp) / "log", key, source="adl-enforcerd")
-            try:
-                receipt = writer.append(records.LAUNCH, {"first_use": True}, corr="first-use")
-                writer.sync(receipt.seq)
-                writer.append_many([Entry(records.EXIT, {"first_use": True}, "first-use")], sync=True)
-            finally:
-                writer.close()
-    records.parse_ts(records.format_ts(time.time_ns()))
+    try:
+        with tempfile.TemporaryDirectory(prefix="adl-enforcerd-spawner-") as tmp:
+            key = Path(tmp) / "key.pem"
+            load_or_create(key)  # created; each writer below loads it as a supervisor's does
+            for _ in range(2):  # a new log, then one with records to continue
+                writer = AuditWriter(Path(tmp) / "log", key, source="adl-enforcerd")
+                try:
+                    receipt = writer.append(records.LAUNCH, {"first_use": True}, corr="first-use")
+                    writer.sync(receipt.seq)
+                    writer.append_many([Entry(records.EXIT, {"first_use": True}, "first-use")], sync=True)
+                finally:
+                    writer.close()
+    except (OSError, AuditUnavailable, AuditKeyError) as exc:  # a full /tmp: only memory is at stake
+        print(f"adl-enforcerd spawner: the audit writer's first use failed ({exc}); sessions make it", file=sys.stderr)
     if threading.active_count() > 1:  # the writer's flusher must be gone: this process forks
         raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 

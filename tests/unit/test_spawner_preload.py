@@ -58,3 +58,18 @@ def test_a_supervisor_imports_nothing_after_the_fork_and_the_warm_up_leaves_noth
     assert reported["imported_after"] == []
     assert reported["left"] == []  # the throwaway key and log are gone
     assert reported["threads"] == 1  # the throwaway writer's flusher is gone before any fork
+
+
+def test_a_warm_up_that_cannot_write_is_reported_and_the_spawner_starts(tmp_path: Path) -> None:
+    """Only memory depends on the warm-up: a temporary directory that cannot be made (a full or
+    missing /tmp) is said on stderr, and the spawner loads the rest and serves."""
+    script = (
+        "import sys, tempfile, threading\n"
+        f"tempfile.tempdir = {str(tmp_path / 'missing')!r}\n"
+        "from enforcer.daemon import spawner\n"
+        "spawner.load_what_supervisors_run()\n"
+        "assert 'enforcer.policy.grants' in sys.modules and threading.active_count() == 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "the audit writer's first use failed" in result.stderr
