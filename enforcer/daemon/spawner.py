@@ -17,6 +17,7 @@ spawner (guardian.py) does the same for every session if the spawner dies.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import errno
@@ -29,7 +30,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -131,24 +131,31 @@ def start(config: SpawnerConfig) -> SpawnerHandle:
 
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
-    # Imported and built here, once, so that each supervisor forks with what every launch needs
-    # loaded, its pages shared with the spawner's: the launch path, the message it reports
-    # SessionEnded in, the caches its first uses build, and the seccomp programs (its stage is
-    # forked on the launch path and would build its own). The policy compiler, its schemas'
-    # validators and the region map's parser are loaded by the first order's compilation ahead.
+    load_what_supervisors_run()
+    sessions = _Sessions(_sessions_guardian(config))
+    try:
+        _serve_orders(sock, config, sessions)
+    finally:
+        _remove_helper_groups(config)
+
+
+def load_what_supervisors_run() -> None:
+    """Import and build, once, what every supervisor and the processes it forks would otherwise
+    load after their fork (each page of it then copied into every session): the launch path, the
+    message it reports SessionEnded in, the caches its first uses build, and the seccomp programs
+    (its stage is forked on the launch path and would build its own). The policy compiler, its
+    schemas' validators and the region map's parser are loaded by the first order's compilation
+    ahead."""
+    import encodings.ascii  # noqa: F401 - the stage reads /proc/self/status as ASCII
+
     from .. import launching  # noqa: F401
+    from ..policy import grants  # noqa: F401 - the kernel-audit reader explains a session's denials
     from ..sandbox import as_caller, seccomp  # noqa: F401 - as_caller: the caller's cwd looked up
     from ..v1 import enforcer_pb2  # noqa: F401 - protobuf only: no gRPC, no thread
 
     _first_uses()
     for plan in seccomp.variants():
         seccomp.compile_filter(plan)
-
-    sessions = _Sessions(_sessions_guardian(config))
-    try:
-        _serve_orders(sock, config, sessions)
-    finally:
-        _remove_helper_groups(config)
 
 
 def _sessions_guardian(config: SpawnerConfig) -> Any:
@@ -205,19 +212,35 @@ def _removed(group: Any, reported: set[str]) -> bool:
 
 
 def _first_uses() -> None:
-    """What a supervisor's audit writer does first in a process, done once here: parse a timestamp
-    (time.strptime imports its module and compiles its patterns) and load a PEM key (OpenSSL
-    sets up its decoders). The key is a throwaway: the spawner never holds the audit key."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    """What a supervisor's audit writer does in a process, done once here on a throwaway log: the
+    first use of each step builds caches (the log files' glob pattern compiled, the record text
+    caches, OpenSSL's Ed25519 set-up) and specializes the bytecode it runs. Done in a forked
+    supervisor, every page that holds them would be copied into it; done here, the supervisors
+    share them. The throwaway key and log are this process's own, in a directory only root can
+    enter, removed at once: the spawner never holds the audit key, and what stays cached is a
+    function of constants (patterns, timestamps, names), never of a session."""
+    import tempfile
+    from pathlib import Path
 
-    from ..audit import records
+    from ..audit import AuditUnavailable, AuditWriter, Entry, records
+    from ..audit.keys import AuditKeyError, load_or_create
 
-    records.parse_ts(records.format_ts(time.time_ns()))
-    throwaway = ed25519.Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    serialization.load_pem_private_key(throwaway, password=None)
+    try:
+        with tempfile.TemporaryDirectory(prefix="adl-enforcerd-spawner-") as tmp:
+            key = Path(tmp) / "key.pem"
+            load_or_create(key)  # created; each writer below loads it as a supervisor's does
+            for _ in range(2):  # a new log, then one with records to continue
+                writer = AuditWriter(Path(tmp) / "log", key, source="adl-enforcerd")
+                try:
+                    receipt = writer.append(records.LAUNCH, {"first_use": True}, corr="first-use")
+                    writer.sync(receipt.seq)
+                    writer.append_many([Entry(records.EXIT, {"first_use": True}, "first-use")], sync=True)
+                finally:
+                    writer.close()
+    except (OSError, AuditUnavailable, AuditKeyError) as exc:  # a full /tmp: only memory is at stake
+        print(f"adl-enforcerd spawner: the audit writer's first use failed ({exc}); sessions make it", file=sys.stderr)
+    if threading.active_count() > 1:  # the writer's flusher must be gone: this process forks
+        raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 
 
 def _remove_helper_groups(config: SpawnerConfig) -> None:
@@ -517,25 +540,29 @@ class _Made:
             self.stage_fd = -1
 
 
-class _Join(threading.Thread):
-    """This process into its helpers' cgroup, on a thread of its own; wait() raises what failed."""
+class _Join:
+    """This process into its helpers' cgroup, on a thread of its own; wait() raises what failed. A
+    bare thread: threading.Thread.start() waits until the new thread has been scheduled, which the
+    launch would wait for on a busy machine."""
 
     def __init__(self, join_files: list[str]) -> None:
-        super().__init__(daemon=True)
         self.join_files = join_files
         self.error: OSError | None = None
-        self.start()
+        self._done = threading.Event()
+        _thread.start_new_thread(self._run, ())
 
-    def run(self) -> None:
+    def _run(self) -> None:
         try:
             for path in self.join_files:
                 with open(path, "w") as f:
                     f.write("0")
         except OSError as exc:
             self.error = exc
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
-        super().join()
+        self._done.wait()
         if self.error is not None:
             raise OSError(f"the session's helpers cannot join their cgroup, nothing runs unaccounted: {self.error}")
 
@@ -566,7 +593,7 @@ def _supervise_prepared(
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
         return AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings)
 
-    threading.Thread(target=stop_when_caller_leaves, daemon=True).start()
+    _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
     request = launching.LaunchRequest(
         session=order.session,
         argv=order.argv,

@@ -33,6 +33,7 @@ Refusals are reported as JSON lines on a pipe the launcher reads after the sessi
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import errno
@@ -43,7 +44,6 @@ import re
 import select
 import stat
 import struct
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,7 +156,10 @@ class WideRights:
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
         self._answers: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="wide-rights", daemon=True).start()
+        # A bare thread: a threading.Thread would be the first in this fork, and its bookkeeping
+        # (the module's registries, events, locks) copies pages the guard shares with the
+        # processes it was forked from, held for the whole session.
+        _thread.start_new_thread(self._serve, ())
 
     def _serve(self) -> None:
         while True:
