@@ -138,7 +138,33 @@ def main(argv: list[str] | None = None) -> int:
         from ..command_start import start_command
 
         start_command()
-        argv = sys.argv[1:]
+        return end_command(_main(sys.argv[1:]))
+    return _main(argv)
+
+
+def end_command(code: int) -> int:
+    """Exit with `code` now, skipping the interpreter's teardown (freeing every module and object
+    of the launch path), which would only delay the caller hearing of the agent's end. By then the
+    launch has closed what it opened (the audit log, the guardian's socket, the stage). Everything
+    a normal exit does that can matter is done first: atexit callbacks, then flushing stdout and
+    stderr. Returns `code`, for the normal exit, when that cannot be done the same way: a thread
+    still runs (a normal exit waits for it), or a flush failed (the normal exit reports it)."""
+    threading = sys.modules.get("threading")  # not imported: no thread was started through it
+    if threading is not None and any(t is not threading.main_thread() for t in threading.enumerate()):
+        return code
+    import atexit
+
+    atexit._run_exitfuncs()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # None when the interpreter started without that descriptor
+                stream.flush()
+    except (OSError, ValueError):
+        return code
+    os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
     from .daemon_args import read
 
     fast = read(argv, os.environ)
