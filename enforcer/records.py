@@ -2,9 +2,10 @@
 
 Creating a dataclass compiles the source of every method it generates (`__init__`, `__repr__`,
 `__eq__`, `__hash__`, and `__setattr__` and `__delattr__` for a frozen one): one `exec` each, which
-together are a large part of importing the launch path, paid by every adl-exec. Four of them do not
-depend on the class's source at all, only on its fields: here they are closures over the field
-names, built without compiling anything. `__init__` and `__eq__` are generated as before.
+together are a large part of importing the launch path, paid by every adl-exec. All but `__init__`
+depend only on the class's fields: here they are closures over the field names, built without
+compiling anything. `__init__` (its signature and defaults are the class's own) and order=True's
+comparisons are generated as before.
 
 The classes are ordinary dataclasses (`dataclasses.fields`, `replace`, `asdict`, pickling, the
 type checker all see them as such) and behave exactly as the standard library's would: same
@@ -29,6 +30,7 @@ _REPLACED = {
     "_repr_fn": ("fields", "globals"),
     "_hash_fn": ("fields", "globals"),
     "_frozen_get_del_attr": ("cls", "fields", "globals"),
+    "_cmp_fn": ("name", "op", "self_tuple", "other_tuple", "globals"),
 }
 _SUPPORTED = (
     sys.version_info[:2] in ((3, 11), (3, 12))
@@ -42,6 +44,16 @@ _SUPPORTED = (
 _SWAP = _thread.allocate_lock()  # one class at a time swaps the module's helpers
 
 
+def _values(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """What the generated methods build as `(self.a, self.b, ...)`: the fields' values as a tuple."""
+    if not names:
+        return lambda _: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda obj: (getattr(obj, name),)
+    return operator.attrgetter(*names)
+
+
 def _repr_fn(fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> Callable[[Any], str]:
     names = tuple(f.name for f in fields)
 
@@ -52,23 +64,10 @@ def _repr_fn(fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> C
 
 
 def _hash_fn(fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> Callable[[Any], int]:
-    # hash of the same tuple the generated method hashes: (self.a, self.b, ...)
-    if not fields:
+    values = _values(tuple(f.name for f in fields))
 
-        def __hash__(self: Any) -> int:
-            return hash(())
-
-    elif len(fields) == 1:
-        name = fields[0].name
-
-        def __hash__(self: Any) -> int:
-            return hash((getattr(self, name),))
-
-    else:
-        values = operator.attrgetter(*(f.name for f in fields))
-
-        def __hash__(self: Any) -> int:
-            return hash(values(self))
+    def __hash__(self: Any) -> int:
+        return hash(values(self))
 
     return __hash__
 
@@ -92,7 +91,39 @@ def _frozen_get_del_attr(
     return __setattr__, __delattr__
 
 
-_OURS = {"_repr_fn": _repr_fn, "_hash_fn": _hash_fn, "_frozen_get_del_attr": _frozen_get_del_attr}
+def _cmp_fn(name: str, op: str, self_tuple: str, other_tuple: str, globals: dict[str, Any]) -> Callable[..., Any]:
+    # __eq__ only (order=True's methods are generated as before). The module hands the fields over
+    # as source text, "(self.a,self.b,)": read back, and used only if it is exactly that.
+    names = tuple(part.removeprefix("self.") for part in self_tuple[1:-2].split(",")) if self_tuple != "()" else ()
+    if (
+        name != "__eq__"
+        or op != "=="
+        or self_tuple != _tuple_str("self", names)
+        or other_tuple != _tuple_str("other", names)
+    ):
+        return _STANDARD["_cmp_fn"](name, op, self_tuple, other_tuple, globals=globals)
+    values = _values(names)
+
+    def __eq__(self: Any, other: Any) -> Any:
+        if other.__class__ is self.__class__:
+            return values(self) == values(other)
+        return NotImplemented
+
+    return __eq__
+
+
+def _tuple_str(owner: str, names: tuple[str, ...]) -> str:
+    """As the dataclasses module writes a tuple of fields."""
+    return "(" + ",".join(f"{owner}.{name}" for name in names) + ",)" if names else "()"
+
+
+_OURS = {
+    "_repr_fn": _repr_fn,
+    "_hash_fn": _hash_fn,
+    "_frozen_get_del_attr": _frozen_get_del_attr,
+    "_cmp_fn": _cmp_fn,
+}
+_STANDARD: dict[str, Any] = {name: getattr(dataclasses, name, None) for name in _OURS}
 
 
 def _make(cls: type[_T], options: dict[str, Any]) -> type[_T]:

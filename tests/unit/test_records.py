@@ -1,4 +1,4 @@
-"""enforcer.records.dataclass: the standard library's dataclasses, with four methods made without
+"""enforcer.records.dataclass: the standard library's dataclasses, with all methods but __init__ made without
 compiling source. Each class shape below is made both ways and must behave the same."""
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def shapes(make: Any) -> dict[str, type]:
     class NoEq:
         a: int
 
+    @make(order=True)
+    class Ordered:
+        a: int
+        b: str = dataclasses.field(default="", compare=False)
+
     @make(frozen=True, repr=False)
     class OwnRepr:
         a: int
@@ -61,7 +66,7 @@ def shapes(make: Any) -> dict[str, type]:
         def __repr__(self) -> str:
             return "own"
 
-    return {c.__name__: c for c in (Frozen, Empty, One, Child, Plain, Hashed, NoEq, OwnRepr)}
+    return {c.__name__: c for c in (Frozen, Empty, One, Child, Plain, Hashed, NoEq, Ordered, OwnRepr)}
 
 
 def instances(classes: dict[str, type]) -> list[Any]:
@@ -75,6 +80,7 @@ def instances(classes: dict[str, type]) -> list[Any]:
         plain,
         classes["Hashed"](1, 2),
         classes["NoEq"](1),
+        classes["Ordered"](1, "z"),
         classes["OwnRepr"](1),
     ]
 
@@ -123,7 +129,7 @@ def test_the_classes_are_dataclasses_with_the_same_parameters() -> None:
         assert repr(cls.__dataclass_params__) == repr(reference.__dataclass_params__)  # type: ignore[attr-defined]
         assert cls.__match_args__ == reference.__match_args__  # type: ignore[attr-defined]
         assert cls.__doc__ == reference.__doc__
-        for method in ("__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"):
+        for method in ("__repr__", "__eq__", "__lt__", "__hash__", "__setattr__", "__delattr__"):
             mine, reference_method = cls.__dict__.get(method), reference.__dict__.get(method)
             assert (mine is None) == (reference_method is None), (name, method)
             if callable(mine):
@@ -141,19 +147,23 @@ def test_hashes_and_equality_agree_across_the_two() -> None:
     assert hash(ours["Frozen"](1, "y", [9])) == hash(theirs["Frozen"](1, "y", [1]))  # c is not compared
     assert hash(ours["Child"](1)) == hash(theirs["Child"](1))
     assert hash(ours["Hashed"](1, 2)) == hash(theirs["Hashed"](1, 3))  # b is not hashed
+    assert ours["Frozen"](1, "y", [9]) == ours["Frozen"](1, "y", [1])  # c is not compared
+    assert ours["Frozen"](1, "y") != ours["Frozen"](1, "z")
+    assert ours["Child"](1) != ours["Frozen"](1)  # another class: NotImplemented both ways
+    assert ours["Ordered"](1, "x") < ours["Ordered"](2, "a") and ours["Ordered"](1, "x") == ours["Ordered"](1, "y")
 
 
 @pytest.mark.skipif(not FAST, reason="the standard library makes them on this Python")
-def test_the_four_methods_are_not_compiled_per_class() -> None:
+def test_only_init_is_compiled_per_class() -> None:
     cls = shapes(records.dataclass)["Frozen"]
-    for method in ("__repr__", "__hash__", "__setattr__", "__delattr__"):
+    for method in ("__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"):
         function = getattr(cls.__dict__[method], "__wrapped__", cls.__dict__[method])
         assert function.__code__.co_filename == records.__file__, method
     assert cls.__dict__["__init__"].__code__.co_filename == "<string>"  # still generated
 
 
 def test_the_standard_library_is_left_as_it_was() -> None:
-    helpers = {name: getattr(dataclasses, name) for name in ("_repr_fn", "_hash_fn", "_frozen_get_del_attr")}
+    helpers = {name: getattr(dataclasses, name) for name in ("_repr_fn", "_hash_fn", "_frozen_get_del_attr", "_cmp_fn")}
     shapes(records.dataclass)
     assert {name: getattr(dataclasses, name) for name in helpers} == helpers
     assert all(function.__module__ == "dataclasses" for function in helpers.values())
