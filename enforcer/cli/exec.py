@@ -174,17 +174,24 @@ def _main(argv: list[str]) -> int:
         code = fast_launch(fast, os.environ)
         if code is not None:
             return code
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.learn and args.daemon:
-        parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
-    if args.daemon and not args.explain:
-        from .exec_daemon import launch_via_daemon
+    from .exec_args import EmbeddedArgs
+    from .exec_args import read as read_embedded
 
-        return launch_via_daemon(parser, args, command)
-    if args.adl is None:
-        parser.error("--adl is required (or --daemon with --agent)")
+    args: EmbeddedArgs | argparse.Namespace | None = read_embedded(argv, os.environ)
+    if isinstance(args, EmbeddedArgs):
+        command = args.command
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if args.learn and args.daemon:
+            parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
+        if args.daemon and not args.explain:
+            from .exec_daemon import launch_via_daemon
+
+            return launch_via_daemon(parser, args, command)
+        if args.adl is None:
+            parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
     from ..settings import launch as launch_settings
 
@@ -192,7 +199,7 @@ def _main(argv: list[str]) -> int:
         # The plain settings only: the egress filter's are validated (pydantic) when a plan needs them.
         settings = launch_settings.read(os.environ)
     except launch_settings.SettingsError as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     session = new_session_id()
     # Now, while this process is small: the stage runs on the other core while the imports below run.
     prepared = None if args.explain else prepare(session, cgroup_group=settings.cgroup_group)
