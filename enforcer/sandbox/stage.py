@@ -31,8 +31,8 @@ Stage order (each step needs the privileges the next one removes):
 then exec. Any failure is written back on the order socket and the stage exits: nothing runs
 unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
 
-This module imports only the standard library and the small cgroups and pidns modules at load: the
-other sandbox modules load inside the stage.
+At load this module imports the sandbox modules the stage runs, so that the stage (forked after)
+shares their pages with the launcher; pyseccomp and libseccomp load in the stage itself.
 """
 
 from __future__ import annotations
