@@ -201,6 +201,13 @@ def _main(argv: list[str]) -> int:
     except launch_settings.SettingsError as exc:
         build_parser().error(str(exc))
     session = new_session_id()
+    if not args.explain:
+        # What exists now is shared with the stage and the session's init: collections in this
+        # process would write to every object they examine, copying those pages. Frozen objects are
+        # never examined (nor freed when they become cyclic garbage: the few this process made).
+        import gc
+
+        gc.freeze()
     # Now, while this process is small: the stage runs on the other core while the imports below run.
     prepared = None if args.explain else prepare(session, cgroup_group=settings.cgroup_group)
     try:

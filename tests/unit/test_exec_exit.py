@@ -103,3 +103,30 @@ def test_adl_exec_as_the_command_ends_through_it(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "layers:" in proc.stdout  # the explanation, flushed
     assert "not reached" not in proc.stdout and "teardown ran" not in proc.stdout
+
+
+def test_an_embedded_launch_freezes_what_it_shares_with_the_stage(tmp_path: Path) -> None:
+    """The objects that exist when the stage is forked are frozen first (gc.freeze): this process's
+    collections then never write to them, so the pages the stage and the session's init share with it
+    stay shared."""
+    proc = _run(
+        f"""
+        import gc
+        from unittest import mock
+        from enforcer.cli import exec as exec_cli
+
+        seen = []
+
+        def prepare(session, cgroup_group):
+            seen.append(gc.get_freeze_count())
+            return None
+
+        with mock.patch("enforcer.sandbox.stage.prepare", prepare), \\
+                mock.patch("enforcer.cli.exec_embedded.run_embedded", lambda *a: 0):
+            code = exec_cli.main(["--adl", {str(tmp_path / "a.json")!r}, "--", "true"])
+        print(code, seen[0] > 1000)
+        """,
+        env={**{k: v for k, v in os.environ.items() if k != "ADL_ENFORCER_ADDR"}, "ADL_ENFORCER_CACHE_DIR": "off"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "0 True"
