@@ -41,7 +41,7 @@ _SUPPORTED = (
         for name, params in _REPLACED.items()
     )
 )
-_SWAP = _thread.allocate_lock()  # one class at a time swaps the module's helpers
+_SWAP = _thread.RLock()  # one class at a time swaps the module's helpers (reentrant: a class made while one is)
 
 
 def _values(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -177,3 +177,25 @@ def test_the_launch_paths_records_pickle_and_compare_as_before() -> None:
         limits.max_memory_mb = 1  # type: ignore[misc]
     layer = plan.Layer("files", "landlock", "active", ["a"])
     assert dataclasses.asdict(layer) == {"name": "files", "mechanism": "landlock", "status": "active", "details": ["a"]}
+
+
+def test_a_record_made_while_another_is_made_gets_the_same_methods() -> None:
+    """A class whose processing makes another (here from a default's descriptor, which the
+    dataclasses module reads) neither deadlocks nor leaves the helpers swapped."""
+
+    class MakesOne:
+        made: ClassVar[list[type]] = []
+
+        def __get__(self, obj: object, owner: type | None = None) -> int:
+            if not self.made:
+                self.made.append(shapes(records.dataclass)["Frozen"])
+            return 0
+
+    @records.dataclass(frozen=True)
+    class Outer:
+        a: int = MakesOne()  # type: ignore[assignment]
+
+    inner = MakesOne.made[0]
+    assert behaviour(inner(1, "y", [2], 1.5)) == behaviour(shapes(dataclasses.dataclass)["Frozen"](1, "y", [2], 1.5))
+    assert repr(Outer()) == "test_a_record_made_while_another_is_made_gets_the_same_methods.<locals>.Outer(a=0)"
+    test_the_standard_library_is_left_as_it_was()
