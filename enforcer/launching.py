@@ -23,7 +23,7 @@ from .audit.events import agent_of, caller_fields
 from .documents import PolicyFileError
 from .policy import Policy
 from .policy.errors import Refusal
-from .records import dataclass
+from .quick_dataclass import dataclass
 from .sandbox import cgroups, identity, runtime_presets
 from .sandbox.launcher import LaunchError, Outcome
 from .sandbox.plan import DEFAULT_PIDS_MAX, Baseline, HostFeatures, LaunchPlan, Layer, PlanError, build_plan

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import data
 from .keyring import KeyringUnavailable, user_secret
-from .records import dataclass
+from .quick_dataclass import dataclass
 
 if TYPE_CHECKING:
     from .policy.model import Policy

@@ -18,7 +18,7 @@ from typing import Any
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .keys import b64url, signature_ok
 
 HEADER_MEMBERS = ("adl_enforcement_record", "governor", "subject", "session", "tier", "window")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 
 @dataclass(frozen=True)

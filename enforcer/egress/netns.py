@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from ..sandbox import namespaces
 
 DNS_PORT = 53

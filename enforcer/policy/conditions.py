@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 # Each language's library is imported by the first condition in it: most documents have none.
 SUPPORTED_LANGUAGES = frozenset({"always", "never", "jsonpath", "jmespath", "jsonlogic"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any, Literal
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 TITLES: dict[str, str] = {
     "ADL-1001": "Invalid JSON",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .decider import decide
 from .model import FileAccess, NetworkConnect, Policy, ProcessExec
 

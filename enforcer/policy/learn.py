@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .decider import SHELLS
 
 _NEVER = ("/proc", "/dev", "/sys", "/run/adl-enforcer")

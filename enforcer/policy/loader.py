@@ -11,7 +11,7 @@ import json
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .errors import Finding, pointer
 
 if TYPE_CHECKING:  # ruamel is slow to import: JSON documents never load it

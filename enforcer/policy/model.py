@@ -7,7 +7,7 @@ from dataclasses import field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .errors import Finding
 from .patterns import PatternList
 from .regions import RegionMap

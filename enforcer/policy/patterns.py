@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import field
 from typing import Generic, Literal, TypeVar
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 Flavour = Literal["host", "path", "env", "command"]
 T = TypeVar("T")

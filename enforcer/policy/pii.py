@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .errors import pointer
 from .jsonvalues import Path, iter_strings
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import field
 from typing import Any
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .patterns import PatternError, PatternList
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

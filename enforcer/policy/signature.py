@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .errors import Finding
 from .jsonvalues import obj
 

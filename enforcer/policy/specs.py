@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import SCHEMAS
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .ecma import ecma_pattern
 from .formats import is_uri, parse_timestamp
 from .jsonvalues import MAX_SAFE_INTEGER

@@ -21,7 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 CPU_PERIOD_US = 100_000
 GROUP = "adl-enforcer"

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..policy.patterns import PatternList
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from .seccomp import GUARDED, METADATA, WATCH
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..audit import records
 from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from . import kernel_audit
 
 if TYPE_CHECKING:

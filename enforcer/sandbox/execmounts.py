@@ -16,7 +16,7 @@ import os
 import platform
 from dataclasses import field
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 MOUNT_ATTR_NOEXEC = 0x00000008
 AT_RECURSIVE = 0x8000

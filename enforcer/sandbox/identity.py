@@ -15,7 +15,7 @@ import grp
 import pwd
 from collections.abc import Mapping
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 
 class IdentityError(ValueError):

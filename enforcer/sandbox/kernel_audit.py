@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import field
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 NETLINK_AUDIT = 9
 AUDIT_NLGRP_READLOG = 1

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 import orjson
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from . import cgroups, seccomp
 from .stage import GuardOrder, Prepared, StageError, StageOrder, prepare
 

@@ -22,7 +22,7 @@ from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
 from ..policy.errors import Refusal
 from ..policy.patterns import PatternList
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from . import DOMAINS, landlock, seccomp
 from .cgroups import Limits
 from .execmounts import ExecMounts

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import data
 from ..policy import presets
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 from . import landlock
 from .plan import Baseline, LaunchPlan, Layer, PlanError
 

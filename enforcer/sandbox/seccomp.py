@@ -20,7 +20,7 @@ import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 # The calls the filter sends to the creation guard (creation_guard.py); here, so that a process
 # building a plan or a filter does not load the guard.

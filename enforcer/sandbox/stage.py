@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
 from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 # What the stage runs, imported before it is forked: the stage and the session's PID-namespace init
 # (a fork of the stage) then share these pages with the launcher, which needs them (and the guard's

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import data, paths
-from ..records import dataclass
+from ..quick_dataclass import dataclass
 
 if TYPE_CHECKING:
     from ..egress_values import EgressValues

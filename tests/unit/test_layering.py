@@ -9,7 +9,7 @@ layer, nothing else.
                   socket's frames), egress_values (the egress filter's settings as plain values, and
                   their validators), text (printing what agents chose), command_start (0-2 held
                   open and no import from the working directory, first thing in a command),
-                  records (dataclasses made without compiling what needs no compiling)
+                  quick_dataclass (dataclasses made without compiling what needs no compiling)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -49,7 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
         "egress_values",
         "text",
         "command_start",
-        "records",
+        "quick_dataclass",
     ),
     ("egress_settings",),
     ("settings",),

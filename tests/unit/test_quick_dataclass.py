@@ -1,4 +1,4 @@
-"""enforcer.records.dataclass: the standard library's dataclasses, with all methods but __init__ made without
+"""enforcer.quick_dataclass.dataclass: the standard library's dataclasses, with all methods but __init__ made without
 compiling source. Each class shape below is made both ways and must behave the same."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from enforcer import records
+from enforcer import quick_dataclass
 from enforcer.policy import model
 from enforcer.sandbox import plan
 
@@ -19,7 +19,7 @@ NAN = float("nan")  # one object: a NaN's hash is its identity's
 
 
 def shapes(make: Any) -> dict[str, type]:
-    """The same class definitions, made by `make` (dataclasses.dataclass or records.dataclass)."""
+    """The same class definitions, made by `make` (dataclasses.dataclass or quick_dataclass.dataclass)."""
 
     @make(frozen=True)
     class Frozen:
@@ -116,13 +116,13 @@ def behaviour(obj: Any) -> dict[str, Any]:
 
 
 def test_every_shape_behaves_as_the_standard_librarys() -> None:
-    ours, theirs = instances(shapes(records.dataclass)), instances(shapes(dataclasses.dataclass))
+    ours, theirs = instances(shapes(quick_dataclass.dataclass)), instances(shapes(dataclasses.dataclass))
     for mine, reference in zip(ours, theirs, strict=True):
         assert behaviour(mine) == behaviour(reference), type(mine).__name__
 
 
 def test_the_classes_are_dataclasses_with_the_same_parameters() -> None:
-    ours, theirs = shapes(records.dataclass), shapes(dataclasses.dataclass)
+    ours, theirs = shapes(quick_dataclass.dataclass), shapes(dataclasses.dataclass)
     for name, cls in ours.items():
         reference = theirs[name]
         assert dataclasses.is_dataclass(cls)
@@ -137,7 +137,7 @@ def test_the_classes_are_dataclasses_with_the_same_parameters() -> None:
 
 
 def test_hashes_and_equality_agree_across_the_two() -> None:
-    ours, theirs = shapes(records.dataclass), shapes(dataclasses.dataclass)
+    ours, theirs = shapes(quick_dataclass.dataclass), shapes(dataclasses.dataclass)
     # The same identical-NaN rule: a field holding the very same NaN object compares (and hashes) equal.
     assert ours["One"](NAN) == ours["One"](NAN)
     assert theirs["One"](NAN) == theirs["One"](NAN)
@@ -155,16 +155,16 @@ def test_hashes_and_equality_agree_across_the_two() -> None:
 
 @pytest.mark.skipif(not FAST, reason="the standard library makes them on this Python")
 def test_only_init_is_compiled_per_class() -> None:
-    cls = shapes(records.dataclass)["Frozen"]
+    cls = shapes(quick_dataclass.dataclass)["Frozen"]
     for method in ("__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__"):
         function = getattr(cls.__dict__[method], "__wrapped__", cls.__dict__[method])
-        assert function.__code__.co_filename == records.__file__, method
+        assert function.__code__.co_filename == quick_dataclass.__file__, method
     assert cls.__dict__["__init__"].__code__.co_filename == "<string>"  # still generated
 
 
 def test_the_standard_library_is_left_as_it_was() -> None:
     helpers = {name: getattr(dataclasses, name) for name in ("_repr_fn", "_hash_fn", "_frozen_get_del_attr", "_cmp_fn")}
-    shapes(records.dataclass)
+    shapes(quick_dataclass.dataclass)
     assert {name: getattr(dataclasses, name) for name in helpers} == helpers
     assert all(function.__module__ == "dataclasses" for function in helpers.values())
 
@@ -188,10 +188,10 @@ def test_a_record_made_while_another_is_made_gets_the_same_methods() -> None:
 
         def __get__(self, obj: object, owner: type | None = None) -> int:
             if not self.made:
-                self.made.append(shapes(records.dataclass)["Frozen"])
+                self.made.append(shapes(quick_dataclass.dataclass)["Frozen"])
             return 0
 
-    @records.dataclass(frozen=True)
+    @quick_dataclass.dataclass(frozen=True)
     class Outer:
         a: int = MakesOne()  # type: ignore[assignment]
 
