@@ -13,7 +13,6 @@ import json
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +23,7 @@ from .audit.events import agent_of, caller_fields
 from .documents import PolicyFileError
 from .policy import Policy
 from .policy.errors import Refusal
+from .quick_dataclass import dataclass
 from .sandbox import cgroups, identity, runtime_presets
 from .sandbox.launcher import LaunchError, Outcome
 from .sandbox.plan import DEFAULT_PIDS_MAX, Baseline, HostFeatures, LaunchPlan, Layer, PlanError, build_plan

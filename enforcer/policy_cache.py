@@ -29,7 +29,6 @@ import pickle
 import stat
 import sys
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import data
 from .keyring import KeyringUnavailable, user_secret
+from .quick_dataclass import dataclass
 
 if TYPE_CHECKING:
     from .policy.model import Policy

@@ -13,12 +13,12 @@ Interpretation of points the draft leaves open:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from ..quick_dataclass import dataclass
 from .keys import b64url, signature_ok
 
 HEADER_MEMBERS = ("adl_enforcement_record", "governor", "subject", "session", "tier", "window")

@@ -4,8 +4,9 @@ Pure: the writer passes where it stands."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from ..quick_dataclass import dataclass
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,33 @@ def main(argv: list[str] | None = None) -> int:
         from ..command_start import start_command
 
         start_command()
-        argv = sys.argv[1:]
+        return end_command(_main(sys.argv[1:]))
+    return _main(argv)
+
+
+def end_command(code: int) -> int:
+    """Exit with `code` now, skipping the interpreter's teardown (freeing every module and object
+    of the launch path), which would only delay the caller hearing of the agent's end. By then the
+    launch has closed what it opened (the audit log, the guardian's socket, the stage). Everything
+    a normal exit does that can matter is done first: atexit callbacks, then flushing stdout and
+    stderr. Returns `code`, for the normal exit, when that cannot be done the same way: a thread
+    still runs (a normal exit waits for it), or a flush failed (the normal exit reports it)."""
+    threading = sys.modules.get("threading")  # not imported: no thread was started through it
+    if threading is not None and any(t is not threading.main_thread() for t in threading.enumerate()):
+        return code
+    import atexit
+
+    atexit._run_exitfuncs()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # None when the interpreter started without that descriptor
+                stream.flush()
+    except (OSError, ValueError):
+        return code
+    os._exit(code)
+
+
+def _main(argv: list[str]) -> int:
     from .daemon_args import read
 
     fast = read(argv, os.environ)
@@ -148,17 +174,24 @@ def main(argv: list[str] | None = None) -> int:
         code = fast_launch(fast, os.environ)
         if code is not None:
             return code
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.learn and args.daemon:
-        parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
-    if args.daemon and not args.explain:
-        from .exec_daemon import launch_via_daemon
+    from .exec_args import EmbeddedArgs
+    from .exec_args import read as read_embedded
 
-        return launch_via_daemon(parser, args, command)
-    if args.adl is None:
-        parser.error("--adl is required (or --daemon with --agent)")
+    args: EmbeddedArgs | argparse.Namespace | None = read_embedded(argv, os.environ)
+    if isinstance(args, EmbeddedArgs):
+        command = args.command
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if args.learn and args.daemon:
+            parser.error("--learn runs embedded only (the daemon never runs an agent unrestricted)")
+        if args.daemon and not args.explain:
+            from .exec_daemon import launch_via_daemon
+
+            return launch_via_daemon(parser, args, command)
+        if args.adl is None:
+            parser.error("--adl is required (or --daemon with --agent)")
     from ..sandbox.stage import new_session_id, prepare
     from ..settings import launch as launch_settings
 
@@ -166,8 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         # The plain settings only: the egress filter's are validated (pydantic) when a plan needs them.
         settings = launch_settings.read(os.environ)
     except launch_settings.SettingsError as exc:
-        parser.error(str(exc))
+        build_parser().error(str(exc))
     session = new_session_id()
+    if not args.explain:
+        # What exists now is shared with the stage and the session's init: collections in this
+        # process would write to every object they examine, copying those pages. Frozen objects are
+        # never examined (nor freed when they become cyclic garbage: the few this process made).
+        import gc
+
+        gc.freeze()
     # Now, while this process is small: the stage runs on the other core while the imports below run.
     prepared = None if args.explain else prepare(session, cgroup_group=settings.cgroup_group)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -20,13 +19,16 @@ from ..settings.launch import LaunchSettings
 from .exec_common import print_report, refuse
 
 if TYPE_CHECKING:
+    import argparse
+
+    from .exec_args import EmbeddedArgs
     from .exec_learn import Learner
 
 
 class _Embedded:
     """What embedded adl-exec adds to the launch: warnings on stderr, learn mode."""
 
-    def __init__(self, args: argparse.Namespace, session: str, cgroup_group: str) -> None:
+    def __init__(self, args: argparse.Namespace | EmbeddedArgs, session: str, cgroup_group: str) -> None:
         self.args, self.session, self.cgroup_group = args, session, cgroup_group
         self.learner: Learner | None = None
 
@@ -47,7 +49,11 @@ class _Embedded:
 
 
 def run_embedded(
-    args: argparse.Namespace, command: list[str], session_id: str, prepared: Prepared | None, settings: LaunchSettings
+    args: argparse.Namespace | EmbeddedArgs,
+    command: list[str],
+    session_id: str,
+    prepared: Prepared | None,
+    settings: LaunchSettings,
 ) -> int:
     """Compile, plan, audit and run; `prepared` is the stage forked ahead (None with --explain)."""
     # The egress settings (pydantic) are validated only when the plan has a network layer; the
@@ -118,7 +124,7 @@ def _explain_identity(spec: str | None) -> dict[str, object]:
     return {"uid": chosen.uid, "gid": chosen.gid, "from": chosen.source}
 
 
-def _open_writer(args: argparse.Namespace, settings: LaunchSettings) -> AuditWriter:
+def _open_writer(args: argparse.Namespace | EmbeddedArgs, settings: LaunchSettings) -> AuditWriter:
     return AuditWriter(args.audit_dir or settings.audit_dir, args.audit_key or settings.audit_key, source="adl-exec")
 
 

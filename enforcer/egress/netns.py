@@ -18,8 +18,8 @@ import shutil
 import socket
 import struct
 import threading
-from dataclasses import dataclass
 
+from ..quick_dataclass import dataclass
 from ..sandbox import namespaces
 
 DNS_PORT = 53

@@ -8,9 +8,10 @@ side-effecting `log` operation removed). CEL is not evaluated here: a CEL condit
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
+
+from ..quick_dataclass import dataclass
 
 # Each language's library is imported by the first condition in it: most documents have none.
 SUPPORTED_LANGUAGES = frozenset({"always", "never", "jsonpath", "jmespath", "jsonlogic"})

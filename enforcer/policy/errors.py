@@ -7,8 +7,10 @@ prefixes so they can never be confused with a spec code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
+
+from ..quick_dataclass import dataclass
 
 TITLES: dict[str, str] = {
     "ADL-1001": "Invalid JSON",

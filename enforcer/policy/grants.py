@@ -9,9 +9,9 @@ why no grant exists (an explicit deny, or a call no sandbox may make).
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
 from typing import Any
 
+from ..quick_dataclass import dataclass
 from .decider import decide
 from .model import FileAccess, NetworkConnect, Policy, ProcessExec
 

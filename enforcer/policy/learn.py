@@ -18,9 +18,10 @@ import json
 import posixpath
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ..quick_dataclass import dataclass
 from .decider import SHELLS
 
 _NEVER = ("/proc", "/dev", "/sys", "/run/adl-enforcer")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..quick_dataclass import dataclass
 from .errors import Finding, pointer
 
 if TYPE_CHECKING:  # ruamel is slow to import: JSON documents never load it

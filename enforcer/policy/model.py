@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..quick_dataclass import dataclass
 from .errors import Finding
 from .patterns import PatternList
 from .regions import RegionMap

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Generic, Literal, TypeVar
+
+from ..quick_dataclass import dataclass
 
 Flavour = Literal["host", "path", "env", "command"]
 T = TypeVar("T")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ..quick_dataclass import dataclass
 from .errors import pointer
 from .jsonvalues import Path, iter_strings
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from ..quick_dataclass import dataclass
 
 MEMBER = "x_adl_enforcer_presets"  # ADL 0.1 and 0.2
 NAMESPACE = "adl-enforcer.runtime"  # ADL 0.3: permissions.extensions[NAMESPACE].presets

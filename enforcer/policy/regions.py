@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from ..quick_dataclass import dataclass
 from .patterns import PatternError, PatternList
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -11,7 +11,6 @@ import base64
 import binascii
 import copy
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import rfc8785
@@ -20,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from ..quick_dataclass import dataclass
 from .errors import Finding
 from .jsonvalues import obj
 

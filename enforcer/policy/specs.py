@@ -19,12 +19,12 @@ import json
 import math
 import re
 from collections.abc import Set
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..data import SCHEMAS
+from ..quick_dataclass import dataclass
 from .ecma import ecma_pattern
 from .formats import is_uri, parse_timestamp
 from .jsonvalues import MAX_SAFE_INTEGER

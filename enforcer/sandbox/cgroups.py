@@ -19,8 +19,9 @@ import os
 import signal
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
+
+from ..quick_dataclass import dataclass
 
 CPU_PERIOD_US = 100_000
 GROUP = "adl-enforcer"

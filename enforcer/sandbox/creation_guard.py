@@ -46,12 +46,12 @@ import stat
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..policy.patterns import PatternList
+from ..quick_dataclass import dataclass
 from .seccomp import GUARDED, METADATA, WATCH
 
 if TYPE_CHECKING:

@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from ..audit import records
 from ..audit.events import agent_of, denial_tally
 from ..policy import Policy
+from ..quick_dataclass import dataclass
 from . import kernel_audit
 
 if TYPE_CHECKING:

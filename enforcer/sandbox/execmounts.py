@@ -14,7 +14,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ..quick_dataclass import dataclass
 
 MOUNT_ATTR_NOEXEC = 0x00000008
 AT_RECURSIVE = 0x8000

@@ -14,7 +14,8 @@ from __future__ import annotations
 import grp
 import pwd
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from ..quick_dataclass import dataclass
 
 
 class IdentityError(ValueError):

@@ -29,7 +29,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from ..quick_dataclass import dataclass
 
 NETLINK_AUDIT = 9
 AUDIT_NLGRP_READLOG = 1

@@ -17,11 +17,11 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import orjson
 
+from ..quick_dataclass import dataclass
 from . import cgroups, seccomp
 from .stage import GuardOrder, Prepared, StageError, StageOrder, prepare
 

@@ -14,7 +14,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,6 +22,7 @@ from ..policy import EnvVar, Policy, ProcessExec, decide
 from ..policy.decider import SHELLS
 from ..policy.errors import Refusal
 from ..policy.patterns import PatternList
+from ..quick_dataclass import dataclass
 from . import DOMAINS, landlock, seccomp
 from .cgroups import Limits
 from .execmounts import ExecMounts

@@ -14,11 +14,12 @@ from typing import Any
 
 from .. import data
 from ..policy import presets
+from ..quick_dataclass import dataclass
 from . import landlock
 from .plan import Baseline, LaunchPlan, Layer, PlanError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Applied:
     names: tuple[str, ...]
     catalog_digest: str

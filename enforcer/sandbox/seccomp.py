@@ -17,9 +17,10 @@ import os
 import platform
 import socket
 import threading
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
+
+from ..quick_dataclass import dataclass
 
 # The calls the filter sends to the creation guard (creation_guard.py); here, so that a process
 # building a plan or a filter does not load the guard.

@@ -31,8 +31,8 @@ Stage order (each step needs the privileges the next one removes):
 then exec. Any failure is written back on the order socket and the stage exits: nothing runs
 unsandboxed. On exec the socket (close-on-exec) reaches end of stream with nothing on it.
 
-This module imports only the standard library and the small cgroups and pidns modules at load: the
-other sandbox modules load inside the stage.
+At load this module imports the sandbox modules the stage runs, so that the stage (forked after)
+shares their pages with the launcher; pyseccomp and libseccomp load in the stage itself.
 """
 
 from __future__ import annotations
@@ -48,12 +48,13 @@ import select
 import signal
 import socket
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..framing import FrameError, recv_frame, send_frame
 from ..policy import patterns  # noqa: F401 - what a pickled creation guard order refers to
+from ..quick_dataclass import dataclass
 
 # What the stage runs, imported before it is forked: the stage and the session's PID-namespace init
 # (a fork of the stage) then share these pages with the launcher, which needs them (and the guard's

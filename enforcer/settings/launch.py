@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import data, paths
+from ..quick_dataclass import dataclass
 
 if TYPE_CHECKING:
     from ..egress_values import EgressValues

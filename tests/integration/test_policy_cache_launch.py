@@ -40,6 +40,8 @@ UNUSED_BY_A_PLAIN_LAUNCH = (
     "calendar",
     "secrets",  # ids from os.urandom: secrets would load random
     "traceback",
+    "argparse",  # a plain command line is read without it (enforcer/cli/exec_args.py)
+    "gettext",
 )
 LAUNCHER = """
 import json, sys

@@ -8,7 +8,8 @@ layer, nothing else.
   0 foundation    enforcer (the package), version, paths, data, v1 (generated), framing (the launch
                   socket's frames), egress_values (the egress filter's settings as plain values, and
                   their validators), text (printing what agents chose), command_start (0-2 held
-                  open and no import from the working directory, first thing in a command)
+                  open and no import from the working directory, first thing in a command),
+                  quick_dataclass (dataclasses made without compiling what needs no compiling)
   1 egress_settings
                   the egress filter's settings model (pydantic), validated by egress_values
   2 settings      the settings model the commands load (and its pydantic-free launch reader)
@@ -48,6 +49,7 @@ LAYERS: list[tuple[str, ...]] = [
         "egress_values",
         "text",
         "command_start",
+        "quick_dataclass",
     ),
     ("egress_settings",),
     ("settings",),
