@@ -63,43 +63,10 @@ def _plain_path(value: str) -> bool:
 def read(argv: list[str], environ: Mapping[str, str]) -> DaemonLaunch | None:
     """The launch argv asks for, or None when argparse must read it (see the module's docstring).
     environ: the process environment ($ADL_ENFORCER_ADDR is --daemon's default)."""
-    values: dict[str, str] = {}
-    flags: set[str] = set()
-    accept: list[str] = []
-    at = 0
-    while True:
-        if at >= len(argv):
-            return None  # no command
-        arg = argv[at]
-        if arg == "--":
-            command = argv[at + 1 :]
-            break
-        if not arg.startswith("-"):
-            command = argv[at:]  # argparse's REMAINDER: everything from the first positional on
-            break
-        name, eq, value = arg.partition("=")
-        if name in _FLAGS:
-            if eq or name in flags:
-                return None
-            flags.add(name)
-            at += 1
-            continue
-        if name not in _VALUED or name in values:
-            return None  # another option, an abbreviation, a repeat
-        if not eq:
-            if at + 1 >= len(argv) or argv[at + 1].startswith("-"):
-                return None  # argparse may read a value that starts with "-" as an option
-            value = argv[at + 1]
-            at += 1
-        at += 1
-        if value == "--":
-            return None  # argparse drops a value "--" (it reads "--" as the end of options)
-        if name == "--accept-unenforced":
-            if value not in DOMAINS:
-                return None
-            accept.append(value)
-        else:
-            values[name] = value
+    scanned = scan(argv, _FLAGS, _VALUED)
+    if scanned is None:
+        return None
+    values, flags, accept, command = scanned
     address = values["--daemon"] if "--daemon" in values else environ.get("ADL_ENFORCER_ADDR")
     agent = values.get("--agent", "")
     session_file = values.get("--session-file")
@@ -120,3 +87,50 @@ def read(argv: list[str], environ: Mapping[str, str]) -> DaemonLaunch | None:
         accept_unenforced=accept,
         pids_max=int(pids),
     )
+
+
+def scan(
+    argv: list[str], flag_names: tuple[str, ...], valued_names: tuple[str, ...]
+) -> tuple[dict[str, str], set[str], list[str], list[str]] | None:
+    """(values, flags, --accept-unenforced domains, command) of a command line made only of the
+    plain spellings of these options, then the command; None for anything argparse could read
+    another way: another option, an abbreviation, a repeat (but --accept-unenforced), a value
+    starting with "-", an unknown domain, no command."""
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    accept: list[str] = []
+    at = 0
+    while True:
+        if at >= len(argv):
+            return None  # no command
+        arg = argv[at]
+        if arg == "--":
+            command = argv[at + 1 :]
+            break
+        if not arg.startswith("-"):
+            command = argv[at:]  # argparse's REMAINDER: everything from the first positional on
+            break
+        name, eq, value = arg.partition("=")
+        if name in flag_names:
+            if eq or name in flags:
+                return None
+            flags.add(name)
+            at += 1
+            continue
+        if name not in valued_names or name in values:
+            return None  # another option, an abbreviation, a repeat
+        if not eq:
+            if at + 1 >= len(argv) or argv[at + 1].startswith("-"):
+                return None  # argparse may read a value that starts with "-" as an option
+            value = argv[at + 1]
+            at += 1
+        at += 1
+        if value.startswith("-"):
+            return None  # "--agent=-x" is read as given, "--agent=--" is dropped: left to argparse
+        if name == "--accept-unenforced":
+            if value not in DOMAINS:
+                return None
+            accept.append(value)
+        else:
+            values[name] = value
+    return values, flags, accept, command

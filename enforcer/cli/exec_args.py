@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .daemon_args import DEFAULT_PIDS_MAX, DOMAINS
+from .daemon_args import DEFAULT_PIDS_MAX, scan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,43 +66,10 @@ def read(argv: list[str], environ: Mapping[str, str]) -> EmbeddedArgs | None:
     docstring). environ: the process environment ($ADL_ENFORCER_ADDR is --daemon's default)."""
     if environ.get("ADL_ENFORCER_ADDR"):
         return None  # a launch through the daemon, unless --explain: argparse decides
-    values: dict[str, str] = {}
-    flags: set[str] = set()
-    accept: list[str] = []
-    at = 0
-    while True:
-        if at >= len(argv):
-            return None  # no command
-        arg = argv[at]
-        if arg == "--":
-            command = argv[at + 1 :]
-            break
-        if not arg.startswith("-"):
-            command = argv[at:]  # argparse's REMAINDER: everything from the first positional on
-            break
-        name, eq, value = arg.partition("=")
-        if name in _FLAGS:
-            if eq or name in flags:
-                return None
-            flags.add(name)
-            at += 1
-            continue
-        if name not in _VALUED or name in values:
-            return None  # another option, an abbreviation, a repeat
-        if not eq:
-            if at + 1 >= len(argv) or argv[at + 1].startswith("-"):
-                return None  # argparse may read a value that starts with "-" as an option
-            value = argv[at + 1]
-            at += 1
-        at += 1
-        if value.startswith("-"):
-            return None  # "--adl=-x": argparse reads it as given, "--adl=--" too; left to it
-        if name == "--accept-unenforced":
-            if value not in DOMAINS:
-                return None
-            accept.append(value)
-        else:
-            values[name] = value
+    scanned = scan(argv, _FLAGS, _VALUED)
+    if scanned is None:
+        return None
+    values, flags, accept, command = scanned
     if not command or "--adl" not in values:
         return None
     pids_max = DEFAULT_PIDS_MAX
