@@ -21,7 +21,7 @@ from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
 from ..settings import launch as launch_settings
-from ..text import printable
+from ..text import printable, printable_json
 from ..version import version_text
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 2
@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _emit(record: dict[str, Any], as_json: bool) -> None:
-    print(orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode() if as_json else one_line(record), flush=True)
+    text = printable_json(orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()) if as_json else one_line(record)
+    print(text, flush=True)
 
 
 def _search(directory: Path, filters: Filters, args: argparse.Namespace) -> int:
@@ -198,7 +199,7 @@ def _show(directory: Path, args: argparse.Namespace) -> int:
     for record in iter_records(directory):
         if str(record.get("seq")) == wanted or record.get("id") == wanted:
             option = orjson.OPT_SORT_KEYS | (0 if args.json else orjson.OPT_INDENT_2)
-            print(orjson.dumps(record, option=option).decode())
+            print(printable_json(orjson.dumps(record, option=option).decode()))
             return EXIT_OK
     print(f"adl-audit: no record with seq or id {wanted!r}", file=sys.stderr)
     return EXIT_NOTHING
@@ -252,13 +253,14 @@ def _verify(directory: Path, args: argparse.Namespace) -> int:
                 f"unsealed: {report.unsealed} record(s) after the last checkpoint (their removal would not be detected)"
             )
         for gap in report.gaps:
-            print(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})")
+            print(printable(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})"))
         print(f"key: {report.key_source}")
     if report.intact:
         if not args.json:
             print("intact")
         return EXIT_OK
-    print(f"TAMPERED at seq {report.bad_seq}: {report.problem}", file=sys.stderr)
+    # The problem may quote names from the directory, which whoever tampered with it chose.
+    print(printable(f"TAMPERED at seq {report.bad_seq}: {report.problem}"), file=sys.stderr)
     return EXIT_TAMPERED
 
 

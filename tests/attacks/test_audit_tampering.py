@@ -52,3 +52,14 @@ def test_a_log_never_sealed_needs_no_head(tmp_path: Path, capsys: pytest.Capture
     code, out = _verify(directory, capsys)
     assert code == 0, out
     assert "unsealed:" in out
+
+
+def test_a_file_name_chosen_by_the_tamperer_reaches_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _sealed_log(tmp_path)
+    (directory / "audit-\x1b]0;owned\x07\x1b[2J.jsonl").write_bytes(b"")
+    code, out = _verify(directory, capsys)
+    assert code == 2, out
+    assert "TAMPERED at seq 1:" in out and "\\x1b]0;owned" in out
+    assert "\x1b" not in out and "\x07" not in out
