@@ -24,8 +24,9 @@ def log_files(directory: Path) -> list[Path]:
 
 
 def open_log(path: Path, *, create: bool) -> int:
-    """A descriptor that appends to `path`; with `create`, the file must not exist yet."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    """A descriptor that appends to `path`; with `create`, the file must not exist yet. Never through
+    a symlink: whoever could plant one in the directory would have records appended to its target."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
     return os.open(path, flags, 0o640)
 
 

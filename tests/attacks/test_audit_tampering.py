@@ -3,18 +3,22 @@ the fact: every change that removes or alters sealed records must make `adl-audi
 
 from __future__ import annotations
 
+import hashlib
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 
-from enforcer.audit import AuditWriter, WriterSettings, records
+from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
 from enforcer.audit.writer import log_files
 from enforcer.cli.audit import main as audit_main
 
 
-def _sealed_log(tmp_path: Path) -> Path:
+def _sealed_log(tmp_path: Path, **settings: int) -> Path:
     directory = tmp_path / "audit"
-    with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=15)) as w:
+    options = WriterSettings(checkpoint_records=15, **settings)  # type: ignore[arg-type]
+    with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=options) as w:
         for i in range(60):
             w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": i})
     return directory
@@ -63,3 +67,67 @@ def test_a_file_name_chosen_by_the_tamperer_reaches_the_terminal_escaped(
     assert code == 2, out
     assert "TAMPERED at seq 1:" in out and "\\x1b]0;owned" in out
     assert "\x1b" not in out and "\x07" not in out
+
+
+def _victim(tmp_path: Path) -> Path:
+    """An empty file root owns (a file that is not empty does not end in a record: refused anyway)."""
+    victim = tmp_path / "victim-rc"
+    victim.write_text("")
+    return victim
+
+
+def test_the_writer_does_not_follow_a_symlinked_log_file(tmp_path: Path) -> None:
+    """Whoever can write the audit directory makes the newest log file a symlink: the daemon (root)
+    would append records, whose strings callers chose, to the file it names."""
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)  # the file before names the newest
+    assert len(log_files(directory)) > 2
+    victim = _victim(tmp_path)
+    newest = log_files(directory)[-1]
+    newest.rename(directory / "saved.jsonl")
+    newest.symlink_to(victim)
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == ""
+
+
+def _rotation_to(directory: Path, next_file: str) -> None:
+    """Append a rotation marker (its hash recomputed: the chain is unkeyed) naming `next_file`."""
+    path = log_files(directory)[-1]
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = orjson.loads(lines[-1])
+    seq = last["seq"] + 1
+    head, tail = records.envelope_parts(
+        log_id=last["id"].rsplit(".", 1)[0],
+        seq=seq,
+        prev=last["hash"],
+        ts_ns=time.time_ns(),
+        kind=records.ROTATE,
+        source="adl-enforcer",
+        corr="x",
+        payload={"next_file": next_file},
+    )
+    digest = hashlib.sha256(head + tail).hexdigest()
+    path.write_bytes(b"".join(lines) + head + b',"hash":"' + digest.encode() + b'"' + tail + b"\n")
+    assert records.check_line_hash(path.read_bytes().splitlines()[-1]) is None
+
+
+def test_the_writer_does_not_follow_a_rotation_out_of_the_directory(tmp_path: Path) -> None:
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)
+    victim = _victim(tmp_path)
+    _rotation_to(directory, f"../{victim.name}")
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == ""
+
+
+def test_follow_does_not_read_a_file_a_rotation_record_names_outside_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "s3cr3t"}\n')
+    _rotation_to(directory, f"../{secret.name}")
+    code = audit_main(["--dir", str(directory), "follow", "--from-start", "--interval", "0.01"])
+    captured = capsys.readouterr()
+    assert "s3cr3t" not in captured.out
+    assert code == 2 and "not the next log file" in captured.err
