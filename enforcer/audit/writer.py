@@ -101,6 +101,7 @@ class AuditWriter(Appender):
             self._key_id = keys.key_id(self._key.public_key())
             self._sign = checkpoint_signer(self._key, self._key_id)
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+            logfiles.check_private(self.directory)
             (self.directory / registry.WRITERS_DIR).mkdir(exist_ok=True, mode=0o750)
             self._lease = registry.Lease(self.directory)
             self._head = Head(self.directory, self._key, self._key_id, self.writer_id, clock)

