@@ -168,3 +168,43 @@ def test_a_directory_below_one_another_user_can_write_is_refused(tmp_path: Path)
     group_writable.chmod(0o770)
     with pytest.raises(AuditUnavailable, match="writable by group or others"):
         AuditWriter(group_writable, tmp_path / "key" / "audit.pem").close()
+
+
+EDITED_LINES = [
+    b'{"seq":41,"intent":"adl.enforcer.decision","corr":[1],"ts":5,"payload":{"rules":5,"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.decision","payload":{"rules":{"a":1},"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.exit","corr":{"a":1},"payload":{"rules":[1,null],"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.launch","corr":"s","ts":[],"payload":[]}',
+    b'{"seq":[],"prev":{},"intent":1}',
+]
+EDITED_HEADS = [b'{"seq":"x","hash":1,"sig":5}', b'{"seq":null,"hash":null,"sig":null}']
+READERS = [
+    ("search",),
+    ("search", "--json"),
+    ("search", "--seq", "1..50"),
+    ("search", "--since", "-1d"),
+    ("search", "--rule", "x*"),
+    ("report",),
+    ("report", "--json"),
+    ("show", "41"),
+]
+
+
+@pytest.mark.parametrize("edit", [("line", e) for e in EDITED_LINES] + [("head", e) for e in EDITED_HEADS])
+def test_an_edited_line_or_head_is_reported_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, bytes]
+) -> None:
+    """An edited log must not stop the auditor's tools: verify names it (exit 2, which scripts test
+    for: a crash exits 1), the readers go on with the other records."""
+    directory = _sealed_log(tmp_path)
+    where, data = edit
+    if where == "head":
+        (directory / "HEAD.json").write_bytes(data)
+    else:
+        path = log_files(directory)[0]
+        path.write_bytes(path.read_bytes() + data + b"\n")
+    code, out = _verify(directory, capsys)
+    assert code == 2 and "TAMPERED" in out, out
+    for argv in READERS:
+        assert audit_main(["--dir", str(directory), *argv]) in (0, 1), argv
+        capsys.readouterr()
