@@ -22,6 +22,11 @@ def check_private(directory: Path) -> None:
     such as /tmp may be above it). Whoever else could write there could plant names the writer,
     often root, then writes through: a symlink at a torn line's future place gets its bytes."""
     euid = os.geteuid()
+    given = Path(os.path.abspath(directory)).parts
+    for depth in range(2, len(given) + 1):  # a symlink on the way, as named: whose is it?
+        st = os.lstat(Path(*given[:depth]))
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, euid):
+            raise PermissionError(f"{Path(*given[:depth])} is a symlink of uid {st.st_uid}")
     parts = Path(os.path.realpath(directory)).parts
     for depth in range(1, len(parts) + 1):
         current = Path(*parts[:depth])

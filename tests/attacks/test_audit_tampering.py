@@ -208,3 +208,20 @@ def test_an_edited_line_or_head_is_reported_not_a_crash(
     for argv in READERS:
         assert audit_main(["--dir", str(directory), *argv]) in (0, 1), argv
         capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a symlink as another uid")
+def test_a_directory_named_through_another_users_symlink_is_refused(tmp_path: Path) -> None:
+    """The operator names /tmp/adl-audit; another user made that name a symlink first, to a
+    directory of root's where the log's files would be read as something else."""
+    shared = tmp_path / "sticky"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    target = tmp_path / "roots-dir"
+    target.mkdir()
+    link = shared / "adl-audit"
+    link.symlink_to(target)
+    os.chown(link, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(AuditUnavailable, match="symlink of uid 65534"):
+        AuditWriter(link, tmp_path / "key" / "audit.pem").close()
+    assert list(target.iterdir()) == []
