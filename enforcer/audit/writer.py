@@ -433,7 +433,9 @@ class AuditWriter(Appender):
         fdatasync, which keeps two fsyncs off the append path."""
         receipt = self._write(records.CHECKPOINT, checkpoint_payload(self._chain.seq, self._key_id), sig_fn=self._sign)
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
-        if head_later:
+        # The log's first HEAD is written at once: verify takes a log with a checkpoint and no HEAD
+        # for one cut back after its HEAD was removed.
+        if head_later and (self.directory / HEAD_FILE).exists():
             self._pending_head = receipt
             self._flush_wanted.set()
         else:

@@ -225,3 +225,24 @@ def test_a_directory_named_through_another_users_symlink_is_refused(tmp_path: Pa
     with pytest.raises(AuditUnavailable, match="symlink of uid 65534"):
         AuditWriter(link, tmp_path / "key" / "audit.pem").close()
     assert list(target.iterdir()) == []
+
+
+def test_a_live_log_has_its_head_from_its_first_checkpoint_on(tmp_path: Path) -> None:
+    """verify takes a checkpoint without HEAD for a cut log (above): a writer that defers HEAD to
+    its flusher must not leave its first checkpoint in that state, or a verify at that moment
+    would cry wolf."""
+    directory = tmp_path / "audit"
+    settings = WriterSettings(background_flush=True, checkpoint_records=5, group_ms=10_000, group_records=10_000)
+    writer = AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=settings)
+    try:
+        seq = 0
+        while not any(b'"intent":"adl.enforcer.checkpoint"' in line for line in _lines(directory)):
+            seq = writer.append(records.DECISION, {"n": seq}).seq
+            assert seq < 50
+        assert (directory / "HEAD.json").exists()
+    finally:
+        writer.close()
+
+
+def _lines(directory: Path) -> list[bytes]:
+    return [line for path in log_files(directory) for line in path.read_bytes().splitlines()]
