@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .policy import Policy
+from .text import printable
 
 
 def policy_summary(policy: Policy) -> dict[str, Any]:
@@ -171,4 +172,6 @@ def render_policy(policy: Policy) -> str:
     if s["warnings"]:
         lines += ["", f"Warnings ({len(s['warnings'])})"]
         lines += [f"  {w['code']} {w['source']['pointer'] or '/'}: {w['detail']}" for w in s["warnings"]]
-    return "\n".join(lines)
+    # The document's author chose its names and texts: a control sequence in one (conceal, cursor
+    # moves) could hide or rewrite the lines after it on the reader's terminal.
+    return "\n".join(printable(line) for line in lines)

@@ -89,7 +89,8 @@ class Filters:
 
     def matches(self, record: dict[str, Any]) -> bool:
         payload: dict[str, Any] = record["payload"] if isinstance(record.get("payload"), dict) else {}
-        if self.seq and not any(lo <= record.get("seq", -1) <= hi for lo, hi in self.seq):
+        seq = record.get("seq")
+        if self.seq and not (type(seq) is int and any(lo <= seq <= hi for lo, hi in self.seq)):
             return False
         if self.since_ns is not None or self.until_ns is not None:
             ts = _record_ns(record)
@@ -105,7 +106,7 @@ class Filters:
             (self.host, [payload.get("host")], True),
             (self.path, [payload.get("path")], True),
             (self.type, [records.kind_of(record)], True),
-            (self.rule, rules if isinstance(rules := payload.get("rules"), list) else [], True),
+            (self.rule, _rules(payload), True),
         )
         return all(not wanted or _any_match(wanted, values, glob) for wanted, values, glob in checks)
 
@@ -120,7 +121,7 @@ def _any_match(wanted: list[str], values: Iterable[Any], glob: bool) -> bool:
 def _record_ns(record: dict[str, Any]) -> int | None:
     try:
         return records.parse_ts(record["ts"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):  # a line edited by hand: no time
         return None
 
 
@@ -138,6 +139,13 @@ def iter_records(directory: Path, *, reverse: bool = False) -> Iterator[dict[str
                 yield record
 
 
+def _rules(payload: dict[str, Any]) -> list[str]:
+    """The record's rule ids. The readers take lines as they are, edited ones too (verify is what
+    says whether they were): a value of another shape is read as text, not a crash."""
+    rules = payload.get("rules")
+    return [str(rule) for rule in rules] if isinstance(rules, list) else []
+
+
 def _target(payload: dict[str, Any]) -> str:
     """What a record acted on, as key=value: the tool, host, path or command."""
     return next((f"{k}={payload[k]}" for k in ("tool", "host", "path", "command") if payload.get(k)), "")
@@ -151,14 +159,14 @@ def one_line(record: dict[str, Any]) -> str:
     decision = str(payload.get("decision", "")).upper() or "-"
     target = _target(payload)
     detail = [target] if target else []
-    if payload.get("rules"):
-        detail.append("rules=" + ",".join(payload["rules"]))
+    if rules := _rules(payload):
+        detail.append("rules=" + ",".join(rules))
     for key in ("reason", "exit_code", "signal", "refusal"):
         if payload.get(key) is not None:
             detail.append(f"{key}={payload[key]}")
     agent = payload.get("agent") or "-"
     return printable(
-        f"{record.get('seq', '?'):>7} {short_ts} {kind:<16} {decision:<5} {agent} {record.get('corr', '-')} "
+        f"{record.get('seq', '?')!s:>7} {short_ts} {kind:<16} {decision:<5} {agent} {record.get('corr', '-')} "
         + " ".join(detail)
     )
 
@@ -181,11 +189,12 @@ def summarise(matching: Iterable[dict[str, Any]], top: int = 10) -> dict[str, An
             by_agent[str(payload.get("agent"))] += 1
             if payload.get("tool"):
                 by_tool[str(payload["tool"])] += 1
-            for rule in payload.get("rules") or []:
-                by_rule[str(rule)] += 1
+            rules = _rules(payload)
+            for rule in rules:
+                by_rule[rule] += 1
             if decision == "deny":
                 target = _target(payload)
-                first_rule = (payload.get("rules") or [payload.get("reason") or kind])[0]
+                first_rule = (rules or [str(payload.get("reason") or kind)])[0]
                 denials[f"{first_rule} {target}".strip()] += 1
         if kind in (records.LAUNCH, records.EXIT, records.REFUSED):
             session = sessions.setdefault(str(record.get("corr")), {"session": record.get("corr")})

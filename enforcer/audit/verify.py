@@ -181,6 +181,14 @@ def _check_head(directory: Path, report: VerifyReport, key: ed25519.Ed25519Publi
     """HEAD.json names the newest checkpoint; a log that ends before it was cut off."""
     path = directory / HEAD_FILE
     if not path.exists():
+        # Every checkpoint is followed by a HEAD naming it (or a newer one): without HEAD, a log cut
+        # back to any checkpoint would look whole. Only a log never sealed may lack it.
+        if report.checkpoints:
+            raise _Broken(
+                report.last_seq + 1,
+                f"{HEAD_FILE} is missing although the log has {report.checkpoints} checkpoint(s): "
+                f"records after seq {report.last_seq} may have been removed",
+            )
         return
     try:
         head = orjson.loads(path.read_bytes())

@@ -101,6 +101,7 @@ class AuditWriter(Appender):
             self._key_id = keys.key_id(self._key.public_key())
             self._sign = checkpoint_signer(self._key, self._key_id)
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+            logfiles.check_private(self.directory)
             (self.directory / registry.WRITERS_DIR).mkdir(exist_ok=True, mode=0o750)
             self._lease = registry.Lease(self.directory)
             self._head = Head(self.directory, self._key, self._key_id, self.writer_id, clock)
@@ -335,11 +336,13 @@ class AuditWriter(Appender):
                 self._write(records.GAP, gap, priority="high")
             if records.kind_of(record) != records.ROTATE or last is None:
                 return
-            next_file = self.directory / record["payload"]["next_file"]
+            named = record["payload"]["next_file"]
+            if named != log_name(record["seq"] + 1):  # only ever the name a rotation gives it
+                raise records.RecordError(f"the rotation in {self._file.name} names {named!r}, not the next log file")
+            next_file = self.directory / named
             # A crash after the rotate record but before the next file existed: the rotation is
-            # finished here, in the file it named (only ever the name a rotation gives it).
-            create = not next_file.exists() and next_file.name == log_name(record["seq"] + 1)
-            self._switch_to(next_file, create=create)
+            # finished here, in the file it named.
+            self._switch_to(next_file, create=not next_file.exists())
 
     def _rotate(self) -> None:
         """Seal the current file, point it at the next one, and continue the chain there."""
@@ -430,7 +433,9 @@ class AuditWriter(Appender):
         fdatasync, which keeps two fsyncs off the append path."""
         receipt = self._write(records.CHECKPOINT, checkpoint_payload(self._chain.seq, self._key_id), sig_fn=self._sign)
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
-        if head_later:
+        # The log's first HEAD is written at once: verify takes a log with a checkpoint and no HEAD
+        # for one cut back after its HEAD was removed.
+        if head_later and (self.directory / HEAD_FILE).exists():
             self._pending_head = receipt
             self._flush_wanted.set()
         else:

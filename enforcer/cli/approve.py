@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from .. import paths
+from ..text import printable, printable_json
 from ..v1 import enforcer_pb2 as pb
 from ..v1 import enforcer_pb2_grpc as pb_grpc
 from ..version import version_text
@@ -95,7 +96,8 @@ def _one_line(item: dict[str, Any]) -> str:
     if len(args) > 80:
         args = args[:77] + "..."
     session = f" session={item['session']}" if item["session"] else ""
-    return (
+    # Callers chose the tool name and arguments: escaped, they cannot drive the approver's terminal.
+    return printable(
         f"{item['approval_id']}  {item['agent']}  {item['tool']} {args}  (expires in {item['expires_in_s']} s){session}"
     )
 
@@ -107,7 +109,9 @@ def _details(item: dict[str, Any]) -> str:
         f"session    {item['session'] or '-'}",
         f"tool       {item['tool']}",
         "arguments  "
-        + json.dumps(item["arguments"], indent=2, sort_keys=True, ensure_ascii=False).replace("\n", "\n           "),
+        + printable_json(json.dumps(item["arguments"], indent=2, sort_keys=True, ensure_ascii=False)).replace(
+            "\n", "\n           "
+        ),
         f"decision   {item['decision_id']}",
         f"created    {item['created']}",
         f"expires    {item['expires']} (in {item['expires_in_s']} s)",
@@ -116,7 +120,7 @@ def _details(item: dict[str, Any]) -> str:
         lines.append(
             f"why        {reason['rule']}: {reason['text']}" + (f" [{reason['pointer']}]" if reason["pointer"] else "")
         )
-    return "\n".join(lines)
+    return "\n".join(line if line.startswith("arguments  ") else printable(line) for line in lines)
 
 
 class Admin:
@@ -142,7 +146,7 @@ class Admin:
 
 def _print(args: argparse.Namespace, value: Any, human: str) -> None:
     if args.json:
-        print(json.dumps(value, sort_keys=True, ensure_ascii=False), flush=True)
+        print(printable_json(json.dumps(value, sort_keys=True, ensure_ascii=False)), flush=True)
     elif human:
         print(human, flush=True)
 
@@ -227,7 +231,7 @@ def cmd_watch(admin: Admin, args: argparse.Namespace) -> int:
             _print(
                 args,
                 {"event": "closed", "approval_id": approval_id, "agent": item["agent"], "tool": item["tool"]},
-                f"closed   {approval_id}  {item['agent']}  {item['tool']} (decided or expired)",
+                printable(f"closed   {approval_id}  {item['agent']}  {item['tool']} (decided or expired)"),
             )
         if args.count and seen >= args.count:
             return EXIT_OK

@@ -17,11 +17,12 @@ from typing import Any
 import orjson
 
 from ..audit import keys, records
+from ..audit.logfiles import log_name
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
 from ..settings import launch as launch_settings
-from ..text import printable
+from ..text import printable, printable_json
 from ..version import version_text
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_TAMPERED = 0, 1, 2, 2
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _emit(record: dict[str, Any], as_json: bool) -> None:
-    print(orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode() if as_json else one_line(record), flush=True)
+    text = printable_json(orjson.dumps(record, option=orjson.OPT_SORT_KEYS).decode()) if as_json else one_line(record)
+    print(text, flush=True)
 
 
 def _search(directory: Path, filters: Filters, args: argparse.Namespace) -> int:
@@ -198,7 +200,7 @@ def _show(directory: Path, args: argparse.Namespace) -> int:
     for record in iter_records(directory):
         if str(record.get("seq")) == wanted or record.get("id") == wanted:
             option = orjson.OPT_SORT_KEYS | (0 if args.json else orjson.OPT_INDENT_2)
-            print(orjson.dumps(record, option=option).decode())
+            print(printable_json(orjson.dumps(record, option=option).decode()))
             return EXIT_OK
     print(f"adl-audit: no record with seq or id {wanted!r}", file=sys.stderr)
     return EXIT_NOTHING
@@ -252,13 +254,14 @@ def _verify(directory: Path, args: argparse.Namespace) -> int:
                 f"unsealed: {report.unsealed} record(s) after the last checkpoint (their removal would not be detected)"
             )
         for gap in report.gaps:
-            print(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})")
+            print(printable(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})"))
         print(f"key: {report.key_source}")
     if report.intact:
         if not args.json:
             print("intact")
         return EXIT_OK
-    print(f"TAMPERED at seq {report.bad_seq}: {report.problem}", file=sys.stderr)
+    # The problem may quote names from the directory, which whoever tampered with it chose.
+    print(printable(f"TAMPERED at seq {report.bad_seq}: {report.problem}"), file=sys.stderr)
     return EXIT_TAMPERED
 
 
@@ -272,6 +275,16 @@ def _follow(directory: Path, filters: Filters, args: argparse.Namespace) -> int:
         if filters.matches(record):
             _emit(record, args.json)
     return EXIT_OK
+
+
+def _next_file(rotate: dict[str, Any]) -> str:
+    """The file a rotation record names, which must be the next log file of the directory: followed
+    as named, a record written by whoever could edit the log would have any file read."""
+    seq, payload = rotate.get("seq"), rotate.get("payload")
+    named = payload.get("next_file") if isinstance(payload, dict) else None
+    if not isinstance(seq, int) or named != log_name(seq + 1):
+        raise QueryError(printable(f"the rotation record at seq {seq} names {named!r}, not the next log file"))
+    return str(named)
 
 
 def _tail(directory: Path, from_start: bool, interval: float) -> Iterator[dict[str, Any]]:
@@ -291,7 +304,7 @@ def _tail(directory: Path, from_start: bool, interval: float) -> Iterator[dict[s
                 continue
             yield record
             if records.kind_of(record) == records.ROTATE:
-                current, offset = directory / record["payload"]["next_file"], 0
+                current, offset = directory / _next_file(record), 0
                 break
         else:
             offset += end

@@ -82,6 +82,7 @@ def run_embedded(
         presets=settings.presets,
         kernel_audit=settings.kernel_audit,
         explain_only=args.explain,
+        masks=_own_files(args, settings),
     )
     result = launching.launch(
         request,
@@ -122,6 +123,16 @@ def _explain_identity(spec: str | None) -> dict[str, object]:
     except identity.IdentityError as exc:
         return {"refused": str(exc)}
     return {"uid": chosen.uid, "gid": chosen.gid, "from": chosen.source}
+
+
+def _own_files(args: argparse.Namespace | EmbeddedArgs, settings: LaunchSettings) -> launching.Masks:
+    """The audit log and signing key, hidden from the session whatever its grants say (as the daemon
+    hides its own): with the key an agent could re-seal an edited log. Only file modes protect them
+    otherwise, and none do when the agent runs as the user adl-exec runs as."""
+    directory = Path(os.path.abspath(args.audit_dir or settings.audit_dir))
+    key = Path(os.path.abspath(args.audit_key or settings.audit_key))
+    detail = f"adl-exec's audit log {directory} and signing key {key} are masked"
+    return launching.Masks((directory,), (key,), "own_files", detail)
 
 
 def _open_writer(args: argparse.Namespace | EmbeddedArgs, settings: LaunchSettings) -> AuditWriter:

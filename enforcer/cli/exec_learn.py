@@ -10,6 +10,7 @@ filesystem layer's status is "learning"). Refused with --production and with --d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -35,6 +36,7 @@ class Learner:
         self.cwd = os.getcwd()
         self.observer: fanotify.Observer | None = None
         self.executable: set[str] = set()
+        self.out_dir = -1  # OUT's directory, held from before the agent runs (see write_learned)
 
     @staticmethod
     def begin(
@@ -58,6 +60,10 @@ class Learner:
             everything = landlock.handled_fs(plan.landlock.abi)
             plan.landlock.rules.append(("/", everything))
             plan.exec_mounts = None  # the noexec mounts would stop what is to be learned from running
+            try:
+                learner.out_dir = os.open(args.learn.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise PlanError(f"--learn {args.learn}: its directory cannot be opened: {exc.strerror}") from None
             print(BANNER, file=sys.stderr)
             # The group adl-exec prepared the session's cgroup in (the cgroup_group setting).
             try:
@@ -91,7 +97,7 @@ class Learner:
             already_granted=already_granted,
             ignore=[session_tmp] if session_tmp else [],
         )
-        self.out.write_text(json.dumps(result.document, indent=2) + "\n")
+        write_learned(self.out_dir, self.out.name, json.dumps(result.document, indent=2) + "\n")
         print(learning.diff(self.start, result.document, str(self.start_path), str(self.out)), end="")
         print(
             f"adl-exec: LEARN MODE: wrote {self.out}: {len(result.added_paths)} path(s), "
@@ -111,6 +117,25 @@ class Learner:
             "notes": list(result.notes),
             "overflowed": seen.overflowed,
         }
+
+
+def write_learned(directory: int, name: str, text: str) -> None:
+    """`text` as a new file `name` in `directory` (a descriptor held since before the agent ran),
+    replacing whatever the name holds. The directory may be the agent's own, and the agent ran
+    before this: a symlink or hard link it left at `name` is replaced, never written through, and a
+    directory on the way it swapped for a symlink is not followed."""
+    temporary = f".{name}.{os.urandom(6).hex()}"
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(temporary, flags, 0o644, dir_fd=directory), "w") as out:
+            out.write(text)
+        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=directory)
+        raise
+    finally:
+        os.close(directory)
 
 
 def granted_by_baseline(plan: LaunchPlan) -> list[str]:

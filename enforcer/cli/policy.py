@@ -31,6 +31,7 @@ from ..policy.adl import validate_adl
 from ..policy.formats import parse_timestamp
 from ..policy.loader import detect_kind
 from ..settings import launch as launch_settings
+from ..text import printable
 from ..version import version_text
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
@@ -120,10 +121,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 )
             )
             continue
-        print(f"{name}: {'invalid' if errors else 'valid'}")
+        print(printable(f"{name}: {'invalid' if errors else 'valid'}"))
         for f in findings:
             tag = "error" if f.severity == "error" else "warning"
-            print(f"  {tag} {f.code} {f.title} at {f.pointer or '/'}: {f.detail}")
+            print(printable(f"  {tag} {f.code} {f.title} at {f.pointer or '/'}: {f.detail}"))
     return worst
 
 
@@ -169,11 +170,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(decision.verdict)
         for reason in decision.reasons:
-            print(f"  {reason.rule} ({reason.document} {reason.pointer or '/'}): {reason.text}")
+            print(printable(f"  {reason.rule} ({reason.document} {reason.pointer or '/'}): {reason.text}"))
         for key, value in decision.obligations.items():
             print(f"  obligation {key}: {json.dumps(value)}")
         for w in policy.warnings:
-            print(f"  warning {w.code} {w.title} at {w.pointer or '/'}: {w.detail}")
+            print(printable(f"  warning {w.code} {w.title} at {w.pointer or '/'}: {w.detail}"))
     return {"ALLOW": EXIT_OK, "DENY": EXIT_DENY, "ASK": EXIT_ASK}[decision.verdict]
 
 
@@ -332,18 +333,18 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps(exc.to_json()))
         else:
-            print(f"adl-policy: document rejected: {exc}", file=sys.stderr)
+            print(printable(f"adl-policy: document rejected: {exc}"), file=sys.stderr)
             for f in exc.findings:
                 if f.severity == "error":
-                    print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
+                    print(printable(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}"), file=sys.stderr)
         return EXIT_USAGE
     except (PolicyFileError, OSError) as exc:
         findings = getattr(exc, "findings", None) or []
         if findings and getattr(args, "json", False):
             print(json.dumps({"errors": [f.to_json() for f in findings]}))
-        print(f"adl-policy: {exc}", file=sys.stderr)
+        print(printable(f"adl-policy: {exc}"), file=sys.stderr)
         for f in findings:
-            print(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}", file=sys.stderr)
+            print(printable(f"  {f.code} {f.title} at {f.pointer or '/'}: {f.detail}"), file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
 

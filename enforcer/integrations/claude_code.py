@@ -63,6 +63,10 @@ def _path(tool_input: dict[str, Any], key: str, cwd: str) -> str:
     value = tool_input.get(key)
     if not isinstance(value, str) or not value:
         raise Unmapped(f"tool_input.{key} is missing")
+    if value.startswith("~"):
+        # Joined with cwd it would be checked as <cwd>/~/..., while a tool that expands it reads
+        # the home directory: refused rather than checked for a path the tool might not use.
+        raise Unmapped(f"tool_input.{key} {value!r} starts with '~', which a tool may read as a home directory")
     if not value.startswith("/"):
         if not cwd.startswith("/"):
             raise Unmapped(f"tool_input.{key} {value!r} is relative and cwd is not absolute")

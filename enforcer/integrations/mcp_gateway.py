@@ -45,6 +45,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 
 from ..client import AsyncClient, Result, default_address
 
@@ -257,8 +258,23 @@ async def serve_http(config: GatewayConfig, host: str, port: int) -> None:
     import uvicorn  # comes with the mcp extra
 
     async with open_gateway(config) as server:
-        app = server.streamable_http_app(host=host)
+        app = server.streamable_http_app(host=host, transport_security=transport_security(host))
         await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+
+
+def transport_security(host: str) -> TransportSecuritySettings | None:
+    """Host and Origin checks for a loopback address: a web page that rebinds its name to it would
+    otherwise act as the agent (the gateway has no authentication of its own). The SDK turns them on
+    by itself only for 127.0.0.1, localhost and ::1; every loopback address gets them here. None (no
+    check) for the addresses --http-remote allows."""
+    if not _loopback(host):
+        return None
+    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=sorted(f"{name}:*" for name in names),
+        allowed_origins=sorted(f"http://{name}:*" for name in names),
+    )
 
 
 def _loopback(host: str) -> bool:

@@ -102,13 +102,32 @@ def normalize_host(host: str) -> str:
         raise PatternError(f"host {host!r} is not a valid IDNA name: {exc}") from exc
 
 
-def _segment_matcher(segment: str) -> re.Pattern[str] | str:
-    """A literal segment stays a string; one with '*' becomes an anchored automaton."""
-    if "*" not in segment:
-        return segment
-    # Callers pass a single segment (no '.' for hosts, no '/' for paths), so '.*' stays inside it.
-    parts = [re.escape(p) for p in segment.split("*")]
-    return re.compile(r"\A" + ".*".join(parts) + r"\Z", re.DOTALL)
+class _Glob:
+    """A segment with '*' (a single segment: no '.' for hosts, no '/' for paths) as its literal
+    parts. A value matches when it starts with the first part, ends with the last, and holds the
+    middle ones in order between them: taking each middle part at its first place from the left
+    is never worse than a later one, so one pass of str.find decides, in time linear in the value
+    for each part. A backtracking regular expression would take time exponential in the number of
+    '*': a policy's pattern and an agent's 255-character name could stall a decision for hours."""
+
+    __slots__ = ("middle", "prefix", "size", "suffix")
+
+    def __init__(self, segment: str) -> None:
+        parts = segment.split("*")
+        self.prefix, self.suffix = parts[0], parts[-1]
+        self.middle = tuple(part for part in parts[1:-1] if part)
+        self.size = len(segment) - segment.count("*")  # the least a matching value holds
+
+    def match(self, value: str) -> bool:
+        if len(value) < self.size or not value.startswith(self.prefix) or not value.endswith(self.suffix):
+            return False
+        at, end = len(self.prefix), len(value) - len(self.suffix)
+        for part in self.middle:
+            found = value.find(part, at, end)
+            if found < 0:
+                return False
+            at = found + len(part)
+        return True
 
 
 class _WildIndex(Generic[T]):
@@ -117,15 +136,15 @@ class _WildIndex(Generic[T]):
     A segment `pre*mid*suf` can only match a value that starts with `pre` and ends with `suf`, so a
     lookup probes the value's own prefixes and suffixes of the lengths present here: its cost is
     bounded by the value's length, not by how many wildcard patterns share this position. Only
-    candidates with a middle part are confirmed by their automaton.
+    candidates with a middle part are confirmed by their matcher (_Glob).
     """
 
     __slots__ = ("_by_prefix", "_prefix_lengths", "_values")
 
     def __init__(self) -> None:
         self._values: dict[str, T] = {}
-        # prefix -> (suffix -> [(automaton or None, value)], suffix lengths in that group)
-        self._by_prefix: dict[str, tuple[dict[str, list[tuple[re.Pattern[str] | None, T]]], list[int]]] = {}
+        # prefix -> (suffix -> [(matcher or None, value)], suffix lengths in that group)
+        self._by_prefix: dict[str, tuple[dict[str, list[tuple[_Glob | None, T]]], list[int]]] = {}
         self._prefix_lengths: list[int] = []
 
     def __bool__(self) -> bool:
@@ -140,7 +159,7 @@ class _WildIndex(Generic[T]):
         parts = segment.split("*")
         prefix, suffix = parts[0], parts[-1]
         # One '*': any value long enough to hold prefix and suffix apart matches.
-        matcher = _segment_matcher(segment) if len(parts) > 2 else None
+        matcher = _Glob(segment) if len(parts) > 2 else None
         group = self._by_prefix.get(prefix)
         if group is None:
             group = self._by_prefix[prefix] = ({}, [])
@@ -153,7 +172,7 @@ class _WildIndex(Generic[T]):
             if len(suffix) not in suffix_lengths:
                 suffix_lengths.append(len(suffix))
                 suffix_lengths.sort()
-        by_suffix[suffix].append((matcher, value))  # type: ignore[arg-type]
+        by_suffix[suffix].append((matcher, value))
 
     def match(self, value: str) -> Iterator[T]:
         size = len(value)

@@ -83,7 +83,9 @@ def parse_fields(text: str) -> dict[str, str]:
             value = raw[1:-1]
         elif key in _UNTRUSTED and raw and raw != "(null)" and len(raw) % 2 == 0:
             try:
-                value = bytes.fromhex(raw).decode("utf-8", "surrogateescape")
+                # Bytes that are not UTF-8 (a name the agent chose) as \xNN: lone surrogates would
+                # make the record one the audit log's encoder refuses, hiding the denial.
+                value = bytes.fromhex(raw).decode("utf-8", "backslashreplace")
             except ValueError:
                 value = raw
         else:

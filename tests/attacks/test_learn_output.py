@@ -1,0 +1,35 @@
+"""A learning run writes the learned policy as root after the agent has run. When the output path
+lies in a directory the agent may write (its workspace: the natural place for `--learn
+learned.json`), the agent plants a symlink there first, pointing at a file of root's: the learned
+document, which quotes names the agent chose (a file named `$(curl ... | sh)` is a command
+substitution in a shell startup file), would be written over it."""
+
+from __future__ import annotations
+
+import json
+
+from ..helpers.sandbox import Sandbox, needs_root
+
+pytestmark = [needs_root]
+
+
+def test_a_symlink_the_agent_planted_at_the_learn_output_is_not_followed(sandbox: Sandbox) -> None:
+    box = sandbox
+    victim = box.root / "root-shell-rc"
+    victim.write_text("# root's shell reads this\n")
+    victim.chmod(0o644)
+    out = box.ws / "learned.adl.json"
+    planted = (
+        "import os, pathlib\n"
+        f"ws = pathlib.Path({str(box.ws)!r})\n"
+        "(ws / '$(touch pwned)').write_text('x')\n"
+        f"os.symlink({str(victim)!r}, {str(out)!r})\n"
+        "print('planted')\n"
+    )
+    run = box.python(planted, args=("--learn", str(out)))
+    assert "planted" in run.out, run.err
+    assert victim.read_text() == "# root's shell reads this\n"  # the target was not written
+    assert not out.is_symlink()  # the name now holds the learned document itself
+    learned = json.loads(out.read_text())
+    assert learned["permissions"]["filesystem"]["allowed_paths"]
+    assert out.stat().st_uid == 0  # written by adl-exec, not a file the agent handed over
