@@ -58,8 +58,9 @@ print(json.dumps(results))
 
 
 def lock_out_the_filter(audit: Path) -> None:
-    """The audit directory and its files owned by another uid, for their owner only."""
-    for path in (audit, *audit.rglob("*")):
+    """The audit directory's files owned by another uid, for their owner only (the directory stays
+    root's: a writer refuses a directory another user owns, the launcher's writer included)."""
+    for path in audit.rglob("*"):
         os.chown(path, OTHER_UID, OTHER_UID, follow_symlinks=False)
         path.chmod(0o700 if path.is_dir() else 0o600)
 
