@@ -29,7 +29,7 @@ from ..audit.events import one_rule
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import pump, relay
+from .relay import pump, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -178,14 +178,16 @@ class ConnectionFilter:
                 self.record("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"})
                 sniffed = Sniffed("tcp") if switched else Sniffed("http", head=None)
 
-            first = b""
             if not sniffed.silent and sniffed.head is None and sniffed.protocol != "http":
-                first = reader.take(len(reader.buffer))  # a ClientHello, or opaque bytes: checked whole
+                # A ClientHello, or opaque bytes, checked whole: every later byte is spliced, both
+                # ways on this thread.
+                sent, received = relay_here(client, upstream, reader.take(len(reader.buffer)))
+            else:
 
-            def outbound() -> int:
-                return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
+                def outbound() -> int:
+                    return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
 
-            sent, received = relay(client, upstream, self.workers, outbound, first)
+                sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them
             with self._lock:
@@ -304,7 +306,7 @@ class ConnectionFilter:
             return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
         if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
             return self._requests(reader, upstream, None, host, name, event, count, refused)
-        first = reader.take(len(reader.buffer))  # a silent client's first bytes (else relay() sent them)
+        first = reader.take(len(reader.buffer))  # a silent client's first bytes
         upstream.sendall(first)
         return len(first) + pump(reader.sock, upstream)
 

@@ -1,12 +1,15 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
-bytes never enter Python (one thread per direction; the GIL is released inside splice). Only what
-the filter must read passes through Python: a connection's first message and plain-HTTP heads."""
+bytes never enter Python (the GIL is released inside splice). Only what the filter must read passes
+through Python: a connection's first message and plain-HTTP heads. A connection whose every later
+byte is spliced (TLS, opaque TCP) is relayed both ways by the thread that handles it (relay_here);
+plain HTTP, whose requests are read one by one, has a thread per direction (relay)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import select
 import socket
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -14,6 +17,7 @@ from concurrent.futures import Executor
 CHUNK = 1 << 20
 _PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
+_NONBLOCK = _FLAGS | os.SPLICE_F_NONBLOCK
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
@@ -107,3 +111,108 @@ def relay(
                 upstream.shutdown(socket.SHUT_WR)
     back.result()
     return counts[0], counts[1]
+
+
+class _Way:
+    """One direction of relay_here: src spliced into a pipe, the pipe into dst."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src, self.dst = src, dst
+        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self.write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        self.in_pipe = 0  # read from src, not yet written to dst
+        self.reading = True  # src has not ended
+        self.moved = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.reading and not self.in_pipe
+
+    def step(self) -> None:
+        """Move what can be moved now without blocking: drain the pipe into dst, then read src
+        into the pipe and drain again. At src's end, once all of it is in dst, dst is shut for
+        writing. OSError: a side reset."""
+        while True:
+            if self.in_pipe:
+                try:
+                    self.in_pipe -= os.splice(self.read_end, self.dst.fileno(), self.in_pipe, flags=_NONBLOCK)
+                except BlockingIOError:
+                    return  # dst is full: wait until it can take more
+                continue
+            if not self.reading:
+                return
+            try:
+                moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
+            except BlockingIOError:
+                return  # nothing to read now
+            if moved == 0:
+                self.reading = False
+                with contextlib.suppress(OSError):
+                    self.dst.shutdown(socket.SHUT_WR)
+                return
+            self.in_pipe += moved
+            self.moved += moved
+
+    def wants(self) -> tuple[socket.socket, int] | None:
+        """The socket and poll event this direction waits for (None: it is done)."""
+        if self.in_pipe:
+            return self.dst, select.POLLOUT
+        if self.reading:
+            return self.src, select.POLLIN
+        return None
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
+    """Relay both directions on the calling thread until both are done: each socket non-blocking,
+    poll(2) for whichever direction can move, splice through a pipe per direction. No second thread
+    is woken for the way back. `first`: the agent's bytes already read and checked, sent before
+    anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
+    sent = 0
+    if first:
+        try:
+            upstream.sendall(first)
+            sent = len(first)
+        except OSError:
+            _cut(client, upstream)
+            return 0, 0
+    ways = [_Way(client, upstream)]
+    try:
+        ways.append(_Way(upstream, client))
+        for sock in (client, upstream):
+            sock.setblocking(False)
+        poller = select.poll()
+        events: dict[int, int] = {}
+        while True:
+            for way in ways:
+                way.step()
+            wanted: dict[int, int] = {}
+            for way in ways:
+                want = way.wants()
+                if want is not None:
+                    wanted[want[0].fileno()] = wanted.get(want[0].fileno(), 0) | want[1]
+            if not wanted:
+                break
+            for fd in events.keys() - wanted.keys():
+                poller.unregister(fd)
+            for fd, mask in wanted.items():
+                if events.get(fd) != mask:
+                    poller.register(fd, mask)  # registers, or modifies a registered fd
+            events = wanted
+            poller.poll()  # a reset or hang-up shows as an event too: the next step reads it
+    except OSError:
+        _cut(client, upstream)  # one side reset: end both directions, as _pump does
+    finally:
+        for way in ways:
+            way.close()
+    return sent + ways[0].moved, ways[1].moved if len(ways) > 1 else 0
+
+
+def _cut(client: socket.socket, upstream: socket.socket) -> None:
+    for sock in (client, upstream):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -5,7 +5,8 @@ kernel queues what the agent sends meanwhile. Here the filter opens its own audi
 `net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
 The connection filter and its thread pool are made at the first TCP connection, and dnspython is
 loaded at the first name to resolve or query to parse (dns.py): a session that never uses the
-network loads neither.
+network loads neither. From then on TCP connections are accepted on the pool's threads, one at a
+time, each by the thread that then handles it: no hand-off between accepting and handling.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import select
 import selectors
 import socket
 import struct
@@ -171,6 +174,12 @@ class FilterServer:
         self._dns_threads = dns_threads
         self._dns_pool: Executor | None = None  # made at the first UDP query, by the serving thread
         self._pending = threading.BoundedSemaphore(max_pending)
+        # Accepting TCP on the pool (see lead): the listeners, a pipe that wakes the accepting thread
+        # at stop, and the stop itself, which waits until no thread accepts any more.
+        self._listeners: list[socket.socket] = []
+        self._wake: tuple[int, int] | None = None
+        self._stopping = False
+        self._stopped_leading = threading.Event()
 
     def answer(self, wire: bytes) -> bytes | None:
         """The stub's answer to one query, once its record is written; None when it cannot be."""
@@ -244,6 +253,82 @@ class FilterServer:
                 self.handlers.add(-1)
                 self._refuse(conn, f"no thread to handle the connection: {exc}")
 
+    def lead(self, listeners: list[socket.socket]) -> bool:
+        """Accept the listeners' connections on the pool from now on (serve() stops watching them):
+        one pool thread at a time waits for the next connection, hands the waiting on to another
+        pool thread and handles the connection itself. False: no pool thread could be had, and
+        serve() goes on accepting."""
+        _, workers = self._opened()
+        for listener in listeners:
+            listener.setblocking(False)  # another thread may have taken what poll reported
+        self._listeners = listeners
+        self._wake = os.pipe2(os.O_CLOEXEC)
+        try:
+            workers.submit(self._accept_and_handle)
+        except RuntimeError:
+            for end in self._wake:
+                os.close(end)
+            self._wake = None
+            for listener in listeners:
+                listener.setblocking(True)
+            return False
+        return True
+
+    def _accept_and_handle(self) -> None:
+        conn = self._next_connection()
+        if conn is None:
+            return
+        assert self.connections is not None
+        try:
+            self.connections.handle(conn)
+        finally:
+            self.handlers.add(-1)
+
+    def _next_connection(self) -> socket.socket | None:
+        """Wait for the next TCP connection and pass the waiting on to another pool thread; None at
+        stop. Connections past max_connections, or with no pool thread to take over, are refused
+        and recorded here, as accept() does."""
+        assert self._wake is not None and self.connections is not None and self.workers is not None
+        poller = select.poll()
+        poller.register(self._wake[0], select.POLLIN)
+        for listener in self._listeners:
+            poller.register(listener, select.POLLIN)
+        while True:
+            ready = poller.poll()
+            if self._stopping:
+                self._stopped_leading.set()
+                return None
+            for fd, _ in ready:
+                ready_listener = next((sock for sock in self._listeners if sock.fileno() == fd), None)
+                if ready_listener is None:
+                    continue
+                try:
+                    conn, _ = ready_listener.accept()
+                except OSError:
+                    continue  # taken or gone before it was accepted
+                if self.handlers.value >= self.max_connections:
+                    self.connections.refuse_over_limit(conn, self.max_connections)
+                    continue
+                self.handlers.add(1)
+                try:
+                    self.workers.submit(self._accept_and_handle)
+                except RuntimeError as exc:  # no thread to go on accepting: this one keeps to it
+                    self.handlers.add(-1)
+                    self._refuse(conn, f"no thread to handle the connection: {exc}")
+                    continue
+                return conn
+
+    def _stop_leading(self, timeout: float = 5.0) -> None:
+        """No TCP connection is accepted once this returns (else `timeout` passed)."""
+        if self._wake is None:
+            return
+        self._stopping = True
+        os.write(self._wake[1], b"x")
+        if self._stopped_leading.wait(timeout):  # else a thread may still poll the pipe: left open
+            for end in self._wake:
+                os.close(end)
+            self._wake = None
+
     def _refuse(self, conn: socket.socket, why: str) -> None:
         """Reset a connection nothing can handle, and record it (the filter itself keeps serving)."""
         with contextlib.suppress(OSError):
@@ -279,10 +364,14 @@ class FilterServer:
                         self.udp_query(sock)
                     else:
                         self.accept(sock, key.data)
+                        if key.data == "tcp" and self.connections is not None and self.lead(space.tcp):
+                            for listener in space.tcp:
+                                selector.unregister(listener)
         return dropped
 
     def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
         """Cut open connections, wait briefly for their handlers, and record the session's summary."""
+        self._stop_leading()
         if self.connections is not None:
             self.connections.shutdown_all()
         self.handlers.wait_zero(timeout=5)

@@ -1,8 +1,9 @@
 """Reading what the agent sends, within bounds, and moving a plain-HTTP connection's requests one
 head at a time.
 
-The agent's socket stays in blocking mode throughout: the way back is spliced into it from another
-thread, and a timeout (O_NONBLOCK on the shared file) would break that splice. Waits are poll(2).
+The agent's socket stays in blocking mode while it is read here: the way back may be spliced into
+it from another thread, and a timeout (O_NONBLOCK on the shared file) would break that splice.
+Waits are poll(2).
 """
 
 from __future__ import annotations

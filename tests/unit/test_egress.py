@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import ssl
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -248,6 +249,65 @@ def test_relay_moves_bytes_both_ways() -> None:
     thread.join(5)
     sender.join(5)
     assert received == b"request" and got == len(payload) and result == [(7, len(payload))]
+
+
+def test_relay_here_moves_bytes_both_ways_on_the_calling_thread() -> None:
+    """A spliced connection is relayed both ways by the thread that handles it: the checked first
+    message goes first, a large answer comes back while the agent still sends, each side's end is
+    passed on, and no other thread is started for it."""
+    from enforcer.egress.relay import relay_here
+
+    agent, filter_side = socket.socketpair()
+    upstream_side, server = socket.socketpair()
+    payload = b"y" * (3 << 20)
+    result: list[tuple[int, int]] = []
+    threads = threading.active_count()
+    relaying = threading.Thread(target=lambda: result.append(relay_here(filter_side, upstream_side, b"hello ")))
+    relaying.start()
+    assert threading.active_count() == threads + 1  # the relaying thread only
+
+    def answer() -> None:
+        server.sendall(payload)
+        server.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=answer)
+    sender.start()
+    agent.sendall(b"world")
+    agent.shutdown(socket.SHUT_WR)
+    server.settimeout(10)
+    received = b""
+    while chunk := server.recv(100):
+        received += chunk
+    agent.settimeout(10)
+    got = 0
+    while chunk := agent.recv(1 << 20):
+        got += len(chunk)
+    relaying.join(5)
+    sender.join(5)
+    assert received == b"hello world" and got == len(payload) and result == [(11, len(payload))]
+    for sock in (agent, filter_side, upstream_side, server):
+        sock.close()
+
+
+def test_relay_here_ends_both_ways_when_one_side_resets() -> None:
+    from enforcer.egress.relay import relay_here
+
+    agent, filter_side = socket.socketpair()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    result: list[tuple[int, int]] = []
+    relaying = threading.Thread(target=lambda: result.append(relay_here(filter_side, client, b"ping")))
+    relaying.start()
+    assert server.recv(10) == b"ping"
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()  # a reset from upstream while the agent's side is idle
+    relaying.join(5)
+    assert not relaying.is_alive() and result == [(4, 0)]
+    agent.settimeout(5)
+    assert agent.recv(10) == b""  # the agent's side was shut too
+    for sock in (agent, filter_side, listener, client):
+        sock.close()
 
 
 # -- whole-message sniffing: segmentation, bounds, names

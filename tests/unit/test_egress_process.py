@@ -302,6 +302,68 @@ def test_serve_until_stop_then_summarise(setup: Setup) -> None:
     assert last["payload"]["decision"] == "deny" and last["payload"]["rules"] == ["net.udp"]  # dropped packets
 
 
+class RecordingListener(socket.socket):
+    """A TCP listener that notes which thread accepted each connection."""
+
+    def __init__(self) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.accepted_on: list[int] = []
+        self.bind(("127.0.0.1", 0))
+        self.listen(16)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        accepted = super().accept()
+        self.accepted_on.append(threading.get_ident())
+        return accepted
+
+
+def test_connections_after_the_first_are_accepted_by_the_thread_that_handles_them(setup: Setup) -> None:
+    """Once the connection filter is loaded, each TCP connection is accepted on a pool thread that
+    then handles it (no hand-off on the way to its checks); at stop no thread accepts any more, and
+    every connection is in the records and totals before the summary."""
+    handled_on: list[int] = []
+    handle = setup.connections.handle
+
+    def noting(conn: socket.socket) -> None:
+        handled_on.append(threading.get_ident())
+        handle(conn)
+
+    setup.connections.handle = noting  # type: ignore[method-assign]
+    listener = RecordingListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    result: dict[str, Any] = {}
+    serving = threading.Thread(target=lambda: result.update(dropped=setup.server.serve(theirs, space)))
+    serving.start()
+    late = None
+    try:
+        for count in range(1, 5):
+            with socket.create_connection(listener.getsockname()) as client:
+                client.settimeout(5)
+                with pytest.raises(ConnectionResetError):  # not redirected: no original destination
+                    client.recv(1)
+            wait_for(lambda: len(handled_on) == count and setup.server.handlers.value == 0)  # noqa: B023
+        ours.send(b"stop {}")
+        serving.join(5)
+        summary = setup.server.stop(result["dropped"])
+        late = socket.create_connection(listener.getsockname())
+        time.sleep(0.3)
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, *([late] if late else [])):
+            sock.close()
+    assert len(listener.accepted_on) == 4  # the late one was not accepted
+    assert listener.accepted_on[0] == serving.ident != handled_on[0]  # the first: loads the filter, hands off
+    assert listener.accepted_on[1:] == handled_on[1:] and serving.ident not in handled_on[1:]
+    assert summary["connections"] == {**summary["connections"], "connections": 4, "denied": 4}
+    setup.writer.sync()
+    records = audit_records(setup.log)
+    assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
+    assert records[4]["intent"] == "adl.enforcer.net.summary" and len(records) == 5
+
+
 def test_a_summary_without_drops_allows(setup: Setup) -> None:
     summary = setup.server.stop({"udp": 0, "error": "unreadable"})
     assert summary["dns"] == {"queries": 0, "denied": 0, "shed": 0}
