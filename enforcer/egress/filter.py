@@ -120,7 +120,8 @@ class ConnectionFilter:
             if target is None:
                 self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
                 return
-            client.settimeout(None)  # blocking for good: see stream.py
+            if client.gettimeout() is not None:
+                client.settimeout(None)  # blocking for good: see stream.py
             with contextlib.suppress(OSError):  # a response's head and body are separate writes
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = ClientReader(client)

@@ -11,6 +11,8 @@ import fcntl
 import os
 import select
 import socket
+import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 
@@ -18,6 +20,9 @@ CHUNK = 1 << 20
 _PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
 _NONBLOCK = _FLAGS | os.SPLICE_F_NONBLOCK
+_FIONREAD = 0x541B  # asm-generic/ioctls.h: bytes waiting in a pipe
+_KEPT_PIPES = 2  # per thread: relay_here's two
+_kept = threading.local()  # each thread's empty pipes, for the next connection it relays
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
@@ -118,9 +123,7 @@ class _Way:
 
     def __init__(self, src: socket.socket, dst: socket.socket) -> None:
         self.src, self.dst = src, dst
-        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(self.write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        self.read_end, self.write_end = _take_pipe()
         self.in_pipe = 0  # read from src, not yet written to dst
         self.reading = True  # src has not ended
         self.moved = 0
@@ -163,8 +166,34 @@ class _Way:
         return None
 
     def close(self) -> None:
-        os.close(self.read_end)
-        os.close(self.write_end)
+        _give_back(self.read_end, self.write_end, self.in_pipe == 0)
+
+
+def _take_pipe() -> tuple[int, int]:
+    """An empty pipe: one this thread kept, else a new one."""
+    kept: list[tuple[int, int]] | None = getattr(_kept, "pipes", None)
+    if kept:
+        return kept.pop()
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    return read_end, write_end
+
+
+def _give_back(read_end: int, write_end: int, drained: bool) -> None:
+    """Keep a pipe for this thread's next connection only if nothing of this one is left in it (the
+    count of what went in and out, and the kernel's, agree on empty); else close it."""
+    kept: list[tuple[int, int]] = _kept.__dict__.setdefault("pipes", [])
+    if drained and len(kept) < _KEPT_PIPES:
+        try:
+            left = struct.unpack("i", fcntl.ioctl(read_end, _FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            left = -1
+        if left == 0:
+            kept.append((read_end, write_end))
+            return
+    os.close(read_end)
+    os.close(write_end)
 
 
 def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:

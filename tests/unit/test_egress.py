@@ -4,6 +4,7 @@ the protocol mapping, and the plan's refusal when the filter's tools are missing
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import ssl
 import struct
@@ -308,6 +309,42 @@ def test_relay_here_ends_both_ways_when_one_side_resets() -> None:
     assert agent.recv(10) == b""  # the agent's side was shut too
     for sock in (agent, filter_side, listener, client):
         sock.close()
+
+
+def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty() -> None:
+    """The thread's next connection gets a kept pipe only if nothing of the last one is in it: a
+    pipe the count calls drained but the kernel does not, or one a cut left bytes in, is closed."""
+    from enforcer.egress import relay
+
+    def fresh_thread(body: Any) -> None:  # its own kept pipes, none to start with
+        thread = threading.Thread(target=body)
+        thread.start()
+        thread.join(5)
+
+    seen: dict[str, Any] = {}
+
+    def kept_when_drained() -> None:
+        read_end, write_end = relay._take_pipe()
+        relay._give_back(read_end, write_end, drained=True)
+        seen["again"] = relay._take_pipe() == (read_end, write_end)
+        os.write(write_end, b"left over")
+        relay._give_back(read_end, write_end, drained=True)  # the kernel says otherwise
+        seen["closed"] = [_closed(read_end), _closed(write_end)]
+        other = relay._take_pipe()
+        relay._give_back(*other, drained=False)  # a cut: whatever the kernel says
+        seen["closed_cut"] = [_closed(fd) for fd in other]
+        seen["kept"] = list(getattr(relay._kept, "pipes", []))
+
+    fresh_thread(kept_when_drained)
+    assert seen == {"again": True, "closed": [True, True], "closed_cut": [True, True], "kept": []}
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
 
 
 # -- whole-message sniffing: segmentation, bounds, names
