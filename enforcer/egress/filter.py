@@ -159,7 +159,6 @@ class ConnectionFilter:
                 )
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream.settimeout(None)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
             with self._lock:
                 self.active.add(upstream)
@@ -172,6 +171,7 @@ class ConnectionFilter:
                 # The one protocol switch the filter follows, and only as a connection's first request:
                 # nothing is outstanding, so the first response read back answers it.
                 reader.take(sniffed.head.size)
+                upstream.settimeout(None)
                 upstream.sendall(sniffed.head.canonical)
                 requests[0] = 1
                 switched = _await_switch(upstream, client, self.switch_timeout_s)
@@ -181,13 +181,14 @@ class ConnectionFilter:
 
             if not sniffed.silent and sniffed.head is None and sniffed.protocol != "http":
                 # A ClientHello, or opaque bytes, checked whole: every later byte is spliced, both
-                # ways on this thread.
+                # ways on this thread (which makes both sockets non-blocking).
                 sent, received = relay_here(client, upstream, reader.take(len(reader.buffer)))
             else:
 
                 def outbound() -> int:
                     return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
 
+                upstream.settimeout(None)  # blocking, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them

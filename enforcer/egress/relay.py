@@ -119,50 +119,56 @@ def relay(
 
 
 class _Way:
-    """One direction of relay_here: src spliced into a pipe, the pipe into dst."""
+    """One direction of relay_here: `head` (bytes already read) sent first, then src spliced into a
+    pipe and the pipe into dst."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+    def __init__(self, src: socket.socket, dst: socket.socket, head: bytes = b"") -> None:
         self.src, self.dst = src, dst
+        self.head = head
         self.read_end, self.write_end = _take_pipe()
         self.in_pipe = 0  # read from src, not yet written to dst
         self.reading = True  # src has not ended
         self.moved = 0
 
-    @property
-    def done(self) -> bool:
-        return not self.reading and not self.in_pipe
-
     def step(self) -> None:
-        """Move what can be moved now without blocking: drain the pipe into dst, then read src
-        into the pipe and drain again. At src's end, once all of it is in dst, dst is shut for
-        writing. OSError: a side reset."""
-        while True:
-            if self.in_pipe:
-                try:
-                    self.in_pipe -= os.splice(self.read_end, self.dst.fileno(), self.in_pipe, flags=_NONBLOCK)
-                except BlockingIOError:
-                    return  # dst is full: wait until it can take more
-                continue
-            if not self.reading:
-                return
+        """Move what can be moved now without blocking. Once the pipe is drained it returns to poll
+        rather than try a read that would mostly find nothing. At src's end, once all of it is in
+        dst, dst is shut for writing. OSError: a side reset."""
+        while self.head:
             try:
-                moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
+                sent = self.dst.send(self.head)
             except BlockingIOError:
-                return  # nothing to read now
-            if moved == 0:
-                self.reading = False
-                with contextlib.suppress(OSError):
-                    self.dst.shutdown(socket.SHUT_WR)
+                return  # dst is full: wait until it can take more
+            self.head = self.head[sent:]
+            self.moved += sent
+        while self.in_pipe:
+            try:
+                self.in_pipe -= os.splice(self.read_end, self.dst.fileno(), self.in_pipe, flags=_NONBLOCK)
+            except BlockingIOError:
                 return
-            self.in_pipe += moved
-            self.moved += moved
+            if not self.in_pipe:
+                return
+        if not self.reading:
+            return
+        try:
+            moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
+        except BlockingIOError:
+            return  # nothing to read now
+        if moved == 0:
+            self.reading = False
+            with contextlib.suppress(OSError):
+                self.dst.shutdown(socket.SHUT_WR)
+            return
+        self.in_pipe += moved
+        self.moved += moved
+        self.step()
 
-    def wants(self) -> tuple[socket.socket, int] | None:
-        """The socket and poll event this direction waits for (None: it is done)."""
-        if self.in_pipe:
-            return self.dst, select.POLLOUT
+    def wants(self) -> tuple[int, int] | None:
+        """The descriptor and poll event this direction waits for (None: it is done)."""
+        if self.head or self.in_pipe:
+            return self.dst.fileno(), select.POLLOUT
         if self.reading:
-            return self.src, select.POLLIN
+            return self.src.fileno(), select.POLLIN
         return None
 
     def close(self) -> None:
@@ -198,47 +204,44 @@ def _give_back(read_end: int, write_end: int, drained: bool) -> None:
 
 def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
     """Relay both directions on the calling thread until both are done: each socket non-blocking,
-    poll(2) for whichever direction can move, splice through a pipe per direction. No second thread
-    is woken for the way back. `first`: the agent's bytes already read and checked, sent before
-    anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
-    sent = 0
-    if first:
-        try:
-            upstream.sendall(first)
-            sent = len(first)
-        except OSError:
-            _cut(client, upstream)
-            return 0, 0
-    ways = [_Way(client, upstream)]
+    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
+    direction. No second thread is woken for the way back. `first`: the agent's bytes already read
+    and checked, sent before anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
+    ways: list[_Way] = []
     try:
+        ways.append(_Way(client, upstream, first))
         ways.append(_Way(upstream, client))
         for sock in (client, upstream):
             sock.setblocking(False)
         poller = select.poll()
-        events: dict[int, int] = {}
+        registered: dict[int, int] = {}
+        ready: set[int] | None = None  # None: the first round, where only `first` has anything to do
         while True:
             for way in ways:
-                way.step()
+                want = way.wants()
+                if want is not None and (want[0] in ready if ready is not None else bool(way.head)):
+                    way.step()
             wanted: dict[int, int] = {}
             for way in ways:
                 want = way.wants()
                 if want is not None:
-                    wanted[want[0].fileno()] = wanted.get(want[0].fileno(), 0) | want[1]
+                    wanted[want[0]] = wanted.get(want[0], 0) | want[1]
             if not wanted:
                 break
-            for fd in events.keys() - wanted.keys():
+            for fd in registered.keys() - wanted.keys():
                 poller.unregister(fd)
             for fd, mask in wanted.items():
-                if events.get(fd) != mask:
+                if registered.get(fd) != mask:
                     poller.register(fd, mask)  # registers, or modifies a registered fd
-            events = wanted
-            poller.poll()  # a reset or hang-up shows as an event too: the next step reads it
+            registered = wanted
+            # A reset or hang-up shows as an event too: the step it causes reads it.
+            ready = {fd for fd, _ in poller.poll()}
     except OSError:
         _cut(client, upstream)  # one side reset: end both directions, as _pump does
     finally:
         for way in ways:
             way.close()
-    return sent + ways[0].moved, ways[1].moved if len(ways) > 1 else 0
+    return (ways[0].moved if ways else 0), (ways[1].moved if len(ways) > 1 else 0)
 
 
 def _cut(client: socket.socket, upstream: socket.socket) -> None:

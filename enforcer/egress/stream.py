@@ -62,10 +62,17 @@ class ClientReader:
 
     def fill(self, deadline: float | None, limit: int = READ_SIZE) -> None:
         """Read more bytes into the buffer (at least one), or raise Incomplete / ClientGone."""
-        if not self.wait(deadline):
-            raise Incomplete("timed out")
         try:
-            data = self.sock.recv(limit)
+            # What has arrived already is read without a poll first (MSG_DONTWAIT: this call only,
+            # the socket stays blocking).
+            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            if not self.wait(deadline):
+                raise Incomplete("timed out") from None
+            try:
+                data = self.sock.recv(limit)
+            except OSError as exc:
+                raise ClientGone(str(exc)) from None
         except OSError as exc:
             raise ClientGone(str(exc)) from None
         if not data:
