@@ -46,6 +46,9 @@ from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_fir
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 _OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
 Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when it cannot be written
+# decide() answers kept per filter; the agent chooses the questions (hosts, ports, addresses), so
+# the memory is bounded: past this many, it starts again empty.
+MAX_KEPT_DECISIONS = 4096
 
 
 @dataclass
@@ -98,6 +101,8 @@ class ConnectionFilter:
         self.message_timeout_s = message_timeout_s
         self.switch_timeout_s = 30.0  # a WebSocket handshake's answer
         self._ids = itertools.count(1)
+        # decide() is a pure function of the policy (fixed for the filter's life) and the question.
+        self._decisions: dict[NetworkConnect, Decision] = {}
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
@@ -382,8 +387,18 @@ class ConnectionFilter:
             head = following
 
     def _opaque_refused(self, host: str, port: int) -> bool:
-        decision = decide(self.policy, NetworkConnect(host, port, "tcp"))
+        decision = self._decide(NetworkConnect(host, port, "tcp"))
         return bool(decision.reasons) and decision.reasons[0].rule == "net.protocol_not_allowed"
+
+    def _decide(self, question: NetworkConnect) -> Decision:
+        """decide() under the filter's policy, worked out once per distinct question."""
+        answer = self._decisions.get(question)
+        if answer is None:
+            answer = decide(self.policy, question)
+            if len(self._decisions) >= MAX_KEPT_DECISIONS:
+                self._decisions.clear()
+            self._decisions[question] = answer
+        return answer
 
     def _verdict(
         self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
@@ -402,14 +417,14 @@ class ConnectionFilter:
                 return Verdict("deny", "net.resolve_failed", f"'{name}' has no address upstream")
         first_denial: Verdict | None = None
         for address in candidates:
-            decision = decide(self.policy, NetworkConnect(host, port, protocol, str(address)))
+            decision = self._decide(NetworkConnect(host, port, protocol, str(address)))
             if (
                 protocol in _OPAQUE_LABELS
                 and decision.reasons
                 and decision.reasons[0].rule == "net.protocol_not_allowed"
             ):
                 # a banner names the protocol, but what follows it is as opaque as any TCP
-                decision = decide(self.policy, NetworkConnect(host, port, "tcp", str(address)))
+                decision = self._decide(NetworkConnect(host, port, "tcp", str(address)))
             verdict = _from_decision(decision, address)
             if verdict.decision == "allow":
                 return verdict

@@ -364,6 +364,34 @@ def test_connections_after_the_first_are_accepted_by_the_thread_that_handles_the
     assert records[4]["intent"] == "adl.enforcer.net.summary" and len(records) == 5
 
 
+def test_each_distinct_question_is_decided_once_and_the_kept_answers_are_bounded(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filter keeps decide()'s answers for its one policy: a repeated question is not decided
+    again and gets the same answer; an agent that asks ever new questions cannot grow the memory."""
+    from enforcer.egress import filter as connection_filter
+    from enforcer.policy import NetworkConnect, decide
+
+    asked: list[NetworkConnect] = []
+
+    def counting(policy: Any, question: NetworkConnect) -> Any:
+        asked.append(question)
+        return decide(policy, question)
+
+    monkeypatch.setattr(connection_filter, "decide", counting)
+    monkeypatch.setattr(connection_filter, "MAX_KEPT_DECISIONS", 3)
+    connections = setup.connections
+    allowed = NetworkConnect("api.example.test", 443, "tls", "93.184.215.14")
+    refused = NetworkConnect("api.example.test", 22, "tcp", "93.184.215.14")
+    assert connections._decide(allowed) == decide(connections.policy, allowed) and asked == [allowed]
+    assert connections._decide(allowed).allowed and asked == [allowed]  # kept
+    assert not connections._decide(refused).allowed and asked == [allowed, refused]
+    for port in range(1000, 1010):
+        connections._decide(NetworkConnect("api.example.test", port, "tcp", "93.184.215.14"))
+        assert len(connections._decisions) <= 3
+    assert connections._decide(allowed).allowed and asked[-1] == allowed  # forgotten, decided again
+
+
 def test_a_summary_without_drops_allows(setup: Setup) -> None:
     summary = setup.server.stop({"udp": 0, "error": "unreadable"})
     assert summary["dns"] == {"queries": 0, "denied": 0, "shed": 0}
