@@ -180,6 +180,10 @@ class FilterServer:
         self._wake: tuple[int, int] | None = None
         self._stopping = False
         self._stopped_leading = threading.Event()
+        # What ended the accepting thread unexpectedly (a refusal that could not be recorded):
+        # serve() raises it, as it would have raised it accepting on its own thread.
+        self._leader_failure: BaseException | None = None
+        self._trouble = os.pipe2(os.O_CLOEXEC)  # written once the failure is set; serve() watches it
 
     def answer(self, wire: bytes) -> bytes | None:
         """The stub's answer to one query, once its record is written; None when it cannot be."""
@@ -275,7 +279,12 @@ class FilterServer:
         return True
 
     def _accept_and_handle(self) -> None:
-        conn = self._next_connection()
+        try:
+            conn = self._next_connection()
+        except BaseException as exc:
+            self._leader_failure = exc
+            os.write(self._trouble[1], b"x")
+            raise
         if conn is None:
             return
         assert self.connections is not None
@@ -346,6 +355,7 @@ class FilterServer:
         (this process has no capabilities left to read them)."""
         selector = selectors.DefaultSelector()
         selector.register(control, selectors.EVENT_READ, "control")
+        selector.register(self._trouble[0], selectors.EVENT_READ, "trouble")
         for kind, listeners in (("tcp", space.tcp), ("dns_tcp", space.dns_tcp), ("dns_udp", space.dns_udp)):
             for listener in listeners:
                 selector.register(listener, selectors.EVENT_READ, kind)
@@ -355,6 +365,8 @@ class FilterServer:
             while running:
                 for key, _ in selector.select():
                     sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if key.data == "trouble" and self._leader_failure is not None:
+                        raise self._leader_failure
                     if key.data == "control":
                         # Reading "stop" also keeps the reply to it from a reset.
                         with contextlib.suppress(OSError, ValueError):
@@ -362,7 +374,7 @@ class FilterServer:
                         running = False
                     elif key.data == "dns_udp":
                         self.udp_query(sock)
-                    else:
+                    elif key.data in ("tcp", "dns_tcp"):
                         self.accept(sock, key.data)
                         if key.data == "tcp" and self.connections is not None and self.lead(space.tcp):
                             for listener in space.tcp:

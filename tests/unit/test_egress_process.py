@@ -23,7 +23,7 @@ import dns.rcode
 import orjson
 import pytest
 
-from enforcer.audit import AuditWriter
+from enforcer.audit import AuditUnavailable, AuditWriter
 from enforcer.audit.writer import log_files
 from enforcer.command_start import trusted_import_path
 from enforcer.egress.dns import DnsStub, Resolution, ResolveError, SyntheticAddresses, UpstreamResolver, dnspython
@@ -362,6 +362,48 @@ def test_connections_after_the_first_are_accepted_by_the_thread_that_handles_the
     records = audit_records(setup.log)
     assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
     assert records[4]["intent"] == "adl.enforcer.net.summary" and len(records) == 5
+
+
+def test_a_refusal_the_accepting_thread_cannot_record_ends_the_serving(setup: Setup) -> None:
+    """A connection the pool's accepting thread must refuse but cannot record makes serve() raise
+    (the filter fails and its launcher is told), as it does when serve() accepts it itself; the
+    connection is not left waiting unaccepted and unrecorded."""
+    listener = RecordingListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    raised: list[BaseException] = []
+
+    def serving_body() -> None:
+        try:
+            setup.server.serve(theirs, space)
+        except BaseException as exc:
+            raised.append(exc)
+
+    serving = threading.Thread(target=serving_body)
+    serving.start()
+    try:
+        with socket.create_connection(listener.getsockname()) as client:
+            client.settimeout(5)
+            with pytest.raises(ConnectionResetError):
+                client.recv(1)
+        wait_for(lambda: setup.server.handlers.value == 0 and len(listener.accepted_on) == 1)
+
+        def unrecordable(conn: socket.socket, limit: int) -> None:
+            conn.close()
+            raise AuditUnavailable("the audit log is unwritable")
+
+        setup.server.max_connections = 0
+        setup.connections.refuse_over_limit = unrecordable  # type: ignore[method-assign]
+        with socket.create_connection(listener.getsockname()):
+            serving.join(5)
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener):
+            sock.close()
+    assert not serving.is_alive() and len(listener.accepted_on) == 2
+    assert [type(exc) for exc in raised] == [AuditUnavailable]
 
 
 def test_each_distinct_question_is_decided_once_and_the_kept_answers_are_bounded(
