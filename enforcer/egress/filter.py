@@ -69,6 +69,36 @@ def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
     return ipaddress.IPv4Address(raw[4:8]), struct.unpack_from("!H", raw, 2)[0]
 
 
+_NO_TIME_LIMIT = struct.pack("ll", 0, 0)  # struct timeval
+
+
+def dial(address: IPAddress, port: int, timeout_s: float) -> socket.socket:
+    """A blocking TCP connection to exactly `address`, given up after `timeout_s`: the limit is
+    SO_SNDTIMEO, which a blocking connect(2) honours (one call, where a Python timeout makes it
+    non-blocking connect, poll and SO_ERROR, and two switches of mode). Its sends keep that limit
+    until blocking_sends() lifts it."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        seconds = int(timeout_s)
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6))
+        )
+        try:
+            sock.connect((str(address), port))
+        except BlockingIOError:  # EINPROGRESS from a blocking connect: the limit passed
+            raise TimeoutError(f"no connection within {timeout_s:g} s") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def blocking_sends(sock: socket.socket) -> None:
+    """Sends on a dialled socket wait as long as the peer takes to read, as the agent's do."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _NO_TIME_LIMIT)
+
+
 def reset(sock: socket.socket) -> None:
     """Close with RST so the agent sees 'connection reset' at once, not a hang."""
     with contextlib.suppress(OSError):
@@ -154,7 +184,7 @@ class ConnectionFilter:
                 return
             assert verdict.address is not None
             try:
-                upstream = socket.create_connection((str(verdict.address), port), timeout=self.connect_timeout_s)
+                upstream = dial(verdict.address, port, self.connect_timeout_s)
             except OSError as exc:
                 self._deny(
                     client,
@@ -176,7 +206,7 @@ class ConnectionFilter:
                 # The one protocol switch the filter follows, and only as a connection's first request:
                 # nothing is outstanding, so the first response read back answers it.
                 reader.take(sniffed.head.size)
-                upstream.settimeout(None)
+                blocking_sends(upstream)
                 upstream.sendall(sniffed.head.canonical)
                 requests[0] = 1
                 switched = _await_switch(upstream, client, self.switch_timeout_s)
@@ -193,7 +223,7 @@ class ConnectionFilter:
                 def outbound() -> int:
                     return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
 
-                upstream.settimeout(None)  # blocking, as the agent's socket: see stream.py
+                blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them

@@ -134,13 +134,15 @@ class _Way:
         """Move what can be moved now without blocking. Once the pipe is drained it returns to poll
         rather than try a read that would mostly find nothing. At src's end, once all of it is in
         dst, dst is shut for writing. OSError: a side reset."""
-        while self.head:
-            try:
-                sent = self.dst.send(self.head)
-            except BlockingIOError:
-                return  # dst is full: wait until it can take more
-            self.head = self.head[sent:]
-            self.moved += sent
+        if self.head:
+            while self.head:
+                try:
+                    sent = self.dst.send(self.head)
+                except BlockingIOError:
+                    return  # dst is full: wait until it can take more
+                self.head = self.head[sent:]
+                self.moved += sent
+            return  # src's next bytes usually follow an answer: poll for them
         while self.in_pipe:
             try:
                 self.in_pipe -= os.splice(self.read_end, self.dst.fileno(), self.in_pipe, flags=_NONBLOCK)

@@ -309,6 +309,34 @@ def test_relay_here_ends_both_ways_when_one_side_resets() -> None:
         sock.close()
 
 
+def test_a_dial_gives_up_after_its_timeout_and_later_sends_have_none() -> None:
+    """The filter's dial is one blocking connect(2) bounded by its timeout; once dialled, the
+    threaded relay lifts the limit so that a slow reader does not cut the connection."""
+    import time
+
+    from enforcer.egress.filter import blocking_sends, dial
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address, port = ipaddress.ip_address("127.0.0.1"), listener.getsockname()[1]
+    queued: list[socket.socket] = []
+    try:
+        dialled = dial(address, port, 1.0)
+        queued.append(dialled)
+        assert dialled.gettimeout() is None  # blocking, as the relay expects
+        blocking_sends(dialled)
+        assert dialled.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16) == struct.pack("ll", 0, 0)
+        with pytest.raises(TimeoutError):  # the accept queue is full: the SYNs go unanswered
+            for _ in range(4):
+                started = time.monotonic()
+                queued.append(dial(address, port, 0.3))
+        assert time.monotonic() - started < 0.9
+    finally:
+        for sock in (listener, *queued):
+            sock.close()
+
+
 def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty() -> None:
     """The thread's next connection gets a kept pipe only if nothing of the last one is in it: a
     pipe the count calls drained but the kernel does not, or one a cut left bytes in, is closed."""
