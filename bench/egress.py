@@ -151,6 +151,13 @@ def main() -> None:
             f" other {', '.join(f'{r:.0f}' for r in o_conn)};"
             f" ratio median {statistics.median(rate_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in rate_ratios)})"
         )
+        o_rates = [run["bytes"] / run["seconds"] / 1e6 for run in other]
+        bulk_ratios = [f / o for f, o in zip(f_rates, o_rates, strict=True)]
+        print(
+            f"  throughput (MB/s): this {', '.join(f'{r:.0f}' for r in f_rates)};"
+            f" other {', '.join(f'{r:.0f}' for r in o_rates)};"
+            f" ratio median {statistics.median(bulk_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in bulk_ratios)})"
+        )
         o_cpu = [run["other_cpu_us"] for run in other]
         cpu_ratios = [f / o for f, o in zip(f_cpu, o_cpu, strict=True)]
         print(
