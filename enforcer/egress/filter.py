@@ -81,9 +81,8 @@ def dial(address: IPAddress, port: int, timeout_s: float) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         seconds = int(timeout_s)
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, int((timeout_s - seconds) * 1e6))
-        )
+        micros = max(int((timeout_s - seconds) * 1e6), 0 if seconds else 1)  # all zero: no limit at all
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
         try:
             sock.connect((str(address), port))
         except BlockingIOError:  # EINPROGRESS from a blocking connect: the limit passed
