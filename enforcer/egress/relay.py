@@ -21,8 +21,11 @@ _PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
 _NONBLOCK = _FLAGS | os.SPLICE_F_NONBLOCK
 _FIONREAD = 0x541B  # asm-generic/ioctls.h: bytes waiting in a pipe
-_KEPT_PIPES = 2  # per thread: relay_here's two
-_kept = threading.local()  # each thread's empty pipes, for the next connection it relays
+# Empty pipes kept for the next connections, whichever thread relays them. Bounded, so that what a
+# burst of connections leaves behind is a few descriptors, not two pipes per pool thread.
+MAX_KEPT_PIPES = 64
+_kept: list[tuple[int, int]] = []
+_kept_lock = threading.Lock()
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
@@ -178,10 +181,10 @@ class _Way:
 
 
 def _take_pipe() -> tuple[int, int]:
-    """An empty pipe: one this thread kept, else a new one."""
-    kept: list[tuple[int, int]] | None = getattr(_kept, "pipes", None)
-    if kept:
-        return kept.pop()
+    """An empty pipe: a kept one, else a new one."""
+    with _kept_lock:
+        if _kept:
+            return _kept.pop()
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     with contextlib.suppress(OSError):
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
@@ -189,17 +192,19 @@ def _take_pipe() -> tuple[int, int]:
 
 
 def _give_back(read_end: int, write_end: int, drained: bool) -> None:
-    """Keep a pipe for this thread's next connection only if nothing of this one is left in it (the
-    count of what went in and out, and the kernel's, agree on empty); else close it."""
-    kept: list[tuple[int, int]] = _kept.__dict__.setdefault("pipes", [])
-    if drained and len(kept) < _KEPT_PIPES:
+    """Keep a pipe for a next connection only if nothing of this one is left in it (the count of
+    what went in and out, and the kernel's, agree on empty) and fewer than MAX_KEPT_PIPES are kept;
+    else close it."""
+    if drained:
         try:
             left = struct.unpack("i", fcntl.ioctl(read_end, _FIONREAD, b"\0\0\0\0"))[0]
         except OSError:
             left = -1
         if left == 0:
-            kept.append((read_end, write_end))
-            return
+            with _kept_lock:
+                if len(_kept) < MAX_KEPT_PIPES:
+                    _kept.append((read_end, write_end))
+                    return
     os.close(read_end)
     os.close(write_end)
 

@@ -337,32 +337,30 @@ def test_a_dial_gives_up_after_its_timeout_and_later_sends_have_none() -> None:
             sock.close()
 
 
-def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty() -> None:
-    """The thread's next connection gets a kept pipe only if nothing of the last one is in it: a
-    pipe the count calls drained but the kernel does not, or one a cut left bytes in, is closed."""
+def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A next connection gets a kept pipe only if nothing of the last one is in it: a pipe the
+    count calls drained but the kernel does not, or one a cut left bytes in, is closed; and only so
+    many are kept, whatever a burst of connections left behind."""
     from enforcer.egress import relay
 
-    def fresh_thread(body: Any) -> None:  # its own kept pipes, none to start with
-        thread = threading.Thread(target=body)
-        thread.start()
-        thread.join(5)
-
-    seen: dict[str, Any] = {}
-
-    def kept_when_drained() -> None:
-        read_end, write_end = relay._take_pipe()
-        relay._give_back(read_end, write_end, drained=True)
-        seen["again"] = relay._take_pipe() == (read_end, write_end)
-        os.write(write_end, b"left over")
-        relay._give_back(read_end, write_end, drained=True)  # the kernel says otherwise
-        seen["closed"] = [_closed(read_end), _closed(write_end)]
-        other = relay._take_pipe()
-        relay._give_back(*other, drained=False)  # a cut: whatever the kernel says
-        seen["closed_cut"] = [_closed(fd) for fd in other]
-        seen["kept"] = list(getattr(relay._kept, "pipes", []))
-
-    fresh_thread(kept_when_drained)
-    assert seen == {"again": True, "closed": [True, True], "closed_cut": [True, True], "kept": []}
+    monkeypatch.setattr(relay, "_kept", [])
+    monkeypatch.setattr(relay, "MAX_KEPT_PIPES", 2)
+    read_end, write_end = relay._take_pipe()
+    relay._give_back(read_end, write_end, drained=True)
+    assert relay._take_pipe() == (read_end, write_end)  # kept, and given to the next one
+    os.write(write_end, b"left over")
+    relay._give_back(read_end, write_end, drained=True)  # the kernel says otherwise
+    assert _closed(read_end) and _closed(write_end) and relay._kept == []
+    cut = relay._take_pipe()
+    relay._give_back(*cut, drained=False)  # a cut: whatever the kernel says
+    assert all(_closed(fd) for fd in cut) and relay._kept == []
+    burst = [relay._take_pipe() for _ in range(3)]
+    for pipe in burst:
+        relay._give_back(*pipe, drained=True)
+    assert relay._kept == burst[:2] and all(_closed(fd) for fd in burst[2])
+    for pipe in relay._kept:
+        os.close(pipe[0])
+        os.close(pipe[1])
 
 
 def _closed(fd: int) -> bool:
