@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import select
@@ -20,6 +21,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 # in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
 MAX_DETAILED_DENIALS = 1000
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
+# Accepting on the pool, when the process is out of descriptors or memory: the pause before trying again.
+ACCEPT_BACKOFF_S = 0.05
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A session's connection totals before its first connection (ConnectionFilter.stats starts so).
 NO_CONNECTIONS = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
@@ -239,8 +244,13 @@ class FilterServer:
     def accept(self, listener: socket.socket, kind: str) -> None:
         """One TCP connection (`kind` "tcp") or DNS-over-TCP connection to a handler, unless the session
         already has max_connections open: then it is refused, and audited."""
-        with contextlib.suppress(OSError):
+        try:
             conn, _ = listener.accept()
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                time.sleep(ACCEPT_BACKOFF_S)  # the listener stays readable: serve() would spin on it
+            return
+        with contextlib.suppress(OSError):
             try:
                 connections, workers = self._opened()
             except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
@@ -313,8 +323,12 @@ class FilterServer:
                     continue
                 try:
                     conn, _ = ready_listener.accept()
-                except OSError:
-                    continue  # taken or gone before it was accepted
+                except OSError as exc:
+                    if exc.errno in _OUT_OF_RESOURCES:
+                        # The connection stays queued and the listener readable: wait a little
+                        # (or for stop) instead of spinning on it until a descriptor is free.
+                        select.select([self._wake[0]], [], [], ACCEPT_BACKOFF_S)
+                    continue  # else taken or gone before it was accepted
                 if self.handlers.value >= self.max_connections:
                     self.connections.refuse_over_limit(conn, self.max_connections)
                     continue

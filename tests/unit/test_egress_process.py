@@ -4,6 +4,7 @@ the connection accounting and the stop summary; what it loads after "ready", and
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -362,6 +363,63 @@ def test_connections_after_the_first_are_accepted_by_the_thread_that_handles_the
     records = audit_records(setup.log)
     assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
     assert records[4]["intent"] == "adl.enforcer.net.summary" and len(records) == 5
+
+
+class ExhaustedListener(RecordingListener):
+    """A listener whose accept fails as in a process out of descriptors, until told otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exhausted = False
+        self.failed = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.exhausted:
+            self.failed += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().accept()
+
+
+def test_serve_waits_instead_of_spinning_when_out_of_descriptors(setup: Setup) -> None:
+    """The same for what serve() accepts itself (DNS over TCP, the first TCP connection)."""
+    listener = ExhaustedListener()
+    listener.exhausted = True
+    try:
+        started = time.monotonic()
+        setup.server.accept(listener, "dns_tcp")
+        assert time.monotonic() - started >= 0.04 and listener.failed == 1 and setup.server.handlers.value == 0
+    finally:
+        listener.close()
+
+
+def test_the_accepting_thread_waits_instead_of_spinning_when_out_of_descriptors(setup: Setup) -> None:
+    """Out of descriptors, the queued connection keeps the listener readable: the accepting thread
+    tries again after a pause rather than in a busy loop, and accepts once it can."""
+    listener = ExhaustedListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    serving = threading.Thread(target=lambda: setup.server.serve(theirs, space))
+    serving.start()
+    clients: list[socket.socket] = []
+    try:
+        clients.append(socket.create_connection(listener.getsockname()))  # loads the filter: the pool accepts next
+        wait_for(lambda: len(listener.accepted_on) == 1 and setup.server.handlers.value == 0)
+        listener.exhausted = True
+        clients.append(socket.create_connection(listener.getsockname()))
+        time.sleep(0.5)
+        assert 2 <= listener.failed <= 20  # a pause between tries, not thousands of them
+        listener.exhausted = False
+        wait_for(lambda: len(listener.accepted_on) == 2)  # taken once descriptors are back
+        ours.send(b"stop {}")
+        serving.join(5)
+        assert not serving.is_alive()
+        setup.server.stop({})
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, *clients):
+            sock.close()
 
 
 def test_a_refusal_the_accepting_thread_cannot_record_ends_the_serving(setup: Setup) -> None:
