@@ -10,7 +10,10 @@ Targets: added setup latency p50 under 1 ms; throughput at least half of direct.
 
 With OTHER_TREE (a checkout of another revision, e.g. an unpacked `git archive` with its generated
 enforcer/v1), each round also runs the filter from that tree (PYTHONPATH), and the bench prints the
-per-round ratios of this tree's filter to it: added setup p50 and connections per second.
+per-round ratios of this tree's filter to it: added setup p50, connections per second, and the CPU
+time the sandboxed run took beyond the client's own per connection it opened (the filter's work,
+with the launch's fixed cost spread over the run's connections: CPU time, unlike the rates, hardly
+moves with the machine's load).
 
 Run (as root): .venv/bin/python bench/egress.py [CONNECTIONS] [BULK_MIB] [ROUNDS] [OTHER_TREE]
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +43,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def sandboxed(box: Sandbox, args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run of the client under adl-exec; adds `other_cpu_us`: the CPU time of everything but the
+    client (launcher, egress filter) per connection the client opened."""
+    before = children_cpu_s()
+    result = box.run("python3", *[a.format(host="api.example.test") for a in args], timeout=300, env=env)
+    if result.code != 0:
+        raise SystemExit(f"filtered client failed: {result.err}")
+    run: dict[str, Any] = json.loads(result.out)
+    run["other_cpu_us"] = (children_cpu_s() - before - run["cpu_s"]) / run["connections"] * 1e6
+    return run
+
+
 def main() -> None:
     connections = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     bulk = (int(sys.argv[2]) if len(sys.argv) > 2 else 512) << 20
@@ -55,6 +76,13 @@ def main() -> None:
         lab = NetLab(root / "lab")
         try:
             lab.start()
+            # Each round opens thousands of connections from the lab's outer namespace (the direct
+            # client's and the filter's upstream ones) to one server port: without reuse, their
+            # TIME_WAIT sockets fill the ephemeral port range within a few rounds and every later
+            # connect(2) searches it, for direct and filtered runs alike. Only the lab's namespace.
+            for setting in ("net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=1024 65000"):
+                if lab.in_outer("sysctl", "-qw", setting).returncode != 0:
+                    raise SystemExit(f"cannot set {setting} in the lab's outer namespace")
             box = Sandbox(root / "box")
             box.wrap, box.env = lab.wrap(), lab.env()
             box.permissions["filesystem"]["allowed_paths"].append({"path": f"{REPO}/bench/**", "access": "read"})
@@ -69,18 +97,9 @@ def main() -> None:
                 if run.returncode != 0:
                     raise SystemExit(f"direct client failed: {run.stderr}")
                 direct.append(json.loads(run.stdout))
-                result = box.run("python3", *[a.format(host="api.example.test") for a in args], timeout=300)
-                if result.code != 0:
-                    raise SystemExit(f"filtered client failed: {result.err}")
-                filtered.append(json.loads(result.out))
+                filtered.append(sandboxed(box, args))
                 if other_tree is not None:
-                    result = box.run(
-                        "python3", *[a.format(host="api.example.test") for a in args], timeout=300,
-                        env={"PYTHONPATH": other_tree},
-                    )  # fmt: skip
-                    if result.code != 0:
-                        raise SystemExit(f"filtered client (other tree) failed: {result.err}")
-                    other.append(json.loads(result.out))
+                    other.append(sandboxed(box, args, {"PYTHONPATH": other_tree}))
         finally:
             lab.stop()
     d_setup = [us for run in direct for us in run["setup_us"]]
@@ -106,10 +125,16 @@ def main() -> None:
         f"{'':12}{statistics.median(conn_ratios):8.2f}x"
     )
     print(f"per-round connection-rate ratios: {', '.join(f'{r:.2f}' for r in conn_ratios)}")
+    print(
+        f"per-round connections/s: direct {', '.join(f'{r:.0f}' for r in d_conn)};"
+        f" filter {', '.join(f'{r:.0f}' for r in f_conn)}"
+    )
     d_round = [percentile(run["setup_us"], 0.5) for run in direct]
     f_round = [percentile(run["setup_us"], 0.5) for run in filtered]
     added_rounds = sorted(f - d for f, d in zip(f_round, d_round, strict=True))
     print(f"per-round added setup p50 (us): {', '.join(f'{a:.0f}' for a in added_rounds)}")
+    f_cpu = [run["other_cpu_us"] for run in filtered]
+    print(f"launcher and filter CPU per connection (us), per round: {', '.join(f'{c:.0f}' for c in f_cpu)}")
     if other:
         o_round = [percentile(run["setup_us"], 0.5) for run in other]
         added_ratios = [(f - d) / (o - d) for f, o, d in zip(f_round, o_round, d_round, strict=True)]
@@ -125,6 +150,20 @@ def main() -> None:
             f"  connections/s: this {', '.join(f'{r:.0f}' for r in f_conn)};"
             f" other {', '.join(f'{r:.0f}' for r in o_conn)};"
             f" ratio median {statistics.median(rate_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in rate_ratios)})"
+        )
+        o_rates = [run["bytes"] / run["seconds"] / 1e6 for run in other]
+        bulk_ratios = [f / o for f, o in zip(f_rates, o_rates, strict=True)]
+        print(
+            f"  throughput (MB/s): this {', '.join(f'{r:.0f}' for r in f_rates)};"
+            f" other {', '.join(f'{r:.0f}' for r in o_rates)};"
+            f" ratio median {statistics.median(bulk_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in bulk_ratios)})"
+        )
+        o_cpu = [run["other_cpu_us"] for run in other]
+        cpu_ratios = [f / o for f, o in zip(f_cpu, o_cpu, strict=True)]
+        print(
+            f"  launcher and filter CPU per connection (us): this {', '.join(f'{c:.0f}' for c in f_cpu)};"
+            f" other {', '.join(f'{c:.0f}' for c in o_cpu)};"
+            f" ratio median {statistics.median(cpu_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in cpu_ratios)})"
         )
     added = percentile(f_setup, 0.5) - percentile(d_setup, 0.5)
     print(

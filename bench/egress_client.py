@@ -3,16 +3,20 @@
 Setup latency: a new connection, one 'PING' line, until 'PONG' arrives (connect + first byte), by
 name, so a filtered run includes what the filter adds. Throughput: one connection reading BYTES.
 Rate: CONCURRENCY threads each opening new connections (connect, PING, PONG, close) for one second
-after a warm-up; connections per second. Prints one JSON object.
+after a warm-up; connections per second. Prints one JSON object, with the connections opened in all
+and the client's own CPU time (so bench/egress.py can tell what the rest of the run cost).
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import sys
 import threading
 import time
+
+OPENED = [0]  # connections opened in all
 
 
 def rate(address: tuple[str, int], concurrency: int, seconds: float = 1.0) -> float:
@@ -39,6 +43,7 @@ def rate(address: tuple[str, int], concurrency: int, seconds: float = 1.0) -> fl
     start.wait()
     for t in threads:
         t.join()
+    OPENED[0] += sum(counts)
     return sum(counts) / (time.perf_counter() - began)
 
 
@@ -70,7 +75,10 @@ def main() -> None:
                 break
             received += n
         elapsed = (time.perf_counter_ns() - started) / 1e9
-    print(json.dumps({"setup_us": setup_us, "bytes": received, "seconds": elapsed, "rate": per_second}))
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    report = {"setup_us": setup_us, "bytes": received, "seconds": elapsed, "rate": per_second}
+    report.update(connections=OPENED[0] + connections + 1, cpu_s=own.ru_utime + own.ru_stime)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from ..audit.events import one_rule
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import pump, relay
+from .relay import pump, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -46,6 +46,9 @@ from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_fir
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 _OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
 Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when it cannot be written
+# decide() answers kept per filter; the agent chooses the questions (hosts, ports, addresses), so
+# the memory is bounded: past this many, it starts again empty.
+MAX_KEPT_DECISIONS = 4096
 
 
 @dataclass
@@ -64,6 +67,35 @@ def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
         return ipaddress.IPv6Address(raw[8:24]), struct.unpack_from("!H", raw, 2)[0]
     raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
     return ipaddress.IPv4Address(raw[4:8]), struct.unpack_from("!H", raw, 2)[0]
+
+
+_NO_TIME_LIMIT = struct.pack("ll", 0, 0)  # struct timeval
+
+
+def dial(address: IPAddress, port: int, timeout_s: float) -> socket.socket:
+    """A blocking TCP connection to exactly `address`, given up after `timeout_s`: the limit is
+    SO_SNDTIMEO, which a blocking connect(2) honours (one call, where a Python timeout makes it
+    non-blocking connect, poll and SO_ERROR, and two switches of mode). Its sends keep that limit
+    until blocking_sends() lifts it."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        seconds = int(timeout_s)
+        micros = max(int((timeout_s - seconds) * 1e6), 0 if seconds else 1)  # all zero: no limit at all
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, micros))
+        try:
+            sock.connect((str(address), port))
+        except BlockingIOError:  # EINPROGRESS from a blocking connect: the limit passed
+            raise TimeoutError(f"no connection within {timeout_s:g} s") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def blocking_sends(sock: socket.socket) -> None:
+    """Sends on a dialled socket wait as long as the peer takes to read, as the agent's do."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _NO_TIME_LIMIT)
 
 
 def reset(sock: socket.socket) -> None:
@@ -98,6 +130,8 @@ class ConnectionFilter:
         self.message_timeout_s = message_timeout_s
         self.switch_timeout_s = 30.0  # a WebSocket handshake's answer
         self._ids = itertools.count(1)
+        # decide() is a pure function of the policy (fixed for the filter's life) and the question.
+        self._decisions: dict[NetworkConnect, Decision] = {}
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
@@ -120,7 +154,8 @@ class ConnectionFilter:
             if target is None:
                 self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
                 return
-            client.settimeout(None)  # blocking for good: see stream.py
+            if client.gettimeout() is not None:
+                client.settimeout(None)  # blocking for good: see stream.py
             with contextlib.suppress(OSError):  # a response's head and body are separate writes
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             reader = ClientReader(client)
@@ -148,7 +183,7 @@ class ConnectionFilter:
                 return
             assert verdict.address is not None
             try:
-                upstream = socket.create_connection((str(verdict.address), port), timeout=self.connect_timeout_s)
+                upstream = dial(verdict.address, port, self.connect_timeout_s)
             except OSError as exc:
                 self._deny(
                     client,
@@ -158,7 +193,6 @@ class ConnectionFilter:
                 )
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            upstream.settimeout(None)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
             with self._lock:
                 self.active.add(upstream)
@@ -171,6 +205,7 @@ class ConnectionFilter:
                 # The one protocol switch the filter follows, and only as a connection's first request:
                 # nothing is outstanding, so the first response read back answers it.
                 reader.take(sniffed.head.size)
+                blocking_sends(upstream)
                 upstream.sendall(sniffed.head.canonical)
                 requests[0] = 1
                 switched = _await_switch(upstream, client, self.switch_timeout_s)
@@ -178,14 +213,17 @@ class ConnectionFilter:
                 self.record("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"})
                 sniffed = Sniffed("tcp") if switched else Sniffed("http", head=None)
 
-            first = b""
             if not sniffed.silent and sniffed.head is None and sniffed.protocol != "http":
-                first = reader.take(len(reader.buffer))  # a ClientHello, or opaque bytes: checked whole
+                # A ClientHello, or opaque bytes, checked whole: every later byte is spliced, both
+                # ways on this thread (which makes both sockets non-blocking).
+                sent, received = relay_here(client, upstream, reader.take(len(reader.buffer)))
+            else:
 
-            def outbound() -> int:
-                return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
+                def outbound() -> int:
+                    return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
 
-            sent, received = relay(client, upstream, self.workers, outbound, first)
+                blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
+                sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them
             with self._lock:
@@ -304,7 +342,7 @@ class ConnectionFilter:
             return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
         if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
             return self._requests(reader, upstream, None, host, name, event, count, refused)
-        first = reader.take(len(reader.buffer))  # a silent client's first bytes (else relay() sent them)
+        first = reader.take(len(reader.buffer))  # a silent client's first bytes
         upstream.sendall(first)
         return len(first) + pump(reader.sock, upstream)
 
@@ -378,8 +416,18 @@ class ConnectionFilter:
             head = following
 
     def _opaque_refused(self, host: str, port: int) -> bool:
-        decision = decide(self.policy, NetworkConnect(host, port, "tcp"))
+        decision = self._decide(NetworkConnect(host, port, "tcp"))
         return bool(decision.reasons) and decision.reasons[0].rule == "net.protocol_not_allowed"
+
+    def _decide(self, question: NetworkConnect) -> Decision:
+        """decide() under the filter's policy, worked out once per distinct question."""
+        answer = self._decisions.get(question)
+        if answer is None:
+            answer = decide(self.policy, question)
+            if len(self._decisions) >= MAX_KEPT_DECISIONS:
+                self._decisions.clear()
+            self._decisions[question] = answer
+        return answer
 
     def _verdict(
         self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
@@ -398,14 +446,14 @@ class ConnectionFilter:
                 return Verdict("deny", "net.resolve_failed", f"'{name}' has no address upstream")
         first_denial: Verdict | None = None
         for address in candidates:
-            decision = decide(self.policy, NetworkConnect(host, port, protocol, str(address)))
+            decision = self._decide(NetworkConnect(host, port, protocol, str(address)))
             if (
                 protocol in _OPAQUE_LABELS
                 and decision.reasons
                 and decision.reasons[0].rule == "net.protocol_not_allowed"
             ):
                 # a banner names the protocol, but what follows it is as opaque as any TCP
-                decision = decide(self.policy, NetworkConnect(host, port, "tcp", str(address)))
+                decision = self._decide(NetworkConnect(host, port, "tcp", str(address)))
             verdict = _from_decision(decision, address)
             if verdict.decision == "allow":
                 return verdict

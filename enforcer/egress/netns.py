@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
-import json
 import os
 import shutil
 import socket
@@ -260,6 +259,77 @@ def nft(commands: str, *, json_output: bool = False) -> str:
         lib.nft_ctx_free(ctx)
 
 
+# nf_tables over netlink (linux/netfilter/nfnetlink.h, linux/netfilter/nf_tables.h)
+_NETLINK_NETFILTER = 12
+_NFNL_SUBSYS_NFTABLES = 10
+_NFT_MSG_NEWOBJ, _NFT_MSG_GETOBJ = 18, 19
+_NLMSG_DONE = 3
+_NLM_F_DUMP = 0x300
+_NFPROTO_INET = 1
+_NFGENMSG = struct.Struct("!BBH")  # family, version, resource id (big-endian)
+_NFTA_OBJ_TABLE, _NFTA_OBJ_NAME, _NFTA_OBJ_TYPE, _NFTA_OBJ_DATA = 1, 2, 3, 4
+_NFT_OBJECT_COUNTER = 1
+_NFTA_COUNTER_PACKETS = 2
+_NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flags
+
+
+def _attributes(data: bytes) -> dict[int, bytes]:
+    found: dict[int, bytes] = {}
+    at = 0
+    while at + _RTATTR.size <= len(data):
+        size, kind = _RTATTR.unpack_from(data, at)
+        if size < _RTATTR.size:
+            break
+        found[kind & _NLA_TYPE_MASK] = data[at + _RTATTR.size : at + size]
+        at += (size + 3) & ~3
+    return found
+
+
+def list_counters(table: str = TABLE) -> dict[str, int]:
+    """Packets counted by each named counter of an inet table in the calling thread's network
+    namespace (none for a table that is not there): one nf_tables object dump over netlink, as `nft
+    list counters table inet TABLE` reads them, without starting libnftables. OSError with the
+    kernel's answer if it refuses."""
+    body = _NFGENMSG.pack(_NFPROTO_INET, 0, 0)
+    body += _attribute(_NFTA_OBJ_TABLE, table.encode() + b"\0")
+    body += _attribute(_NFTA_OBJ_TYPE, struct.pack("!I", _NFT_OBJECT_COUNTER))
+    kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETOBJ
+    message = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0) + body
+    found: dict[str, int] = {}
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_NETFILTER) as sock:
+        sock.settimeout(10)
+        sock.sendto(message, (0, 0))
+        while True:
+            reply = sock.recv(65536)
+            at = 0
+            while at + _NLMSG_HEADER.size <= len(reply):
+                length, kind, _flags, sequence, _port = _NLMSG_HEADER.unpack_from(reply, at)
+                if length < _NLMSG_HEADER.size or sequence != 1:
+                    raise OSError(f"listing the namespace's counters: unexpected netlink answer (type {kind})")
+                payload = reply[at + _NLMSG_HEADER.size : at + length]
+                at += (length + 3) & ~3
+                if kind == _NLMSG_DONE:
+                    return found
+                if kind == _NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", payload)
+                    if code == 0:
+                        continue
+                    raise OSError(-code, f"listing the counters of table inet {table}: {os.strerror(-code)}")
+                if kind != (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWOBJ:
+                    continue
+                fields = _attributes(payload[_NFGENMSG.size :])
+                if (
+                    fields.get(_NFTA_OBJ_TABLE, b"").rstrip(b"\0") != table.encode()
+                    or fields.get(_NFTA_OBJ_TYPE) != struct.pack("!I", _NFT_OBJECT_COUNTER)
+                    or _NFTA_OBJ_NAME not in fields
+                ):
+                    continue
+                packets = _attributes(fields.get(_NFTA_OBJ_DATA, b"")).get(_NFTA_COUNTER_PACKETS)
+                if packets is None or len(packets) != 8:
+                    raise OSError("listing the namespace's counters: a counter without its packet count")
+                found[fields[_NFTA_OBJ_NAME].rstrip(b"\0").decode()] = struct.unpack("!Q", packets)[0]
+
+
 def read_counters(netns_fd: int) -> dict[str, int]:
     """Packets the namespace's rules dropped, by counter. Reads them inside the agent's namespace
     from a short-lived thread so the caller's namespace never changes."""
@@ -269,11 +339,11 @@ def read_counters(netns_fd: int) -> dict[str, int]:
     def inside() -> None:
         try:
             namespaces.setns(netns_fd, namespaces.CLONE_NEWNET)
-            listed = nft(f"list counters table inet {TABLE}", json_output=True)
-            for item in json.loads(listed or "{}").get("nftables", []):
-                counter = item.get("counter")
-                if counter and counter.get("name") in COUNTERS:
-                    found[counter["name"]] = int(counter.get("packets", 0))
+            listed = list_counters()
+            missing = [name for name in COUNTERS if name not in listed]
+            if missing:
+                raise OSError(f"the namespace has no counter {', '.join(missing)}")
+            found.update((name, listed[name]) for name in COUNTERS)
         except (OSError, ValueError) as exc:
             errors.append(str(exc))
 

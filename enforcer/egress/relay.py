@@ -1,19 +1,31 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
-bytes never enter Python (one thread per direction; the GIL is released inside splice). Only what
-the filter must read passes through Python: a connection's first message and plain-HTTP heads."""
+bytes never enter Python (the GIL is released inside splice). Only what the filter must read passes
+through Python: a connection's first message and plain-HTTP heads. A connection whose every later
+byte is spliced (TLS, opaque TCP) is relayed both ways by the thread that handles it (relay_here);
+plain HTTP, whose requests are read one by one, has a thread per direction (relay)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import select
 import socket
+import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 
 CHUNK = 1 << 20
 _PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
+_NONBLOCK = _FLAGS | os.SPLICE_F_NONBLOCK
+_FIONREAD = 0x541B  # asm-generic/ioctls.h: bytes waiting in a pipe
+# Empty pipes kept for the next connections, whichever thread relays them. Bounded, so that what a
+# burst of connections leaves behind is a few descriptors, not two pipes per pool thread.
+MAX_KEPT_PIPES = 64
+_kept: list[tuple[int, int]] = []
+_kept_lock = threading.Lock()
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
@@ -107,3 +119,139 @@ def relay(
                 upstream.shutdown(socket.SHUT_WR)
     back.result()
     return counts[0], counts[1]
+
+
+class _Way:
+    """One direction of relay_here: `head` (bytes already read) sent first, then src spliced into a
+    pipe and the pipe into dst."""
+
+    def __init__(self, src: socket.socket, dst: socket.socket, head: bytes = b"") -> None:
+        self.src, self.dst = src, dst
+        self.head = head
+        self.read_end, self.write_end = _take_pipe()
+        self.in_pipe = 0  # read from src, not yet written to dst
+        self.reading = True  # src has not ended
+        self.moved = 0
+
+    def step(self) -> None:
+        """Move what can be moved now without blocking. Once the pipe is drained it returns to poll
+        rather than try a read that would mostly find nothing. At src's end, once all of it is in
+        dst, dst is shut for writing. OSError: a side reset."""
+        if self.head:
+            while self.head:
+                try:
+                    sent = self.dst.send(self.head)
+                except BlockingIOError:
+                    return  # dst is full: wait until it can take more
+                self.head = self.head[sent:]
+                self.moved += sent
+            return  # src's next bytes usually follow an answer: poll for them
+        while self.in_pipe:
+            try:
+                self.in_pipe -= os.splice(self.read_end, self.dst.fileno(), self.in_pipe, flags=_NONBLOCK)
+            except BlockingIOError:
+                return
+            if not self.in_pipe:
+                return
+        if not self.reading:
+            return
+        try:
+            moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
+        except BlockingIOError:
+            return  # nothing to read now
+        if moved == 0:
+            self.reading = False
+            with contextlib.suppress(OSError):
+                self.dst.shutdown(socket.SHUT_WR)
+            return
+        self.in_pipe += moved
+        self.moved += moved
+        self.step()
+
+    def wants(self) -> tuple[int, int] | None:
+        """The descriptor and poll event this direction waits for (None: it is done)."""
+        if self.head or self.in_pipe:
+            return self.dst.fileno(), select.POLLOUT
+        if self.reading:
+            return self.src.fileno(), select.POLLIN
+        return None
+
+    def close(self) -> None:
+        _give_back(self.read_end, self.write_end, self.in_pipe == 0)
+
+
+def _take_pipe() -> tuple[int, int]:
+    """An empty pipe: a kept one, else a new one."""
+    with _kept_lock:
+        if _kept:
+            return _kept.pop()
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    return read_end, write_end
+
+
+def _give_back(read_end: int, write_end: int, drained: bool) -> None:
+    """Keep a pipe for a next connection only if nothing of this one is left in it (the count of
+    what went in and out, and the kernel's, agree on empty) and fewer than MAX_KEPT_PIPES are kept;
+    else close it."""
+    if drained:
+        try:
+            left = struct.unpack("i", fcntl.ioctl(read_end, _FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            left = -1
+        if left == 0:
+            with _kept_lock:
+                if len(_kept) < MAX_KEPT_PIPES:
+                    _kept.append((read_end, write_end))
+                    return
+    os.close(read_end)
+    os.close(write_end)
+
+
+def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
+    """Relay both directions on the calling thread until both are done: each socket non-blocking,
+    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
+    direction. No second thread is woken for the way back. `first`: the agent's bytes already read
+    and checked, sent before anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
+    ways: list[_Way] = []
+    try:
+        ways.append(_Way(client, upstream, first))
+        ways.append(_Way(upstream, client))
+        for sock in (client, upstream):
+            sock.setblocking(False)
+        poller = select.poll()
+        registered: dict[int, int] = {}
+        ready: set[int] | None = None  # None: the first round, where only `first` has anything to do
+        while True:
+            for way in ways:
+                want = way.wants()
+                if want is not None and (want[0] in ready if ready is not None else bool(way.head)):
+                    way.step()
+            wanted: dict[int, int] = {}
+            for way in ways:
+                want = way.wants()
+                if want is not None:
+                    wanted[want[0]] = wanted.get(want[0], 0) | want[1]
+            if not wanted:
+                break
+            for fd in registered.keys() - wanted.keys():
+                poller.unregister(fd)
+            for fd, mask in wanted.items():
+                if registered.get(fd) != mask:
+                    poller.register(fd, mask)  # registers, or modifies a registered fd
+            registered = wanted
+            # A reset or hang-up shows as an event too: the step it causes reads it.
+            ready = {fd for fd, _ in poller.poll()}
+    except OSError:
+        _cut(client, upstream)  # one side reset: end both directions, as _pump does
+    finally:
+        for way in ways:
+            way.close()
+    return (ways[0].moved if ways else 0), (ways[1].moved if len(ways) > 1 else 0)
+
+
+def _cut(client: socket.socket, upstream: socket.socket) -> None:
+    for sock in (client, upstream):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

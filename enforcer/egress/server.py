@@ -5,18 +5,23 @@ kernel queues what the agent sends meanwhile. Here the filter opens its own audi
 `net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
 The connection filter and its thread pool are made at the first TCP connection, and dnspython is
 loaded at the first name to resolve or query to parse (dns.py): a session that never uses the
-network loads neither.
+network loads neither. From then on TCP connections are accepted on the pool's threads, one at a
+time, each by the thread that then handles it: no hand-off between accepting and handling.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
+import os
+import select
 import selectors
 import socket
 import struct
 import threading
+import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +44,9 @@ if TYPE_CHECKING:
 # in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
 MAX_DETAILED_DENIALS = 1000
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
+# Accepting on the pool, when the process is out of descriptors or memory: the pause before trying again.
+ACCEPT_BACKOFF_S = 0.05
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A session's connection totals before its first connection (ConnectionFilter.stats starts so).
 NO_CONNECTIONS = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
@@ -171,6 +179,16 @@ class FilterServer:
         self._dns_threads = dns_threads
         self._dns_pool: Executor | None = None  # made at the first UDP query, by the serving thread
         self._pending = threading.BoundedSemaphore(max_pending)
+        # Accepting TCP on the pool (see lead): the listeners, a pipe that wakes the accepting thread
+        # at stop, and the stop itself, which waits until no thread accepts any more.
+        self._listeners: list[socket.socket] = []
+        self._wake: tuple[int, int] | None = None
+        self._stopping = False
+        self._stopped_leading = threading.Event()
+        # What ended the accepting thread unexpectedly (a refusal that could not be recorded):
+        # serve() raises it, as it would have raised it accepting on its own thread.
+        self._leader_failure: BaseException | None = None
+        self._trouble = os.pipe2(os.O_CLOEXEC)  # written once the failure is set; serve() watches it
 
     def answer(self, wire: bytes) -> bytes | None:
         """The stub's answer to one query, once its record is written; None when it cannot be."""
@@ -226,8 +244,13 @@ class FilterServer:
     def accept(self, listener: socket.socket, kind: str) -> None:
         """One TCP connection (`kind` "tcp") or DNS-over-TCP connection to a handler, unless the session
         already has max_connections open: then it is refused, and audited."""
-        with contextlib.suppress(OSError):
+        try:
             conn, _ = listener.accept()
+        except OSError as exc:
+            if exc.errno in _OUT_OF_RESOURCES:
+                time.sleep(ACCEPT_BACKOFF_S)  # the listener stays readable: serve() would spin on it
+            return
+        with contextlib.suppress(OSError):
             try:
                 connections, workers = self._opened()
             except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
@@ -243,6 +266,91 @@ class FilterServer:
             except RuntimeError as exc:  # no thread to be had (the helpers' pids limit): this one is refused
                 self.handlers.add(-1)
                 self._refuse(conn, f"no thread to handle the connection: {exc}")
+
+    def lead(self, listeners: list[socket.socket]) -> bool:
+        """Accept the listeners' connections on the pool from now on (serve() stops watching them):
+        one pool thread at a time waits for the next connection, hands the waiting on to another
+        pool thread and handles the connection itself. False: no pool thread could be had, and
+        serve() goes on accepting."""
+        _, workers = self._opened()
+        for listener in listeners:
+            listener.setblocking(False)  # another thread may have taken what poll reported
+        self._listeners = listeners
+        self._wake = os.pipe2(os.O_CLOEXEC)
+        try:
+            workers.submit(self._accept_and_handle)
+        except RuntimeError:
+            for end in self._wake:
+                os.close(end)
+            self._wake = None
+            for listener in listeners:
+                listener.setblocking(True)
+            return False
+        return True
+
+    def _accept_and_handle(self) -> None:
+        try:
+            conn = self._next_connection()
+        except BaseException as exc:
+            self._leader_failure = exc
+            os.write(self._trouble[1], b"x")
+            raise
+        if conn is None:
+            return
+        assert self.connections is not None
+        try:
+            self.connections.handle(conn)
+        finally:
+            self.handlers.add(-1)
+
+    def _next_connection(self) -> socket.socket | None:
+        """Wait for the next TCP connection and pass the waiting on to another pool thread; None at
+        stop. Connections past max_connections, or with no pool thread to take over, are refused
+        and recorded here, as accept() does."""
+        assert self._wake is not None and self.connections is not None and self.workers is not None
+        poller = select.poll()
+        poller.register(self._wake[0], select.POLLIN)
+        for listener in self._listeners:
+            poller.register(listener, select.POLLIN)
+        while True:
+            ready = poller.poll()
+            if self._stopping:
+                self._stopped_leading.set()
+                return None
+            for fd, _ in ready:
+                ready_listener = next((sock for sock in self._listeners if sock.fileno() == fd), None)
+                if ready_listener is None:
+                    continue
+                try:
+                    conn, _ = ready_listener.accept()
+                except OSError as exc:
+                    if exc.errno in _OUT_OF_RESOURCES:
+                        # The connection stays queued and the listener readable: wait a little
+                        # (or for stop) instead of spinning on it until a descriptor is free.
+                        select.select([self._wake[0]], [], [], ACCEPT_BACKOFF_S)
+                    continue  # else taken or gone before it was accepted
+                if self.handlers.value >= self.max_connections:
+                    self.connections.refuse_over_limit(conn, self.max_connections)
+                    continue
+                self.handlers.add(1)
+                try:
+                    self.workers.submit(self._accept_and_handle)
+                except RuntimeError as exc:  # no thread to go on accepting: this one keeps to it
+                    self.handlers.add(-1)
+                    self._refuse(conn, f"no thread to handle the connection: {exc}")
+                    continue
+                return conn
+
+    def _stop_leading(self, timeout: float = 5.0) -> None:
+        """No TCP connection is accepted once this returns (else `timeout` passed)."""
+        if self._wake is None:
+            return
+        self._stopping = True
+        os.write(self._wake[1], b"x")
+        if self._stopped_leading.wait(timeout):  # else a thread may still poll the pipe: left open
+            for end in self._wake:
+                os.close(end)
+            self._wake = None
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
         """Reset a connection nothing can handle, and record it (the filter itself keeps serving)."""
@@ -261,6 +369,7 @@ class FilterServer:
         (this process has no capabilities left to read them)."""
         selector = selectors.DefaultSelector()
         selector.register(control, selectors.EVENT_READ, "control")
+        selector.register(self._trouble[0], selectors.EVENT_READ, "trouble")
         for kind, listeners in (("tcp", space.tcp), ("dns_tcp", space.dns_tcp), ("dns_udp", space.dns_udp)):
             for listener in listeners:
                 selector.register(listener, selectors.EVENT_READ, kind)
@@ -270,6 +379,8 @@ class FilterServer:
             while running:
                 for key, _ in selector.select():
                     sock: socket.socket = key.fileobj  # type: ignore[assignment]
+                    if key.data == "trouble" and self._leader_failure is not None:
+                        raise self._leader_failure
                     if key.data == "control":
                         # Reading "stop" also keeps the reply to it from a reset.
                         with contextlib.suppress(OSError, ValueError):
@@ -277,12 +388,16 @@ class FilterServer:
                         running = False
                     elif key.data == "dns_udp":
                         self.udp_query(sock)
-                    else:
+                    elif key.data in ("tcp", "dns_tcp"):
                         self.accept(sock, key.data)
+                        if key.data == "tcp" and self.connections is not None and self.lead(space.tcp):
+                            for listener in space.tcp:
+                                selector.unregister(listener)
         return dropped
 
     def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
         """Cut open connections, wait briefly for their handlers, and record the session's summary."""
+        self._stop_leading()
         if self.connections is not None:
             self.connections.shutdown_all()
         self.handlers.wait_zero(timeout=5)

@@ -1,8 +1,9 @@
 """Reading what the agent sends, within bounds, and moving a plain-HTTP connection's requests one
 head at a time.
 
-The agent's socket stays in blocking mode throughout: the way back is spliced into it from another
-thread, and a timeout (O_NONBLOCK on the shared file) would break that splice. Waits are poll(2).
+The agent's socket stays in blocking mode while it is read here: the way back may be spliced into
+it from another thread, and a timeout (O_NONBLOCK on the shared file) would break that splice.
+Waits are poll(2).
 """
 
 from __future__ import annotations
@@ -61,10 +62,17 @@ class ClientReader:
 
     def fill(self, deadline: float | None, limit: int = READ_SIZE) -> None:
         """Read more bytes into the buffer (at least one), or raise Incomplete / ClientGone."""
-        if not self.wait(deadline):
-            raise Incomplete("timed out")
         try:
-            data = self.sock.recv(limit)
+            # What has arrived already is read without a poll first (MSG_DONTWAIT: this call only,
+            # the socket stays blocking).
+            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            if not self.wait(deadline):
+                raise Incomplete("timed out") from None
+            try:
+                data = self.sock.recv(limit)
+            except OSError as exc:
+                raise ClientGone(str(exc)) from None
         except OSError as exc:
             raise ClientGone(str(exc)) from None
         if not data:

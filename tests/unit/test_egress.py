@@ -4,8 +4,10 @@ the protocol mapping, and the plan's refusal when the filter's tools are missing
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import ssl
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -248,6 +250,125 @@ def test_relay_moves_bytes_both_ways() -> None:
     thread.join(5)
     sender.join(5)
     assert received == b"request" and got == len(payload) and result == [(7, len(payload))]
+
+
+def test_relay_here_moves_bytes_both_ways_on_the_calling_thread() -> None:
+    """A spliced connection is relayed both ways by the thread that handles it (it is given no
+    pool): the checked first message goes first, a large answer comes back while the agent still
+    sends, and each side's end is passed on."""
+    from enforcer.egress.relay import relay_here
+
+    agent, filter_side = socket.socketpair()
+    upstream_side, server = socket.socketpair()
+    payload = b"y" * (3 << 20)
+    result: list[tuple[int, int]] = []
+    relaying = threading.Thread(target=lambda: result.append(relay_here(filter_side, upstream_side, b"hello ")))
+    relaying.start()
+
+    def answer() -> None:
+        server.sendall(payload)
+        server.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=answer)
+    sender.start()
+    agent.sendall(b"world")
+    agent.shutdown(socket.SHUT_WR)
+    server.settimeout(10)
+    received = b""
+    while chunk := server.recv(100):
+        received += chunk
+    agent.settimeout(10)
+    got = 0
+    while chunk := agent.recv(1 << 20):
+        got += len(chunk)
+    relaying.join(5)
+    sender.join(5)
+    assert received == b"hello world" and got == len(payload) and result == [(11, len(payload))]
+    for sock in (agent, filter_side, upstream_side, server):
+        sock.close()
+
+
+def test_relay_here_ends_both_ways_when_one_side_resets() -> None:
+    from enforcer.egress.relay import relay_here
+
+    agent, filter_side = socket.socketpair()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    result: list[tuple[int, int]] = []
+    relaying = threading.Thread(target=lambda: result.append(relay_here(filter_side, client, b"ping")))
+    relaying.start()
+    assert server.recv(10) == b"ping"
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    server.close()  # a reset from upstream while the agent's side is idle
+    relaying.join(5)
+    assert not relaying.is_alive() and result == [(4, 0)]
+    agent.settimeout(5)
+    assert agent.recv(10) == b""  # the agent's side was shut too
+    for sock in (agent, filter_side, listener, client):
+        sock.close()
+
+
+def test_a_dial_gives_up_after_its_timeout_and_later_sends_have_none() -> None:
+    """The filter's dial is one blocking connect(2) bounded by its timeout; once dialled, the
+    threaded relay lifts the limit so that a slow reader does not cut the connection."""
+    import time
+
+    from enforcer.egress.filter import blocking_sends, dial
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address, port = ipaddress.ip_address("127.0.0.1"), listener.getsockname()[1]
+    queued: list[socket.socket] = []
+    try:
+        dialled = dial(address, port, 1.0)
+        queued.append(dialled)
+        assert dialled.gettimeout() is None  # blocking, as the relay expects
+        blocking_sends(dialled)
+        assert dialled.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16) == struct.pack("ll", 0, 0)
+        with pytest.raises(TimeoutError):  # the accept queue is full: the SYNs go unanswered
+            for _ in range(4):
+                started = time.monotonic()
+                queued.append(dial(address, port, 0.3))
+        assert time.monotonic() - started < 0.9
+    finally:
+        for sock in (listener, *queued):
+            sock.close()
+
+
+def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A next connection gets a kept pipe only if nothing of the last one is in it: a pipe the
+    count calls drained but the kernel does not, or one a cut left bytes in, is closed; and only so
+    many are kept, whatever a burst of connections left behind."""
+    from enforcer.egress import relay
+
+    monkeypatch.setattr(relay, "_kept", [])
+    monkeypatch.setattr(relay, "MAX_KEPT_PIPES", 2)
+    read_end, write_end = relay._take_pipe()
+    relay._give_back(read_end, write_end, drained=True)
+    assert relay._take_pipe() == (read_end, write_end)  # kept, and given to the next one
+    os.write(write_end, b"left over")
+    relay._give_back(read_end, write_end, drained=True)  # the kernel says otherwise
+    assert _closed(read_end) and _closed(write_end) and relay._kept == []
+    cut = relay._take_pipe()
+    relay._give_back(*cut, drained=False)  # a cut: whatever the kernel says
+    assert all(_closed(fd) for fd in cut) and relay._kept == []
+    burst = [relay._take_pipe() for _ in range(3)]
+    for pipe in burst:
+        relay._give_back(*pipe, drained=True)
+    assert relay._kept == burst[:2] and all(_closed(fd) for fd in burst[2])
+    for pipe in relay._kept:
+        os.close(pipe[0])
+        os.close(pipe[1])
+
+
+def _closed(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
 
 
 # -- whole-message sniffing: segmentation, bounds, names

@@ -4,6 +4,7 @@ the connection accounting and the stop summary; what it loads after "ready", and
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -23,7 +24,7 @@ import dns.rcode
 import orjson
 import pytest
 
-from enforcer.audit import AuditWriter
+from enforcer.audit import AuditUnavailable, AuditWriter
 from enforcer.audit.writer import log_files
 from enforcer.command_start import trusted_import_path
 from enforcer.egress.dns import DnsStub, Resolution, ResolveError, SyntheticAddresses, UpstreamResolver, dnspython
@@ -300,6 +301,195 @@ def test_serve_until_stop_then_summarise(setup: Setup) -> None:
     last = audit_records(setup.log)[-1]
     assert last["intent"] == "adl.enforcer.net.summary"
     assert last["payload"]["decision"] == "deny" and last["payload"]["rules"] == ["net.udp"]  # dropped packets
+
+
+class RecordingListener(socket.socket):
+    """A TCP listener that notes which thread accepted each connection."""
+
+    def __init__(self) -> None:
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.accepted_on: list[int] = []
+        self.bind(("127.0.0.1", 0))
+        self.listen(16)
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        accepted = super().accept()
+        self.accepted_on.append(threading.get_ident())
+        return accepted
+
+
+def test_connections_after_the_first_are_accepted_by_the_thread_that_handles_them(setup: Setup) -> None:
+    """Once the connection filter is loaded, each TCP connection is accepted on a pool thread that
+    then handles it (no hand-off on the way to its checks); at stop no thread accepts any more, and
+    every connection is in the records and totals before the summary."""
+    handled_on: list[int] = []
+    handle = setup.connections.handle
+
+    def noting(conn: socket.socket) -> None:
+        handled_on.append(threading.get_ident())
+        handle(conn)
+
+    setup.connections.handle = noting  # type: ignore[method-assign]
+    listener = RecordingListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    result: dict[str, Any] = {}
+    serving = threading.Thread(target=lambda: result.update(dropped=setup.server.serve(theirs, space)))
+    serving.start()
+    late = None
+    try:
+        for count in range(1, 5):
+            with socket.create_connection(listener.getsockname()) as client:
+                client.settimeout(5)
+                with pytest.raises(ConnectionResetError):  # not redirected: no original destination
+                    client.recv(1)
+            wait_for(lambda: len(handled_on) == count and setup.server.handlers.value == 0)  # noqa: B023
+        ours.send(b"stop {}")
+        serving.join(5)
+        summary = setup.server.stop(result["dropped"])
+        late = socket.create_connection(listener.getsockname())
+        time.sleep(0.3)
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, *([late] if late else [])):
+            sock.close()
+    assert len(listener.accepted_on) == 4  # the late one was not accepted
+    assert listener.accepted_on[0] == serving.ident != handled_on[0]  # the first: loads the filter, hands off
+    assert listener.accepted_on[1:] == handled_on[1:] and serving.ident not in handled_on[1:]
+    assert summary["connections"] == {**summary["connections"], "connections": 4, "denied": 4}
+    setup.writer.sync()
+    records = audit_records(setup.log)
+    assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
+    assert records[4]["intent"] == "adl.enforcer.net.summary" and len(records) == 5
+
+
+class ExhaustedListener(RecordingListener):
+    """A listener whose accept fails as in a process out of descriptors, until told otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exhausted = False
+        self.failed = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.exhausted:
+            self.failed += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().accept()
+
+
+def test_serve_waits_instead_of_spinning_when_out_of_descriptors(setup: Setup) -> None:
+    """The same for what serve() accepts itself (DNS over TCP, the first TCP connection)."""
+    listener = ExhaustedListener()
+    listener.exhausted = True
+    try:
+        started = time.monotonic()
+        setup.server.accept(listener, "dns_tcp")
+        assert time.monotonic() - started >= 0.04 and listener.failed == 1 and setup.server.handlers.value == 0
+    finally:
+        listener.close()
+
+
+def test_the_accepting_thread_waits_instead_of_spinning_when_out_of_descriptors(setup: Setup) -> None:
+    """Out of descriptors, the queued connection keeps the listener readable: the accepting thread
+    tries again after a pause rather than in a busy loop, and accepts once it can."""
+    listener = ExhaustedListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    serving = threading.Thread(target=lambda: setup.server.serve(theirs, space))
+    serving.start()
+    clients: list[socket.socket] = []
+    try:
+        clients.append(socket.create_connection(listener.getsockname()))  # loads the filter: the pool accepts next
+        wait_for(lambda: len(listener.accepted_on) == 1 and setup.server.handlers.value == 0)
+        listener.exhausted = True
+        clients.append(socket.create_connection(listener.getsockname()))
+        time.sleep(0.5)
+        assert 2 <= listener.failed <= 20  # a pause between tries, not thousands of them
+        listener.exhausted = False
+        wait_for(lambda: len(listener.accepted_on) == 2)  # taken once descriptors are back
+        ours.send(b"stop {}")
+        serving.join(5)
+        assert not serving.is_alive()
+        setup.server.stop({})
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, *clients):
+            sock.close()
+
+
+def test_a_refusal_the_accepting_thread_cannot_record_ends_the_serving(setup: Setup) -> None:
+    """A connection the pool's accepting thread must refuse but cannot record makes serve() raise
+    (the filter fails and its launcher is told), as it does when serve() accepts it itself; the
+    connection is not left waiting unaccepted and unrecorded."""
+    listener = RecordingListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    raised: list[BaseException] = []
+
+    def serving_body() -> None:
+        try:
+            setup.server.serve(theirs, space)
+        except BaseException as exc:
+            raised.append(exc)
+
+    serving = threading.Thread(target=serving_body)
+    serving.start()
+    try:
+        with socket.create_connection(listener.getsockname()) as client:
+            client.settimeout(5)
+            with pytest.raises(ConnectionResetError):
+                client.recv(1)
+        wait_for(lambda: setup.server.handlers.value == 0 and len(listener.accepted_on) == 1)
+
+        def unrecordable(conn: socket.socket, limit: int) -> None:
+            conn.close()
+            raise AuditUnavailable("the audit log is unwritable")
+
+        setup.server.max_connections = 0
+        setup.connections.refuse_over_limit = unrecordable  # type: ignore[method-assign]
+        with socket.create_connection(listener.getsockname()):
+            serving.join(5)
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener):
+            sock.close()
+    assert not serving.is_alive() and len(listener.accepted_on) == 2
+    assert [type(exc) for exc in raised] == [AuditUnavailable]
+
+
+def test_each_distinct_question_is_decided_once_and_the_kept_answers_are_bounded(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filter keeps decide()'s answers for its one policy: a repeated question is not decided
+    again and gets the same answer; an agent that asks ever new questions cannot grow the memory."""
+    from enforcer.egress import filter as connection_filter
+    from enforcer.policy import NetworkConnect, decide
+
+    asked: list[NetworkConnect] = []
+
+    def counting(policy: Any, question: NetworkConnect) -> Any:
+        asked.append(question)
+        return decide(policy, question)
+
+    monkeypatch.setattr(connection_filter, "decide", counting)
+    monkeypatch.setattr(connection_filter, "MAX_KEPT_DECISIONS", 3)
+    connections = setup.connections
+    allowed = NetworkConnect("api.example.test", 443, "tls", "93.184.215.14")
+    refused = NetworkConnect("api.example.test", 22, "tcp", "93.184.215.14")
+    assert connections._decide(allowed) == decide(connections.policy, allowed) and asked == [allowed]
+    assert connections._decide(allowed).allowed and asked == [allowed]  # kept
+    assert not connections._decide(refused).allowed and asked == [allowed, refused]
+    for port in range(1000, 1010):
+        connections._decide(NetworkConnect("api.example.test", port, "tcp", "93.184.215.14"))
+        assert len(connections._decisions) <= 3
+    assert connections._decide(allowed).allowed and asked[-1] == allowed  # forgotten, decided again
 
 
 def test_a_summary_without_drops_allows(setup: Setup) -> None:

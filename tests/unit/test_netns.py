@@ -165,6 +165,42 @@ def test_nft_runs_in_the_calling_threads_namespace_as_the_program_does() -> None
     assert error.startswith("nft: Error:") and "nowhere" in error
 
 
+def test_counters_listed_over_netlink_are_what_nft_lists() -> None:
+    """The counters read with one nf_tables dump match nft's own listing, counts included, and only
+    the table's own; an absent table has none, and the filter's reader then fails rather than
+    report no drops."""
+
+    def inside() -> tuple[dict[str, int], str, dict[str, int], str]:
+        netns.nft(netns.ruleset())
+        netns.add_default_route(socket.AF_INET, "lo", source="127.0.0.1")
+        netns.nft(f"add counter inet {netns.TABLE} extra {{ packets 7 bytes 70 }}")
+        netns.nft("add table inet other\nadd counter inet other udp_dropped { packets 5 bytes 5 }")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for _ in range(3):
+                with contextlib.suppress(OSError):  # dropped by the rules (EPERM), and counted
+                    sock.sendto(b"x", ("192.0.2.1", 9))
+        listed = netns.list_counters()
+        program = subprocess.run(
+            ["nft", "-j", "list", "counters", "table", "inet", netns.TABLE], capture_output=True, text=True, check=True
+        ).stdout
+        absent = netns.list_counters("absent")
+        table = f"inet {netns.TABLE}"
+        netns.nft(f"delete table {table}\nadd table {table}\nadd counter {table} udp_dropped")
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as raised:
+                netns.read_counters(own)
+        finally:
+            os.close(own)
+        return listed, program, absent, str(raised.value)
+
+    listed, program, absent, error = in_new_namespace(inside)
+    counters = [item["counter"] for item in json.loads(program)["nftables"] if "counter" in item]
+    assert listed == {c["name"]: c["packets"] for c in counters}
+    assert listed == {"quic_dropped": 0, "udp_dropped": 3, "other_dropped": 0, "extra": 7} and absent == {}
+    assert "quic_dropped, other_dropped" in error
+
+
 def test_the_drop_counters_are_read_inside_the_agents_namespace() -> None:
     space = netns.create(filter_port=15001, dns_port=53)
     try:
