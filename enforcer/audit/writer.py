@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..paths import make_private_dir
 from . import keys, logfiles, records, registry, schedule
 from .appender import Appender, AuditStalled, AuditUnavailable, Entry, Receipt, RecordRejected
 from .chain import Chain
@@ -97,11 +98,11 @@ class AuditWriter(Appender):
         self._append_since = self._sync_since = 0.0
         self._registry_fd = -1
         try:
+            # Checked before anything is created, the key included: a refused directory leaves no trace.
+            make_private_dir(self.directory, 0o750)
             self._key = keys.load_or_create(Path(key_path))
             self._key_id = keys.key_id(self._key.public_key())
             self._sign = checkpoint_signer(self._key, self._key_id)
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
-            logfiles.check_private(self.directory)
             (self.directory / registry.WRITERS_DIR).mkdir(exist_ok=True, mode=0o750)
             self._lease = registry.Lease(self.directory)
             self._head = Head(self.directory, self._key, self._key_id, self.writer_id, clock)

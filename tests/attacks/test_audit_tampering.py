@@ -246,3 +246,22 @@ def test_a_live_log_has_its_head_from_its_first_checkpoint_on(tmp_path: Path) ->
 
 def _lines(directory: Path) -> list[bytes]:
     return [line for path in log_files(directory) for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_refused_log_directory_is_not_created_first(tmp_path: Path) -> None:
+    """The refusal comes before the log's directories (and the sealing key) are made: made first,
+    they would be left in a place another user controls, ready for the next writer."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chown(parent, 65534, 65534)
+    with pytest.raises(AuditUnavailable, match=f"{parent} is owned by uid 65534"):
+        AuditWriter(parent / "audit" / "daemon", tmp_path / "key" / "audit.pem").close()
+    assert list(parent.iterdir()) == []
+    assert not (tmp_path / "key").exists()
+    group_writable = tmp_path / "group"
+    group_writable.mkdir()
+    group_writable.chmod(0o775)
+    with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
+        AuditWriter(group_writable / "audit", tmp_path / "key" / "audit.pem").close()
+    assert list(group_writable.iterdir()) == []
