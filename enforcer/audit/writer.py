@@ -430,13 +430,18 @@ class AuditWriter(Appender):
 
     def _write_checkpoint(self, *, head_later: bool = False) -> Receipt:
         """A checkpoint record sealing the chain so far, then HEAD.json naming it. HEAD may only
-        name a durable checkpoint: with `head_later` the flusher thread writes it after its next
+        name a durable record: with `head_later` the flusher thread writes it after its next
         fdatasync, which keeps two fsyncs off the append path."""
+        if not (self.directory / HEAD_FILE).exists():
+            # verify takes a log with a checkpoint and no HEAD for one cut back after its HEAD was
+            # removed. So no checkpoint is written before a HEAD exists: the first one names the
+            # last record before the checkpoint, and a crash before the checkpoint's own HEAD leaves
+            # a log that verifies.
+            self._sync_locked()
+            self._head.write(Receipt(self._chain.seq, self._chain.hash, self._chain.log_id))
         receipt = self._write(records.CHECKPOINT, checkpoint_payload(self._chain.seq, self._key_id), sig_fn=self._sign)
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
-        # The log's first HEAD is written at once: verify takes a log with a checkpoint and no HEAD
-        # for one cut back after its HEAD was removed.
-        if head_later and (self.directory / HEAD_FILE).exists():
+        if head_later:
             self._pending_head = receipt
             self._flush_wanted.set()
         else:

@@ -265,3 +265,21 @@ def test_a_refused_log_directory_is_not_created_first(tmp_path: Path) -> None:
     with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
         AuditWriter(group_writable / "audit", tmp_path / "key" / "audit.pem").close()
     assert list(group_writable.iterdir()) == []
+
+
+def test_a_head_copied_from_another_log_sealed_with_the_same_key_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HEAD may name the record before a log's first checkpoint, not only a checkpoint: the record
+    at the seq it names must still be the one it names. Another log sealed with the same key (the
+    daemon's and adl-exec's, say) has a valid HEAD of its own: copied here it must not pass."""
+    directory = _sealed_log(tmp_path)
+    other = tmp_path / "other"
+    with AuditWriter(other, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=5)) as w:
+        for i in range(8):
+            w.append(records.DECISION, {"agent": "urn:b", "n": i})
+    head = orjson.loads((other / "HEAD.json").read_bytes())
+    (directory / "HEAD.json").write_bytes((other / "HEAD.json").read_bytes())
+    code, out = _verify(directory, capsys)
+    assert code == 2, out
+    assert f"TAMPERED at seq {head['seq']}: seq {head['seq']} is not the record the signed head names" in out
