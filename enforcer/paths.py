@@ -1,6 +1,7 @@
-"""Default locations for state the enforcer writes: system paths for root, XDG paths otherwise.
+"""Default locations for state the enforcer writes: system paths for root, XDG paths otherwise; and
+the check that a directory the enforcer writes or trusts is writable only by root or its user.
 
-Each function is given the environment to read XDG_* from (the command's; nothing here reads
+The location functions are given the environment to read XDG_* from (the command's; nothing here reads
 os.environ). The ADL_ENFORCER_* settings that move these locations are in enforcer/settings.py."""
 
 from __future__ import annotations
