@@ -283,3 +283,21 @@ def test_a_head_copied_from_another_log_sealed_with_the_same_key_is_refused(
     code, out = _verify(directory, capsys)
     assert code == 2, out
     assert f"TAMPERED at seq {head['seq']}: seq {head['seq']} is not the record the signed head names" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_signing_key_in_a_directory_another_user_may_write_is_refused(tmp_path: Path) -> None:
+    """The key seals the log: whoever may write its directory can swap in a key of their own, edit
+    the log and seal it again, and verify (which takes the key the log names) would pass it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)
+    with pytest.raises(AuditUnavailable, match=f"{shared} is owned by uid 65534"):
+        AuditWriter(tmp_path / "audit", shared / "keys" / "audit.pem").close()
+    assert list(shared.iterdir()) == []
+    group_writable = tmp_path / "keys"
+    group_writable.mkdir()
+    group_writable.chmod(0o770)
+    with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
+        AuditWriter(tmp_path / "audit", group_writable / "audit.pem").close()
+    assert list(group_writable.iterdir()) == []
