@@ -53,6 +53,22 @@ def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
         return last, pos + end, torn
 
 
+def has_checkpoint(directory: Path) -> bool:
+    """Whether a log file holds a checkpoint record (read only when HEAD.json is missing)."""
+    marker = b'"intent":"' + (records.INTENT_PREFIX + records.CHECKPOINT).encode() + b'"'
+    for path in log_files(directory):
+        with open(path, "rb") as f:
+            for line in f:
+                if marker not in line:
+                    continue
+                try:
+                    if records.kind_of(parse_line(line)) == records.CHECKPOINT:
+                        return True
+                except records.RecordError:
+                    continue
+    return False
+
+
 def first_record(path: Path) -> dict[str, Any]:
     """The first record of a log file ({} while its first line is incomplete)."""
     with open(path, "rb") as f:

@@ -437,6 +437,11 @@ class AuditWriter(Appender):
             # removed. So no checkpoint is written before a HEAD exists: the first one names the
             # last record before the checkpoint, and a crash before the checkpoint's own HEAD leaves
             # a log that verifies.
+            if logfiles.has_checkpoint(self.directory):
+                # Sealed before, so HEAD was removed (or lost by an older writer's crash): the HEAD
+                # written now would make a log cut back before it look whole. The chain says so.
+                payload = {"reason": "head_missing", "last_seq_before_detection": self._chain.seq}
+                self._write(records.GAP, payload, priority="high")
             self._sync_locked()
             self._head.write(Receipt(self._chain.seq, self._chain.hash, self._chain.log_id))
         receipt = self._write(records.CHECKPOINT, checkpoint_payload(self._chain.seq, self._key_id), sig_fn=self._sign)

@@ -301,3 +301,24 @@ def test_a_signing_key_in_a_directory_another_user_may_write_is_refused(tmp_path
     with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
         AuditWriter(tmp_path / "audit", group_writable / "audit.pem").close()
     assert list(group_writable.iterdir()) == []
+
+
+def test_a_log_cut_back_and_sealed_again_by_the_next_writer_says_head_was_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cut above, then the next writer (a restart, the next session) seals the log again: the new
+    HEAD names what is left, so the cut itself no longer shows. The writer, finding a sealed log
+    without HEAD, says so in the chain before it writes one."""
+    directory = _sealed_log(tmp_path)
+    path = log_files(directory)[0]
+    lines = path.read_bytes().splitlines(keepends=True)
+    checkpoints = [i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line]
+    kept = checkpoints[1] + 1
+    path.write_bytes(b"".join(lines[:kept]))
+    (directory / "HEAD.json").unlink()
+    with AuditWriter(directory, tmp_path / "key" / "audit.pem") as w:
+        w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": "after"})
+    code, out = _verify(directory, capsys)
+    assert code == 0, out
+    # writer.open, the decision and writer.close come after the cut; then the gap, then the checkpoint
+    assert f"gap at seq {kept + 4}: head_missing (last_seq_before_detection={kept + 3})" in out, out
