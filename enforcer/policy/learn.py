@@ -177,8 +177,14 @@ def learn(
             if ports is not None and port not in ports:
                 ports.append(port)
                 added_ports.append(port)
+    # Notes quote paths the run saw, whatever their bytes: they go to the audit log too.
     return Learned(
-        document, tuple(added_paths), tuple(added_commands), tuple(added_hosts), tuple(added_ports), tuple(notes)
+        document,
+        tuple(added_paths),
+        tuple(added_commands),
+        tuple(added_hosts),
+        tuple(added_ports),
+        tuple(escaped(n) for n in notes),
     )
 
 

@@ -65,3 +65,14 @@ def test_a_name_that_is_not_utf8_is_left_out_and_named_escaped() -> None:
         "(grant a directory above it by hand if the agent needs it)",
     )
     lm.diff(START, result.document, "a", "b").encode("utf-8")  # nothing left that cannot be written
+
+
+def test_a_note_quoting_a_name_that_is_not_utf8_is_escaped() -> None:
+    seen = lm.Observations(written={"/\udcff/f"})
+    result = lm.learn(START, seen, cwd="/home/me/w", already_granted=[])
+    assert "filesystem" not in result.document["permissions"]
+    assert result.notes == (
+        "/\\xff/** read_write: the run wrote directly in a top-level directory (review: it grants all of it)",
+        "/\\xff/** not granted: its name is not UTF-8, which a policy document cannot hold "
+        "(grant a directory above it by hand if the agent needs it)",
+    )
