@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Any
 
-from .policy import Policy
+from .policy import Policy, presets
 from .text import printable
 
 
@@ -82,13 +84,39 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
     }
 
 
+def preset_details(
+    catalog: presets.Catalog, names: tuple[str, ...], chosen: Sequence[presets.Preset]
+) -> tuple[dict[str, str], list[str]]:
+    """What the runtime presets `chosen` (named `names`) add on this host: the variables they set,
+    and the lines adl-exec --explain and adl-policy explain both show for them."""
+    env: dict[str, str] = {}
+    details = [f"presets {', '.join(names)} from {catalog.source} ({catalog.digest[:19]}…)"]
+    for preset in chosen:
+        granted = [p for p in (*preset.read, *preset.read_write, *preset.execute) if os.path.exists(p)]
+        details.append(f"  {preset.name}: {preset.description}")
+        if granted:
+            details.append(f"    paths: {', '.join(granted)}")
+        for var, candidates in preset.env.items():
+            # Values are paths when they look like paths: the first that exists on this host.
+            paths = [c for c in candidates if c.startswith("/")]
+            value = next((c for c in paths if os.path.exists(c)), None) if paths else candidates[0]
+            if value is not None:
+                env[var] = value
+                details.append(f"    env {var}={value}")
+        if preset.session_tmp:
+            details.append("    TMPDIR, TMP, TEMP: a directory of the session's own under /tmp, removed at exit")
+    return env, details
+
+
 def _fmt(values: list[Any] | None, empty: str = "(none)") -> str:
     if values is None:
         return "(absent)"
     return ", ".join(str(v) for v in values) if values else empty
 
 
-def render_policy(policy: Policy) -> str:
+def render_policy(policy: Policy, runtime_presets: Sequence[str] = ()) -> str:
+    """The effective policy; `runtime_presets`: preset_details' lines for the presets the document
+    enables, which grant beyond its permissions."""
     s = policy_summary(policy)
     agent = s["agent"]
     denied = "DENIED (domain absent)"
@@ -139,6 +167,9 @@ def render_policy(policy: Policy) -> str:
         if lim is None
         else "limits        " + "  ".join(f"{k}={v}" for k, v in lim.items() if v is not None)
     )
+    if runtime_presets:
+        lines.append("presets       runtime presets (ADL extension adl-enforcer.runtime) add to the above:")
+        lines += [f"              {line}" for line in runtime_presets]
     lines.append("")
     lines.append(f"Tools ({len(s['tools'])}; any other tool is denied)")
     for tool in s["tools"]:

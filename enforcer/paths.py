@@ -1,11 +1,13 @@
-"""Default locations for state the enforcer writes: system paths for root, XDG paths otherwise.
+"""Default locations for state the enforcer writes: system paths for root, XDG paths otherwise; and
+the check that a directory the enforcer writes or trusts is writable only by root or its user.
 
-Each function is given the environment to read XDG_* from (the command's; nothing here reads
+The location functions are given the environment to read XDG_* from (the command's; nothing here reads
 os.environ). The ADL_ENFORCER_* settings that move these locations are in enforcer/settings.py."""
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -41,3 +43,68 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
 def runtime_dir(environ: Mapping[str, str]) -> Path:
     """Where adl-enforcerd's sockets and lock files are by default."""
     return Path("/run/adl-enforcer") if os.geteuid() == 0 else state_dir(environ) / "run"
+
+
+def check_private(directory: Path) -> None:
+    """PermissionError naming the path and what is wrong unless this process's user owns
+    `directory`, nobody else may write it, and every directory above it is writable only by root or
+    this user (a root-owned sticky directory such as /tmp may be above it). Whoever else could write
+    there could plant or replace the names the enforcer, often root, reads and writes through: a
+    symlink where a log file goes, an agent's policy rewritten."""
+    _check_symlinks_on_the_way(directory)
+    _check_owners(Path(os.path.realpath(directory)), private_leaf=True)
+
+
+def make_private_dir(directory: Path, mode: int) -> None:
+    """Create `directory` (and what is missing above it, with `mode`) only once the nearest existing
+    directory above it passes the checks for a directory above, then check it as check_private
+    does: a refusal leaves nothing behind."""
+    named = Path(os.path.abspath(directory))
+    existing = named
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    _check_symlinks_on_the_way(existing)
+    real = Path(os.path.realpath(existing))
+    _check_owners(real, private_leaf=real == Path(os.path.realpath(named)))
+    os.makedirs(named, mode=mode, exist_ok=True)
+    check_private(named)
+
+
+def check_private_file(path: Path) -> None:
+    """PermissionError unless the file `path` resolves to is a regular file owned by root or this
+    process's user that nobody else may write, in a directory check_private accepts."""
+    real = Path(os.path.realpath(path))
+    check_private(real.parent)
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionError(f"{real} is not a regular file")
+    if st.st_uid not in (0, os.geteuid()):
+        raise PermissionError(f"{real} is owned by uid {st.st_uid}")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"{real} is writable by group or others")
+
+
+def _check_symlinks_on_the_way(directory: Path) -> None:
+    """A symlink on the way, as named, belongs to root or this user: another user's could point
+    anywhere, and realpath reads a link without following it (protected_symlinks does not apply)."""
+    euid = os.geteuid()
+    given = Path(os.path.abspath(directory)).parts
+    for depth in range(2, len(given) + 1):
+        st = os.lstat(Path(*given[:depth]))
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, euid):
+            raise PermissionError(f"{Path(*given[:depth])} is a symlink of uid {st.st_uid}")
+
+
+def _check_owners(real: Path, *, private_leaf: bool) -> None:
+    euid = os.geteuid()
+    parts = real.parts
+    for depth in range(1, len(parts) + 1):
+        current = Path(*parts[:depth])
+        st = os.lstat(current)
+        leaf = private_leaf and depth == len(parts)
+        if not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(f"{current} is not a directory")
+        if st.st_uid not in (0, euid) or (leaf and st.st_uid != euid):
+            raise PermissionError(f"{current} is owned by uid {st.st_uid}")
+        if st.st_mode & 0o022 and (leaf or not (st.st_mode & stat.S_ISVTX and st.st_uid == 0)):
+            raise PermissionError(f"{current} is writable by group or others")

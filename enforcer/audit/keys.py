@@ -10,6 +10,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from ..paths import make_private_dir
 from .logfiles import sync_directory
 
 # A key written by load_or_create, byte for byte: PKCS#8 (RFC 8410) holding only the 32-byte seed.
@@ -38,11 +39,13 @@ def public_path(private_path: Path) -> Path:
 def load_or_create(path: Path) -> ed25519.Ed25519PrivateKey:
     """Read the private key; on first start create it (0600, O_EXCL so concurrent starts agree) and
     write the public half beside it for verifiers."""
+    # Whoever else could write the key's directory could put a key of their own in its place and
+    # re-seal a log they edited: checked (before anything is created) as the log's directory is.
+    make_private_dir(path.parent, 0o700)
     try:
         return _load_private(path)
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     import tempfile  # creating a key happens once per key file
 
     from cryptography.hazmat.primitives import serialization

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,6 @@ from .records import parse_line
 
 LOG_GLOB = "audit-*.jsonl"
 TORN_DIR = "torn"
-
-
-def check_private(directory: Path) -> None:
-    """PermissionError unless this process's user owns `directory`, nobody else may write it, and
-    every directory above it is writable only by root or this user (a root-owned sticky directory
-    such as /tmp may be above it). Whoever else could write there could plant names the writer,
-    often root, then writes through: a symlink at a torn line's future place gets its bytes."""
-    euid = os.geteuid()
-    given = Path(os.path.abspath(directory)).parts
-    for depth in range(2, len(given) + 1):  # a symlink on the way, as named: whose is it?
-        st = os.lstat(Path(*given[:depth]))
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, euid):
-            raise PermissionError(f"{Path(*given[:depth])} is a symlink of uid {st.st_uid}")
-    parts = Path(os.path.realpath(directory)).parts
-    for depth in range(1, len(parts) + 1):
-        current = Path(*parts[:depth])
-        st = os.lstat(current)
-        leaf = depth == len(parts)
-        if st.st_uid not in (0, euid) or (leaf and st.st_uid != euid):
-            raise PermissionError(f"{current} is owned by uid {st.st_uid}")
-        if st.st_mode & 0o022 and (leaf or not (st.st_mode & stat.S_ISVTX and st.st_uid == 0)):
-            raise PermissionError(f"{current} is writable by group or others")
 
 
 def log_name(first_seq: int) -> str:
@@ -74,6 +51,22 @@ def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
         start = complete.rfind(b"\n", 0, len(complete) - 1) + 1
         last = complete[start:-1] if complete else None
         return last, pos + end, torn
+
+
+def has_checkpoint(directory: Path) -> bool:
+    """Whether a log file holds a checkpoint record (read only when HEAD.json is missing)."""
+    marker = b'"intent":"' + (records.INTENT_PREFIX + records.CHECKPOINT).encode() + b'"'
+    for path in log_files(directory):
+        with open(path, "rb") as f:
+            for line in f:
+                if marker not in line:
+                    continue
+                try:
+                    if records.kind_of(parse_line(line)) == records.CHECKPOINT:
+                        return True
+                except records.RecordError:
+                    continue
+    return False
 
 
 def first_record(path: Path) -> dict[str, Any]:

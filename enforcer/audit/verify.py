@@ -34,7 +34,7 @@ class VerifyReport:
     problem: str | None = None
     key_source: str = ""
     head_seq: int | None = None
-    checkpoint_hashes: dict[int, str] = field(default_factory=dict, repr=False)
+    head_record_hash: str | None = field(default=None, repr=False)  # of the record at the seq HEAD names
 
     @property
     def intact(self) -> bool:
@@ -75,18 +75,34 @@ def verify_directory(directory: Path, public_key: ed25519.Ed25519PublicKey | Non
     """Verify the log; `public_key` pins the sealing key, otherwise the key recorded in the log's
     first record is used (and the report says so: that only proves internal consistency)."""
     report = VerifyReport(key_source="pinned" if public_key else "")
+    # HEAD is read before the log: a live writer only names records already written, so the walk
+    # that follows finds the one it names.
     try:
-        key = _walk(directory, public_key, report)
-        _check_head(directory, report, key)
+        head: bytes | None = (directory / HEAD_FILE).read_bytes()
+    except FileNotFoundError:
+        head = None
+    try:
+        key = _walk(directory, public_key, report, _named_seq(head))
+        _check_head(head, report, key)
     except _Broken as broken:
         report.bad_seq, report.problem = broken.seq, broken.problem
     return report
 
 
+def _named_seq(head: bytes | None) -> int | None:
+    """The seq HEAD.json names, read leniently: _check_head reads it strictly after the walk."""
+    try:
+        seq = orjson.loads(head).get("seq") if head is not None else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) else None
+
+
 def _walk(
-    directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport
+    directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport, named_seq: int | None
 ) -> ed25519.Ed25519PublicKey | None:
-    """Walk every file; returns the sealing key used (pinned, or the one log.open records)."""
+    """Walk every file; returns the sealing key used (pinned, or the one log.open records), and
+    notes the hash of the record at `named_seq`."""
     files = log_files(directory)
     if not files:
         raise _Broken(1, f"no audit files in {directory}")
@@ -141,6 +157,8 @@ def _walk(
                 else:
                     rotate_to = record.get("payload", {}).get("next_file")
             prev = digest.decode()
+            if seq == named_seq:
+                report.head_record_hash = prev
             expected_seq += 1
             report.records += 1
         if torn:
@@ -174,15 +192,15 @@ def _check_checkpoint(record: dict[str, Any], key: ed25519.Ed25519PublicKey | No
         raise _Broken(record["seq"], "checkpoint signature does not verify with the sealing key")
     report.checkpoints += 1
     report.sealed_seq = record["seq"]
-    report.checkpoint_hashes[record["seq"]] = record["hash"]
 
 
-def _check_head(directory: Path, report: VerifyReport, key: ed25519.Ed25519PublicKey | None) -> None:
-    """HEAD.json names the newest checkpoint; a log that ends before it was cut off."""
-    path = directory / HEAD_FILE
-    if not path.exists():
-        # Every checkpoint is followed by a HEAD naming it (or a newer one): without HEAD, a log cut
-        # back to any checkpoint would look whole. Only a log never sealed may lack it.
+def _check_head(head_bytes: bytes | None, report: VerifyReport, key: ed25519.Ed25519PublicKey | None) -> None:
+    """HEAD.json names the newest checkpoint (before a log's first checkpoint, the record before
+    it); a log that ends before the record it names was cut off."""
+    if head_bytes is None:
+        # A writer makes HEAD before a log's first checkpoint and moves it to each checkpoint after:
+        # without HEAD, a log cut back to any checkpoint would look whole. Only a log never sealed
+        # may lack it.
         if report.checkpoints:
             raise _Broken(
                 report.last_seq + 1,
@@ -191,7 +209,7 @@ def _check_head(directory: Path, report: VerifyReport, key: ed25519.Ed25519Publi
             )
         return
     try:
-        head = orjson.loads(path.read_bytes())
+        head = orjson.loads(head_bytes)
         seq, digest, sig = head["seq"], head["hash"], head["sig"]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         raise _Broken(report.last_seq + 1, f"{HEAD_FILE} is unreadable") from None
@@ -204,5 +222,5 @@ def _check_head(directory: Path, report: VerifyReport, key: ed25519.Ed25519Publi
             report.last_seq + 1,
             f"log ends at seq {report.last_seq} but the signed head says seq {seq} was written (log truncated)",
         )
-    if report.checkpoint_hashes.get(seq) != digest:
-        raise _Broken(seq, f"seq {seq} is not the checkpoint the signed head names")
+    if report.head_record_hash != digest:
+        raise _Broken(seq, f"seq {seq} is not the record the signed head names")

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..paths import make_private_dir
 from . import keys, logfiles, records, registry, schedule
 from .appender import Appender, AuditStalled, AuditUnavailable, Entry, Receipt, RecordRejected
 from .chain import Chain
@@ -97,11 +98,11 @@ class AuditWriter(Appender):
         self._append_since = self._sync_since = 0.0
         self._registry_fd = -1
         try:
+            # Checked before anything is created, the key included: a refused directory leaves no trace.
+            make_private_dir(self.directory, 0o750)
             self._key = keys.load_or_create(Path(key_path))
             self._key_id = keys.key_id(self._key.public_key())
             self._sign = checkpoint_signer(self._key, self._key_id)
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
-            logfiles.check_private(self.directory)
             (self.directory / registry.WRITERS_DIR).mkdir(exist_ok=True, mode=0o750)
             self._lease = registry.Lease(self.directory)
             self._head = Head(self.directory, self._key, self._key_id, self.writer_id, clock)
@@ -429,13 +430,23 @@ class AuditWriter(Appender):
 
     def _write_checkpoint(self, *, head_later: bool = False) -> Receipt:
         """A checkpoint record sealing the chain so far, then HEAD.json naming it. HEAD may only
-        name a durable checkpoint: with `head_later` the flusher thread writes it after its next
+        name a durable record: with `head_later` the flusher thread writes it after its next
         fdatasync, which keeps two fsyncs off the append path."""
+        if not (self.directory / HEAD_FILE).exists():
+            # verify takes a log with a checkpoint and no HEAD for one cut back after its HEAD was
+            # removed. So no checkpoint is written before a HEAD exists: the first one names the
+            # last record before the checkpoint, and a crash before the checkpoint's own HEAD leaves
+            # a log that verifies.
+            if logfiles.has_checkpoint(self.directory):
+                # Sealed before, so HEAD was removed (or lost by an older writer's crash): the HEAD
+                # written now would make a log cut back before it look whole. The chain says so.
+                payload = {"reason": "head_missing", "last_seq_before_detection": self._chain.seq}
+                self._write(records.GAP, payload, priority="high")
+            self._sync_locked()
+            self._head.write(Receipt(self._chain.seq, self._chain.hash, self._chain.log_id))
         receipt = self._write(records.CHECKPOINT, checkpoint_payload(self._chain.seq, self._key_id), sig_fn=self._sign)
         self._since_checkpoint, self._last_checkpoint_ns = 0, self._clock()
-        # The log's first HEAD is written at once: verify takes a log with a checkpoint and no HEAD
-        # for one cut back after its HEAD was removed.
-        if head_later and (self.directory / HEAD_FILE).exists():
+        if head_later:
             self._pending_head = receipt
             self._flush_wanted.set()
         else:

@@ -94,7 +94,9 @@ def _iso(unix_ms: int) -> str:
 def _one_line(item: dict[str, Any]) -> str:
     args = json.dumps(item["arguments"], sort_keys=True, ensure_ascii=False)
     if len(args) > 80:
-        args = args[:77] + "..."
+        # Visibly cut: "..." alone could be part of the arguments, and the approver must know to
+        # read the rest before deciding.
+        args = f"{args[:77]}… [cut: {len(args)} characters in all, adl-approve show {item['approval_id']}]"
     session = f" session={item['session']}" if item["session"] else ""
     # Callers chose the tool name and arguments: escaped, they cannot drive the approver's terminal.
     return printable(
@@ -252,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_text("adl-approve"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    listing = sub.add_parser("list", help="pending approvals, oldest first")
+    listing = sub.add_parser(
+        "list", help="pending approvals, oldest first, one line each (long arguments cut: say so, see show)"
+    )
     listing.add_argument("--agent", help="only this agent's")
     listing.set_defaults(run=cmd_list)
 

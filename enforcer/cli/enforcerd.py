@@ -34,9 +34,12 @@ sockets:
   the API socket knows each caller's uid (SO_PEERCRED): who may launch an agent or Check as it
   without a session is agent_callers (default: root only); a session token works only for its uid.
 
+policy_dir, every directory above it and its documents must be writable only by root or the
+daemon's user: otherwise it refuses to start, naming the path and what is wrong.
+
 signals: SIGHUP reloads the policy directory (a document that fails keeps its previous version;
-an empty or unreadable directory keeps every agent loaded before); SIGTERM stops: sessions are
-ended and their exits recorded first.
+an empty, unreadable or unsafe directory keeps every agent loaded before); SIGTERM stops: sessions
+are ended and their exits recorded first.
 
 one daemon per socket and per cgroup_group: each holds a lock file beside its sockets
 (api.sock.lock, ...) and cgroup-<cgroup_group>.lock in the runtime directory; a second one on

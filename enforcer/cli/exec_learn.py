@@ -110,7 +110,7 @@ class Learner:
         return {
             "decision": "allow",
             "rules": ["learn.result"],
-            "learned_policy": str(self.out),
+            "learned_policy": learning.escaped(str(self.out)),  # the operator's name may not be UTF-8 either
             "added_paths": list(result.added_paths),
             "added_commands": list(result.added_commands),
             "added_hosts": list(result.added_hosts),

@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import data
-from ..documents import PolicyFileError, load_policy, load_regions, read_document, schema_set
-from ..explain import policy_summary, render_policy
+from ..documents import (
+    PolicyFileError,
+    compile_documents,
+    load_policy,
+    load_regions,
+    read_document,
+    schema_set,
+)
+from ..explain import policy_summary, preset_details, render_policy
 from ..policy import (
     CompileOptions,
     DocumentRejected,
@@ -25,6 +32,7 @@ from ..policy import (
     ProcessExec,
     ToolCall,
     decide,
+    presets,
 )
 from ..policy.aaif import PROVIDED_CAPABILITIES, capability_findings, condition_findings, validate_aaif
 from ..policy.adl import validate_adl
@@ -129,9 +137,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    policy = load_policy(args.file, args.aaif, _options(args), _now(args.now), args.spec_dir)
-    print(json.dumps(policy_summary(policy), indent=2) if args.json else render_policy(policy))
+    adl = read_document(args.file, "adl")
+    aaif = read_document(args.aaif, "aaif") if args.aaif else None
+    policy = compile_documents(adl, aaif, _options(args), _now(args.now), args.spec_dir)
+    grants = _preset_grants(adl, args.presets)
+    if args.json:
+        print(json.dumps({**policy_summary(policy), "runtime_presets": grants}, indent=2))
+    else:
+        print(render_policy(policy, grants))
     return EXIT_OK
+
+
+def _preset_grants(adl: dict[str, Any], catalog_path: Path) -> list[str]:
+    """What the runtime presets the document enables add to its permissions, as adl-exec --explain
+    shows it: they grant paths and variables its permissions do not list."""
+    from ..sandbox import runtime_presets  # only documents that ask for presets need the catalog
+    from ..sandbox.plan import PlanError
+
+    try:
+        names = presets.requested(adl)
+        if not names:
+            return []
+        catalog = runtime_presets.load_catalog(catalog_path)
+        _env, details = preset_details(catalog, names, presets.select(catalog, names))
+    except (presets.PresetError, PlanError) as exc:
+        return [f"REFUSED at launch: {exc}"]
+    return details
 
 
 def _action(args: argparse.Namespace) -> Any:
@@ -279,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--now", metavar="TIMESTAMP", help="evaluate expiry and sunset dates at this time")
     _capability_flag(p)
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("explain", help="print the effective policy and its warnings")
+    p = sub.add_parser(
+        "explain", help="print the effective policy, what the runtime presets it enables grant, and its warnings"
+    )
     p.add_argument("file", metavar="ADL_FILE")
     _compile_flags(p)
     p.set_defaults(func=cmd_explain)
@@ -322,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.spec_dir = launch_settings.read(os.environ).spec_dir
+        settings = launch_settings.read(os.environ)
+        args.spec_dir, args.presets = settings.spec_dir, settings.presets
     except launch_settings.SettingsError as exc:
         parser.error(str(exc))
     try:

@@ -25,7 +25,10 @@ class Settings(EnforcerSettings):
 
     model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", validate_default=True, env_ignore_empty=True)
 
-    policy_dir: Path = Field(default=Path("/etc/adl-enforcer/policies"), description="ADL/AAIF documents")
+    policy_dir: Path = Field(
+        default=Path("/etc/adl-enforcer/policies"),
+        description="ADL/AAIF documents; it and every directory above it writable only by root or the daemon's user",
+    )
     socket: Path = Field(description="API socket (Check)")
     admin_socket: Path = Field(description="admin socket (approvals, reload), 0600")
     launch_socket: Path = Field(description="launch socket used by adl-exec --daemon")

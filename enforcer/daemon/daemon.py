@@ -39,7 +39,7 @@ from .orders import SessionStarted
 from .registry import SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
-from .store import PolicyStore, ReloadResult
+from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
 
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
@@ -94,7 +94,8 @@ class Daemon:
                 home_region=settings.home_region,
             )
             self.store = PolicyStore(settings.policy_dir, schema_set(settings.spec_dir), options)
-        except PolicyFileError as exc:
+            self.store.check_directory()
+        except (PolicyFileError, UnsafePolicyDirectory) as exc:
             raise StartupError(str(exc)) from exc
         limits = ArgumentLimits(settings.max_argument_depth, settings.max_argument_items, settings.max_argument_string)
         self.callers = CallerTable()

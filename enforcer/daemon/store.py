@@ -3,6 +3,11 @@
 
 A reload never leaves a half-loaded state visible: readers take `store.snapshot` once per request.
 A document that fails to load keeps its previous version (if any) and is reported as a problem.
+
+The directory, every directory above it and every document must be writable only by the daemon's
+user (or root): whoever else could write there could rewrite an agent's grants, or put back an older
+signed version of them. A directory that fails this is refused at start and, on a reload, keeps what
+was loaded before; a document that fails it is refused like one that does not validate.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from ..audit import Masker
 from ..audit.events import agent_of
 from ..documents import read_document
+from ..paths import check_private, check_private_file
 from ..policy import CompileOptions, Policy, compile_policy
 from ..policy.errors import Refusal
 from ..policy.specs import SchemaSet
@@ -82,12 +88,26 @@ def _digest(*files: Path | None) -> str:
     return h.hexdigest()
 
 
+class UnsafePolicyDirectory(Exception):
+    """The policy directory, or one above it, may be written by a user other than the daemon's."""
+
+
 class PolicyStore:
     def __init__(self, directory: Path, schemas: SchemaSet, options: CompileOptions) -> None:
         self.directory = directory
         self.schemas = schemas
         self.options = options
         self.snapshot: Snapshot = EMPTY
+
+    def check_directory(self) -> None:
+        """UnsafePolicyDirectory naming the path and what is wrong with it; a directory that does not
+        exist (yet) passes here and is reported by reload()."""
+        if not self.directory.exists():
+            return
+        try:
+            check_private(self.directory)
+        except OSError as exc:
+            raise UnsafePolicyDirectory(f"policy directory {self.directory} refused: {exc}") from exc
 
     def reload(self, now: datetime | None = None) -> ReloadResult:
         """Load every document again; the new snapshot replaces the old one in one assignment."""
@@ -96,13 +116,17 @@ class PolicyStore:
         problems: list[Problem] = []
         loaded: dict[str, AgentEntry] = {}
         try:
+            self.check_directory()
             files = sorted(p for p in self.directory.iterdir() if p.name.endswith(ADL_SUFFIXES) and p.is_file())
             missing = "holds no ADL document" if not files else ""
+        except UnsafePolicyDirectory as exc:
+            files, missing = [], str(exc).removeprefix(f"policy directory {self.directory} ")
         except OSError as exc:
             files, missing = [], f"cannot be read ({exc.strerror or exc})"
         if missing and previous.agents:
-            # An emptied or vanished directory is far likelier a mistake (a failed deploy, an unmounted
-            # volume) than a wish to refuse every agent: keep serving what was loaded, and say so.
+            # An emptied, vanished or newly unsafe directory is far likelier a mistake (a failed
+            # deploy, an unmounted volume, a chmod) than a wish to refuse every agent: keep serving
+            # what was loaded, and say so.
             kept = Problem(
                 str(self.directory),
                 f"policy directory {missing}: the {len(previous.agents)} agent(s) loaded before are kept",
@@ -142,6 +166,9 @@ class PolicyStore:
     ) -> AgentEntry | None:
         aaif_path = _companion(adl_path)
         try:
+            for document in (adl_path, aaif_path):
+                if document is not None:
+                    check_private_file(document)
             digest = _digest(adl_path, aaif_path)
             if previous is not None and previous.source_digest == digest and previous.aaif_path == aaif_path:
                 return previous

@@ -7,7 +7,8 @@ elsewhere the shallowest directory at least three levels deep with `collapse_at`
 seen below it becomes `dir/**` (so never /etc/** or /home/me/**); a written file grants read_write
 on its directory (creating and renaming are rights on the directory). Executables become
 allowed commands by absolute path; a shell is listed with allow_shell set, and said so. Hosts are
-those the egress filter denied during the run.
+those the egress filter denied during the run. A name that is not UTF-8 (the agent may choose any
+bytes) cannot be written in a document: it is left out, and a note names it with its bytes as \\xNN.
 """
 
 from __future__ import annotations
@@ -47,6 +48,25 @@ class Learned:
 
 def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def escaped(text: str) -> str:
+    """`text` (from os.fsdecode: bytes that are not UTF-8 kept as surrogates) with those bytes as
+    \\xNN, as denial records show them: the audit log's encoder refuses surrogates."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _unnamable(text: str, notes: list[str]) -> bool:
+    """Whether `text` holds bytes that are not UTF-8; if so, say it was left out."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        notes.append(
+            f"{escaped(text)} not granted: its name is not UTF-8, which a policy document cannot hold "
+            "(grant a directory above it by hand if the agent needs it)"
+        )
+        return True
+    return False
 
 
 def _depth(path: str) -> int:
@@ -118,7 +138,7 @@ def learn(
         for pattern in patterns:
             if access == "read" and _under(pattern.removesuffix("/**"), write_roots):
                 continue
-            if (pattern, access) in have or (pattern, "read_write") in have:
+            if (pattern, access) in have or (pattern, "read_write") in have or _unnamable(pattern, notes):
                 continue
             entry = {"path": pattern, "access": access}
             existing.append(entry)
@@ -135,7 +155,7 @@ def learn(
         allowed = execution.setdefault("allowed_commands", [])
         for path in commands:
             name = posixpath.basename(path)
-            if path in allowed or name in allowed:
+            if path in allowed or name in allowed or _unnamable(path, notes):
                 continue
             if name in SHELLS and not execution.get("allow_shell"):
                 execution["allow_shell"] = True
@@ -157,8 +177,14 @@ def learn(
             if ports is not None and port not in ports:
                 ports.append(port)
                 added_ports.append(port)
+    # Notes quote paths the run saw, whatever their bytes: they go to the audit log too.
     return Learned(
-        document, tuple(added_paths), tuple(added_commands), tuple(added_hosts), tuple(added_ports), tuple(notes)
+        document,
+        tuple(added_paths),
+        tuple(added_commands),
+        tuple(added_hosts),
+        tuple(added_ports),
+        tuple(escaped(n) for n in notes),
     )
 
 

@@ -56,22 +56,9 @@ def extend(
         chosen = presets.select(catalog, names)
     except presets.PresetError as exc:
         raise PlanError(str(exc)) from None
-    env: dict[str, str] = {}
-    details = [f"presets {', '.join(names)} from {catalog.source} ({catalog.digest[:19]}…)"]
-    for preset in chosen:
-        granted = [p for p in (*preset.read, *preset.read_write, *preset.execute) if os.path.exists(p)]
-        details.append(f"  {preset.name}: {preset.description}")
-        if granted:
-            details.append(f"    paths: {', '.join(granted)}")
-        for var, candidates in preset.env.items():
-            # Values are paths when they look like paths: the first that exists on this host.
-            paths = [c for c in candidates if c.startswith("/")]
-            value = next((c for c in paths if os.path.exists(c)), None) if paths else candidates[0]
-            if value is not None:
-                env[var] = value
-                details.append(f"    env {var}={value}")
-        if preset.session_tmp:
-            details.append("    TMPDIR, TMP, TEMP: a directory of the session's own under /tmp, removed at exit")
+    from ..explain import preset_details  # what adl-policy explain shows too; only for documents with presets
+
+    env, details = preset_details(catalog, names, chosen)
     extended = dataclasses.replace(
         baseline,
         digest=presets.combined_digest(baseline.digest, catalog, names),

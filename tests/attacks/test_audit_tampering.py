@@ -246,3 +246,79 @@ def test_a_live_log_has_its_head_from_its_first_checkpoint_on(tmp_path: Path) ->
 
 def _lines(directory: Path) -> list[bytes]:
     return [line for path in log_files(directory) for line in path.read_bytes().splitlines()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_refused_log_directory_is_not_created_first(tmp_path: Path) -> None:
+    """The refusal comes before the log's directories (and the sealing key) are made: made first,
+    they would be left in a place another user controls, ready for the next writer."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    os.chown(parent, 65534, 65534)
+    with pytest.raises(AuditUnavailable, match=f"{parent} is owned by uid 65534"):
+        AuditWriter(parent / "audit" / "daemon", tmp_path / "key" / "audit.pem").close()
+    assert list(parent.iterdir()) == []
+    assert not (tmp_path / "key").exists()
+    group_writable = tmp_path / "group"
+    group_writable.mkdir()
+    group_writable.chmod(0o775)
+    with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
+        AuditWriter(group_writable / "audit", tmp_path / "key" / "audit.pem").close()
+    assert list(group_writable.iterdir()) == []
+
+
+def test_a_head_copied_from_another_log_sealed_with_the_same_key_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """HEAD may name the record before a log's first checkpoint, not only a checkpoint: the record
+    at the seq it names must still be the one it names. Another log sealed with the same key (the
+    daemon's and adl-exec's, say) has a valid HEAD of its own: copied here it must not pass."""
+    directory = _sealed_log(tmp_path)
+    other = tmp_path / "other"
+    with AuditWriter(other, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=5)) as w:
+        for i in range(8):
+            w.append(records.DECISION, {"agent": "urn:b", "n": i})
+    head = orjson.loads((other / "HEAD.json").read_bytes())
+    (directory / "HEAD.json").write_bytes((other / "HEAD.json").read_bytes())
+    code, out = _verify(directory, capsys)
+    assert code == 2, out
+    assert f"TAMPERED at seq {head['seq']}: seq {head['seq']} is not the record the signed head names" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a directory to another uid")
+def test_a_signing_key_in_a_directory_another_user_may_write_is_refused(tmp_path: Path) -> None:
+    """The key seals the log: whoever may write its directory can swap in a key of their own, edit
+    the log and seal it again, and verify (which takes the key the log names) would pass it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chown(shared, 65534, 65534)
+    with pytest.raises(AuditUnavailable, match=f"{shared} is owned by uid 65534"):
+        AuditWriter(tmp_path / "audit", shared / "keys" / "audit.pem").close()
+    assert list(shared.iterdir()) == []
+    group_writable = tmp_path / "keys"
+    group_writable.mkdir()
+    group_writable.chmod(0o770)
+    with pytest.raises(AuditUnavailable, match=f"{group_writable} is writable by group or others"):
+        AuditWriter(tmp_path / "audit", group_writable / "audit.pem").close()
+    assert list(group_writable.iterdir()) == []
+
+
+def test_a_log_cut_back_and_sealed_again_by_the_next_writer_says_head_was_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cut above, then the next writer (a restart, the next session) seals the log again: the new
+    HEAD names what is left, so the cut itself no longer shows. The writer, finding a sealed log
+    without HEAD, says so in the chain before it writes one."""
+    directory = _sealed_log(tmp_path)
+    path = log_files(directory)[0]
+    lines = path.read_bytes().splitlines(keepends=True)
+    checkpoints = [i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line]
+    kept = checkpoints[1] + 1
+    path.write_bytes(b"".join(lines[:kept]))
+    (directory / "HEAD.json").unlink()
+    with AuditWriter(directory, tmp_path / "key" / "audit.pem") as w:
+        w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": "after"})
+    code, out = _verify(directory, capsys)
+    assert code == 0, out
+    # writer.open, the decision and writer.close come after the cut; then the gap, then the checkpoint
+    assert f"gap at seq {kept + 4}: head_missing (last_seq_before_detection={kept + 3})" in out, out

@@ -53,3 +53,44 @@ def test_an_explanation_shows_the_documents_controls_escaped(hostile_document: P
         assert control not in out, (argv, control)
     if "explain" in argv:
         assert "Coding Agent\\x1b[8m" in out and "hosts: *" in out
+
+
+PRESETS = ["python", "ca-certificates", "tmp"]
+
+
+def _with_presets(tmp_path: Path, names: list[str]) -> Path:
+    document = json.loads(EXAMPLE.read_text())
+    document["permissions"]["extensions"] = {"adl-enforcer.runtime": {"presets": names}}
+    path = tmp_path / "downloaded.adl.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_explain_shows_what_the_runtime_presets_grant_as_adl_exec_does(tmp_path: Path) -> None:
+    """A downloaded document enables presets: paths (the CA store, /usr/lib/python3), variables
+    and a temp directory its permissions do not list. The reviewer running `adl-policy explain`
+    must see every line `adl-exec --explain` shows for them."""
+    document = _with_presets(tmp_path, PRESETS)
+    launch = _run("enforcer.cli.exec", "--adl", str(document), "--explain", "--json", "--", "python3", "-c", "pass")
+    assert launch.returncode == 0, launch.stderr
+    granted = next(layer for layer in json.loads(launch.stdout)["layers"] if layer["name"] == "presets")["details"]
+    assert any("SSL_CERT_FILE" in line for line in granted) and any("TMPDIR" in line for line in granted)
+    shown = _run("enforcer.cli.policy", "explain", str(document))
+    assert shown.returncode == 0, shown.stderr
+    assert "presets       runtime presets (ADL extension adl-enforcer.runtime) add to the above:" in shown.stdout
+    for line in granted:
+        assert f"              {line}\n" in shown.stdout
+    as_json = _run("enforcer.cli.policy", "explain", "--json", str(document))
+    assert json.loads(as_json.stdout)["runtime_presets"] == granted
+
+
+def test_explain_says_a_document_with_an_unknown_preset_is_refused_at_launch(tmp_path: Path) -> None:
+    document = _with_presets(tmp_path, ["python", "everything"])
+    launch = _run("enforcer.cli.exec", "--adl", str(document), "--explain", "--", "python3", "-c", "pass")
+    assert launch.returncode == 125 and "unknown preset(s) everything" in launch.stderr
+    shown = _run("enforcer.cli.policy", "explain", str(document))
+    assert shown.returncode == 0 and "REFUSED at launch: unknown preset(s) everything" in shown.stdout

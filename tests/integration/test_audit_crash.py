@@ -198,3 +198,58 @@ def test_a_crash_between_the_rotate_record_and_the_next_file_leaves_a_log_that_o
     decisions = [r for r in iter_records(directory) if records.kind_of(r) == records.DECISION]
     assert set(acked) <= {r["seq"] for r in decisions}
     assert decisions[-1]["payload"]["n"] == "after"
+
+
+CRASH_BEFORE_HEAD_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import orjson
+    from enforcer.audit import AuditWriter, WriterSettings, head
+    from enforcer.audit.writer import log_files
+    directory, key, background = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+    original = head.Head.write
+
+    def write(self, receipt):
+        named = [orjson.loads(line) for line in log_files(directory)[-1].read_bytes().splitlines()]
+        if any(r["seq"] == receipt.seq and r["intent"] == "adl.enforcer.checkpoint" for r in named):
+            os._exit(9)  # the checkpoint is in the log, HEAD does not name it yet
+        original(self, receipt)
+
+    head.Head.write = write
+    writer = AuditWriter(directory, key, settings=WriterSettings(checkpoint_records=5, background_flush=background))
+    for i in range(50):
+        writer.append("decision", {"decision": "deny", "n": i})
+    time.sleep(10)  # a flusher writes HEAD within group_ms
+    os._exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "flusher"])
+def test_a_crash_between_the_first_checkpoint_and_its_head_is_not_tampering(tmp_path: Path, background: bool) -> None:
+    """The writer dies after its first checkpoint is in the log and before HEAD.json names it: what
+    a crash leaves verifies, before and after the next writer appends (a log cut back to a checkpoint
+    with HEAD removed still fails: tests/attacks/test_audit_tampering.py)."""
+    directory, key = tmp_path / "audit", tmp_path / "k.pem"
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASH_BEFORE_HEAD_SCRIPT, str(directory), str(key), "1" if background else "0"],
+        timeout=60,
+    )
+    assert crashed.returncode == 9
+    kinds = [records.kind_of(r) for r in iter_records(directory)]
+    if background:  # appends went on, checkpoints included, while the flusher had HEAD to write
+        assert kinds.count(records.CHECKPOINT) >= 1
+    else:
+        assert kinds.count(records.CHECKPOINT) == 1 and kinds[-1] == records.CHECKPOINT
+    report = verify_directory(directory)
+    assert report.intact, report.problem
+    writer = AuditWriter(directory, key, settings=WriterSettings(checkpoint_records=1000))
+    try:
+        writer.append(records.DECISION, {"decision": "deny", "n": "after the crash"})
+        report = verify_directory(directory)
+        assert report.intact, report.problem
+        assert report.gaps and report.gaps[-1]["reason"] == "writer_stopped_uncleanly"
+    finally:
+        writer.close()
+    assert verify_directory(directory).intact

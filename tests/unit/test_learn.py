@@ -48,3 +48,31 @@ def test_learn_mode_is_refused_with_the_daemon(capsys) -> None:  # type: ignore[
     with pytest.raises(SystemExit) as refused:
         exec_cli.main(["--daemon", "unix:/nonexistent", "--learn", "out.json", "--agent", "a", "--", "true"])
     assert refused.value.code == 2 and "--learn runs embedded only" in capsys.readouterr().err
+
+
+def test_a_name_that_is_not_utf8_is_left_out_and_named_escaped() -> None:
+    """fsdecode keeps bytes that are not UTF-8 as surrogates: neither a document nor the audit log
+    can hold them. The name is left out (never widened to its directory) and a note names it."""
+    odd = "/srv/data/odd-\udcff.txt"
+    seen = lm.Observations(read={odd, "/srv/data/fine.txt"}, executed={"/opt/bin/tool-\udcfe"})
+    result = lm.learn(START, seen, cwd="/home/me/w", already_granted=[])
+    assert [e["path"] for e in result.added_paths] == ["/srv/data/fine.txt"]
+    assert result.added_commands == ()
+    assert result.notes == (
+        "/srv/data/odd-\\xff.txt not granted: its name is not UTF-8, which a policy document cannot hold "
+        "(grant a directory above it by hand if the agent needs it)",
+        "/opt/bin/tool-\\xfe not granted: its name is not UTF-8, which a policy document cannot hold "
+        "(grant a directory above it by hand if the agent needs it)",
+    )
+    lm.diff(START, result.document, "a", "b").encode("utf-8")  # nothing left that cannot be written
+
+
+def test_a_note_quoting_a_name_that_is_not_utf8_is_escaped() -> None:
+    seen = lm.Observations(written={"/\udcff/f"})
+    result = lm.learn(START, seen, cwd="/home/me/w", already_granted=[])
+    assert "filesystem" not in result.document["permissions"]
+    assert result.notes == (
+        "/\\xff/** read_write: the run wrote directly in a top-level directory (review: it grants all of it)",
+        "/\\xff/** not granted: its name is not UTF-8, which a policy document cannot hold "
+        "(grant a directory above it by hand if the agent needs it)",
+    )
