@@ -34,7 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import data
+from . import data, paths
 from .keyring import KeyringUnavailable, user_secret
 from .quick_dataclass import dataclass
 
@@ -291,25 +291,16 @@ def _plain_json(value: Any) -> bool:
 def _trusted_directory(directory: Path, create: bool) -> int:
     """An O_PATH-free descriptor of `directory` once it and every directory above it are writable
     only by root or the caller (a root-owned sticky directory such as /tmp may be above it)."""
-    euid = os.geteuid()
-    if create:
-        try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise UntrustedCache(f"cannot create {directory}: {exc.strerror}") from exc
+    try:
+        if create:
+            paths.make_private_dir(directory, 0o700)
+        else:
+            paths.check_private(directory)
+    except PermissionError as exc:
+        raise UntrustedCache(str(exc)) from exc
+    except OSError as exc:
+        raise UntrustedCache(f"cannot create {directory}: {exc.strerror}") from exc
     real = Path(os.path.realpath(directory))
-    parts = real.parts
-    for depth in range(1, len(parts) + 1):
-        current = Path(*parts[:depth])
-        st = os.lstat(current)
-        if not stat.S_ISDIR(st.st_mode):
-            raise UntrustedCache(f"{current} is not a directory")
-        leaf = depth == len(parts)
-        if st.st_uid not in (0, euid) or (leaf and st.st_uid != euid):
-            raise UntrustedCache(f"{current} is owned by uid {st.st_uid}")
-        writable_by_others = st.st_mode & 0o022
-        if writable_by_others and (leaf or not (st.st_mode & stat.S_ISVTX and st.st_uid == 0)):
-            raise UntrustedCache(f"{current} is writable by group or others")
     fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     st = os.fstat(fd)
     if (st.st_dev, st.st_ino) != (os.lstat(real).st_dev, os.lstat(real).st_ino):
