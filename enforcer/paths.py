@@ -6,6 +6,7 @@ os.environ). The ADL_ENFORCER_* settings that move these locations are in enforc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping
@@ -61,12 +62,18 @@ def make_private_dir(directory: Path, mode: int) -> None:
     does: a refusal leaves nothing behind."""
     named = Path(os.path.abspath(directory))
     existing = named
+    missing: list[Path] = []
     while not os.path.lexists(existing) and existing != existing.parent:
+        missing.append(existing)
         existing = existing.parent
     _check_symlinks_on_the_way(existing)
     real = Path(os.path.realpath(existing))
     _check_owners(real, private_leaf=real == Path(os.path.realpath(named)))
-    os.makedirs(named, mode=mode, exist_ok=True)
+    # One by one with `mode`: os.makedirs gives the directories above the last the default mode,
+    # group-writable under umask 002, which the check below would then refuse.
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another writer: checked below
+            os.mkdir(path, mode)
     check_private(named)
 
 

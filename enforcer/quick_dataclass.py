@@ -5,7 +5,7 @@ Creating a dataclass compiles the source of every method it generates (`__init__
 together are a large part of importing the launch path, paid by every adl-exec. All but `__init__`
 depend only on the class's fields: here they are closures over the field names, built without
 compiling anything. `__init__` (its signature and defaults are the class's own) and order=True's
-comparisons are generated as before.
+comparisons are compiled by the standard library.
 
 The classes are ordinary dataclasses (`dataclasses.fields`, `replace`, `asdict`, pickling, the
 type checker all see them as such) and behave exactly as the standard library's would: same
@@ -32,9 +32,13 @@ _REPLACED = {
     "_frozen_get_del_attr": ("cls", "fields", "globals"),
     "_cmp_fn": ("name", "op", "self_tuple", "other_tuple", "globals"),
 }
+# The standard library's guard against a repr that reaches its own object again.
+_recursive_repr: Callable[[Callable[[Any], str]], Callable[[Any], str]] | None = getattr(
+    dataclasses, "_recursive_repr", None
+)
 _SUPPORTED = (
     sys.version_info[:2] in ((3, 11), (3, 12))
-    and callable(getattr(dataclasses, "_recursive_repr", None))
+    and callable(_recursive_repr)
     and all(
         getattr(getattr(dataclasses, name, None), "__code__", None) is not None
         and getattr(dataclasses, name).__code__.co_varnames[: len(params)] == params
@@ -60,7 +64,8 @@ def _repr_fn(fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> C
     def __repr__(self: Any) -> str:
         return self.__class__.__qualname__ + "(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
-    return dataclasses._recursive_repr(__repr__)  # type: ignore[attr-defined]
+    assert _recursive_repr is not None  # else _SUPPORTED is false and this is never called
+    return _recursive_repr(__repr__)
 
 
 def _hash_fn(fields: list[dataclasses.Field[Any]], globals: dict[str, Any]) -> Callable[[Any], int]:
@@ -92,7 +97,7 @@ def _frozen_get_del_attr(
 
 
 def _cmp_fn(name: str, op: str, self_tuple: str, other_tuple: str, globals: dict[str, Any]) -> Callable[..., Any]:
-    # __eq__ only (order=True's methods are generated as before). The module hands the fields over
+    # __eq__ only (order=True's methods are the standard library's). The module hands the fields over
     # as source text, "(self.a,self.b,)": read back, and used only if it is exactly that.
     names = tuple(part.removeprefix("self.") for part in self_tuple[1:-2].split(",")) if self_tuple != "()" else ()
     if (

@@ -10,6 +10,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def escape_non_utf8(text: str) -> str:
+    """`text` (from os.fsdecode: bytes that are not UTF-8 kept as surrogates) with those bytes as
+    \\xNN. The audit log's encoder refuses surrogates, and the agent chooses the names."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def printable_json(text: str) -> str:
     """JSON text with every character that is not printable written as a \\u escape (the value stays
     the same). The encoder escapes only C0 controls; C1 controls (which UTF-8 terminals may obey),

@@ -19,6 +19,17 @@ def log_name(first_seq: int) -> str:
     return f"audit-{first_seq:016d}.jsonl"
 
 
+def rotation_target(rotate: dict[str, Any]) -> str:
+    """The file a rotation record names, which must be the next log file of its directory: followed
+    as named, a record written by whoever could edit the log would have any file read or written.
+    RecordError when it names anything else, or nothing."""
+    seq, payload = rotate.get("seq"), rotate.get("payload")
+    named = payload.get("next_file") if isinstance(payload, dict) else None
+    if not isinstance(seq, int) or named != log_name(seq + 1):
+        raise records.RecordError(f"the rotation record at seq {seq} names {named!r}, not the next log file")
+    return log_name(seq + 1)
+
+
 def log_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(LOG_GLOB))
 

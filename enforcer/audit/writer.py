@@ -337,10 +337,7 @@ class AuditWriter(Appender):
                 self._write(records.GAP, gap, priority="high")
             if records.kind_of(record) != records.ROTATE or last is None:
                 return
-            named = record["payload"]["next_file"]
-            if named != log_name(record["seq"] + 1):  # only ever the name a rotation gives it
-                raise records.RecordError(f"the rotation in {self._file.name} names {named!r}, not the next log file")
-            next_file = self.directory / named
+            next_file = self.directory / logfiles.rotation_target(record)
             # A crash after the rotate record but before the next file existed: the rotation is
             # finished here, in the file it named.
             self._switch_to(next_file, create=not next_file.exists())

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ..audit import keys, records
-from ..audit.logfiles import log_name
+from ..audit.logfiles import rotation_target
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import verify_directory
 from ..audit.writer import log_files
@@ -277,16 +277,6 @@ def _follow(directory: Path, filters: Filters, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _next_file(rotate: dict[str, Any]) -> str:
-    """The file a rotation record names, which must be the next log file of the directory: followed
-    as named, a record written by whoever could edit the log would have any file read."""
-    seq, payload = rotate.get("seq"), rotate.get("payload")
-    named = payload.get("next_file") if isinstance(payload, dict) else None
-    if not isinstance(seq, int) or named != log_name(seq + 1):
-        raise QueryError(printable(f"the rotation record at seq {seq} names {named!r}, not the next log file"))
-    return str(named)
-
-
 def _tail(directory: Path, from_start: bool, interval: float) -> Iterator[dict[str, Any]]:
     """Records as they appear, across rotations; only whole lines are read."""
     files = log_files(directory)
@@ -304,7 +294,10 @@ def _tail(directory: Path, from_start: bool, interval: float) -> Iterator[dict[s
                 continue
             yield record
             if records.kind_of(record) == records.ROTATE:
-                current, offset = directory / _next_file(record), 0
+                try:
+                    current, offset = directory / rotation_target(record), 0
+                except records.RecordError as exc:
+                    raise QueryError(printable(str(exc))) from None
                 break
         else:
             offset += end

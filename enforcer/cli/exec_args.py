@@ -1,8 +1,8 @@
 """The command line of a well-formed embedded launch (`adl-exec --adl P [options] -- CMD`), read
 without argparse.
 
-Building adl-exec's argparse parser imports argparse, gettext, locale and shutil and adds seventeen
-options, each formatted once to check it: a noticeable part of every embedded launch, which needs
+Building adl-exec's argparse parser imports argparse, gettext, locale and shutil and adds every
+option, each formatted once to check it: a noticeable part of every embedded launch, which needs
 none of it. As enforcer/cli/daemon_args.py does for `--daemon`, read() accepts only the plain
 spellings of the options an embedded launch takes and DECLINES (returns None) anything else:
 --help, --version, --explain, --learn, --daemon and its options, abbreviations, repeated options

@@ -21,6 +21,7 @@ from ..audit.query import iter_records
 from ..policy import learn as learning
 from ..sandbox import fanotify, landlock
 from ..sandbox.plan import LaunchPlan, PlanError
+from ..text import escape_non_utf8
 
 BANNER = (
     "adl-exec: LEARN MODE: files are observed, NOT restricted, for this run (Landlock grants everything,"
@@ -110,7 +111,7 @@ class Learner:
         return {
             "decision": "allow",
             "rules": ["learn.result"],
-            "learned_policy": learning.escaped(str(self.out)),  # the operator's name may not be UTF-8 either
+            "learned_policy": escape_non_utf8(str(self.out)),  # the operator's name may not be UTF-8 either
             "added_paths": list(result.added_paths),
             "added_commands": list(result.added_commands),
             "added_hosts": list(result.added_hosts),

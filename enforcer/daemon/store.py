@@ -91,6 +91,10 @@ def _digest(*files: Path | None) -> str:
 class UnsafePolicyDirectory(Exception):
     """The policy directory, or one above it, may be written by a user other than the daemon's."""
 
+    def __init__(self, directory: Path, fault: str) -> None:
+        super().__init__(f"policy directory {directory} refused: {fault}")
+        self.fault = fault  # what is wrong, naming the path at fault
+
 
 class PolicyStore:
     def __init__(self, directory: Path, schemas: SchemaSet, options: CompileOptions) -> None:
@@ -107,7 +111,7 @@ class PolicyStore:
         try:
             check_private(self.directory)
         except OSError as exc:
-            raise UnsafePolicyDirectory(f"policy directory {self.directory} refused: {exc}") from exc
+            raise UnsafePolicyDirectory(self.directory, str(exc)) from exc
 
     def reload(self, now: datetime | None = None) -> ReloadResult:
         """Load every document again; the new snapshot replaces the old one in one assignment."""
@@ -120,7 +124,7 @@ class PolicyStore:
             files = sorted(p for p in self.directory.iterdir() if p.name.endswith(ADL_SUFFIXES) and p.is_file())
             missing = "holds no ADL document" if not files else ""
         except UnsafePolicyDirectory as exc:
-            files, missing = [], str(exc).removeprefix(f"policy directory {self.directory} ")
+            files, missing = [], f"refused: {exc.fault}"
         except OSError as exc:
             files, missing = [], f"cannot be read ({exc.strerror or exc})"
         if missing and previous.agents:

@@ -29,9 +29,7 @@ _kept_lock = threading.Lock()
 
 
 def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int) -> None:
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    read_end, write_end = _new_pipe()
     try:
         src_fd, dst_fd = src.fileno(), dst.fileno()
         while True:
@@ -44,10 +42,7 @@ def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int
             while moved:
                 moved -= os.splice(read_end, dst_fd, moved, flags=_FLAGS)
     except OSError:
-        # One side reset: end both directions (shutdown wakes the other thread's blocking splice).
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        _end_both(src, dst)  # one side reset (shutdown wakes the other thread's blocking splice)
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -85,25 +80,13 @@ def relay(
     upstream: socket.socket,
     workers: Executor,
     outbound: Callable[[], int] | None = None,
-    first: bytes = b"",
 ) -> tuple[int, int]:
-    """Relay until both directions are done (the way back on a worker thread). `first`: the agent's
-    bytes already read and checked, sent before anything else. `outbound`, when given, moves the
-    agent's other bytes itself (plain HTTP: every request head is read and checked) and returns how
-    many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
+    """Relay until both directions are done (the way back on a worker thread). `outbound`, when
+    given, moves the agent's bytes itself (plain HTTP: every request head is read and checked) and
+    returns how many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
     counts = [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
-    if first:
-        # Out before the way back is set up: the request does not wait for a worker thread to
-        # wake, and the answer waits in the socket until the pump reads it.
-        try:
-            upstream.sendall(first)
-            counts[0] = len(first)
-        except OSError:
-            for sock in (client, upstream):  # one side reset: end both directions, as _pump does
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
     back = workers.submit(_pump, upstream, client, counts, 1)
     if outbound is None:
         _pump(client, upstream, counts, 0)
@@ -111,9 +94,7 @@ def relay(
         try:
             counts[0] += outbound()
         except OSError:
-            for sock in (client, upstream):  # one side reset: end both directions, as _pump does
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            _end_both(client, upstream)  # one side reset, as _pump does
         finally:
             with contextlib.suppress(OSError):
                 upstream.shutdown(socket.SHUT_WR)
@@ -185,6 +166,11 @@ def _take_pipe() -> tuple[int, int]:
     with _kept_lock:
         if _kept:
             return _kept.pop()
+    return _new_pipe()
+
+
+def _new_pipe() -> tuple[int, int]:
+    """A pipe as large as one splice moves, when the kernel allows it."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     with contextlib.suppress(OSError):
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
@@ -244,14 +230,15 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
             # A reset or hang-up shows as an event too: the step it causes reads it.
             ready = {fd for fd, _ in poller.poll()}
     except OSError:
-        _cut(client, upstream)  # one side reset: end both directions, as _pump does
+        _end_both(client, upstream)  # one side reset, as _pump does
     finally:
         for way in ways:
             way.close()
     return (ways[0].moved if ways else 0), (ways[1].moved if len(ways) > 1 else 0)
 
 
-def _cut(client: socket.socket, upstream: socket.socket) -> None:
+def _end_both(client: socket.socket, upstream: socket.socket) -> None:
+    """End both directions of a relayed connection."""
     for sock in (client, upstream):
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)

@@ -36,7 +36,7 @@ from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
+    from concurrent.futures import Executor, Future
 
     from .filter import ConnectionFilter
 
@@ -256,16 +256,26 @@ class FilterServer:
             except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
                 self._refuse(conn, f"the connection filter could not be loaded: {exc}")
                 return
-            if self.handlers.value >= self.max_connections:
-                connections.refuse_over_limit(conn, self.max_connections)
-                return
-            self.handlers.add(1)
             target = connections.handle if kind == "tcp" else self.tcp_dns
-            try:
-                workers.submit(target, conn).add_done_callback(lambda _: self.handlers.add(-1))
-            except RuntimeError as exc:  # no thread to be had (the helpers' pids limit): this one is refused
-                self.handlers.add(-1)
-                self._refuse(conn, f"no thread to handle the connection: {exc}")
+            handling = self._admit(conn, connections, workers, lambda: target(conn))
+            if handling is not None:
+                handling.add_done_callback(lambda _: self.handlers.add(-1))
+
+    def _admit(
+        self, conn: socket.socket, connections: ConnectionFilter, workers: Executor, task: Callable[[], None]
+    ) -> Future[None] | None:
+        """Count `conn` as handled and give `task` to a pool thread; None once `conn` is refused and
+        recorded: the session already has max_connections open, or no thread can be had."""
+        if self.handlers.value >= self.max_connections:
+            connections.refuse_over_limit(conn, self.max_connections)
+            return None
+        self.handlers.add(1)
+        try:
+            return workers.submit(task)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            self.handlers.add(-1)
+            self._refuse(conn, f"no thread to handle the connection: {exc}")
+            return None
 
     def lead(self, listeners: list[socket.socket]) -> bool:
         """Accept the listeners' connections on the pool from now on (serve() stops watching them):
@@ -306,7 +316,7 @@ class FilterServer:
     def _next_connection(self) -> socket.socket | None:
         """Wait for the next TCP connection and pass the waiting on to another pool thread; None at
         stop. Connections past max_connections, or with no pool thread to take over, are refused
-        and recorded here, as accept() does."""
+        and recorded here, by the same _admit as accept()'s."""
         assert self._wake is not None and self.connections is not None and self.workers is not None
         poller = select.poll()
         poller.register(self._wake[0], select.POLLIN)
@@ -329,15 +339,9 @@ class FilterServer:
                         # (or for stop) instead of spinning on it until a descriptor is free.
                         select.select([self._wake[0]], [], [], ACCEPT_BACKOFF_S)
                     continue  # else taken or gone before it was accepted
-                if self.handlers.value >= self.max_connections:
-                    self.connections.refuse_over_limit(conn, self.max_connections)
-                    continue
-                self.handlers.add(1)
-                try:
-                    self.workers.submit(self._accept_and_handle)
-                except RuntimeError as exc:  # no thread to go on accepting: this one keeps to it
-                    self.handlers.add(-1)
-                    self._refuse(conn, f"no thread to handle the connection: {exc}")
+                # The pool thread given _accept_and_handle waits for the next connection; refused,
+                # this one goes on waiting itself.
+                if self._admit(conn, self.connections, self.workers, self._accept_and_handle) is None:
                     continue
                 return conn
 

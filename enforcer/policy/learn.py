@@ -23,6 +23,7 @@ from dataclasses import field
 from typing import Any
 
 from ..quick_dataclass import dataclass
+from ..text import escape_non_utf8
 from .decider import SHELLS
 
 _NEVER = ("/proc", "/dev", "/sys", "/run/adl-enforcer")
@@ -50,19 +51,13 @@ def _under(path: str, roots: Iterable[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def escaped(text: str) -> str:
-    """`text` (from os.fsdecode: bytes that are not UTF-8 kept as surrogates) with those bytes as
-    \\xNN, as denial records show them: the audit log's encoder refuses surrogates."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def _unnamable(text: str, notes: list[str]) -> bool:
     """Whether `text` holds bytes that are not UTF-8; if so, say it was left out."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         notes.append(
-            f"{escaped(text)} not granted: its name is not UTF-8, which a policy document cannot hold "
+            f"{escape_non_utf8(text)} not granted: its name is not UTF-8, which a policy document cannot hold "
             "(grant a directory above it by hand if the agent needs it)"
         )
         return True
@@ -184,7 +179,7 @@ def learn(
         tuple(added_commands),
         tuple(added_hosts),
         tuple(added_ports),
-        tuple(escaped(n) for n in notes),
+        tuple(escape_non_utf8(n) for n in notes),
     )
 
 

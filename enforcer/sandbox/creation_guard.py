@@ -52,6 +52,7 @@ import orjson
 
 from ..policy.patterns import PatternList
 from ..quick_dataclass import dataclass
+from ..text import escape_non_utf8
 from .seccomp import GUARDED, METADATA, WATCH
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class Supervisor:
         # A name that is not UTF-8 (fsdecode keeps its bytes as surrogates, which the encoder
         # refuses) is reported with those bytes as \xNN: the agent chose it, and an encoder error
         # here would end the guard and leave the refusal unrecorded.
-        event = {k: _utf8_text(v) if isinstance(v, str) else v for k, v in event.items()}
+        event = {k: escape_non_utf8(v) if isinstance(v, str) else v for k, v in event.items()}
         # A full or closed pipe must not stop the guard; the count still reaches the summary.
         with contextlib.suppress(OSError):
             os.write(self.report_fd, orjson.dumps(event) + b"\n")
@@ -706,10 +707,6 @@ def _parse_status(tid: int, status: bytes) -> Caller:
     tgid = int(re.search(rb"^Tgid:\s*(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
     umask = re.search(rb"^Umask:\s*([0-7]+)", status, re.M)
     return Caller(tid, tgid, int(umask.group(1), 8) if umask else 0o022)
-
-
-def _utf8_text(text: str) -> str:
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _read_c_string(fd: int, address: int) -> str:

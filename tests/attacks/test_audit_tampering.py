@@ -91,8 +91,9 @@ def test_the_writer_does_not_follow_a_symlinked_log_file(tmp_path: Path) -> None
     assert victim.read_text() == ""
 
 
-def _rotation_to(directory: Path, next_file: str) -> None:
-    """Append a rotation marker (its hash recomputed: the chain is unkeyed) naming `next_file`."""
+def _rotation_to(directory: Path, next_file: str, payload: dict[str, object] | None = None) -> None:
+    """Append a rotation marker (its hash recomputed: the chain is unkeyed) naming `next_file`
+    (its payload `payload` instead, when given)."""
     path = log_files(directory)[-1]
     lines = path.read_bytes().splitlines(keepends=True)
     last = orjson.loads(lines[-1])
@@ -105,7 +106,7 @@ def _rotation_to(directory: Path, next_file: str) -> None:
         kind=records.ROTATE,
         source="adl-enforcer",
         corr="x",
-        payload={"next_file": next_file},
+        payload={"next_file": next_file} if payload is None else payload,
     )
     digest = hashlib.sha256(head + tail).hexdigest()
     path.write_bytes(b"".join(lines) + head + b',"hash":"' + digest.encode() + b'"' + tail + b"\n")
@@ -119,6 +120,15 @@ def test_the_writer_does_not_follow_a_rotation_out_of_the_directory(tmp_path: Pa
     with pytest.raises(AuditUnavailable):
         AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
     assert victim.read_text() == ""
+
+
+def test_the_writer_refuses_a_rotation_record_that_names_no_file(tmp_path: Path) -> None:
+    """An edited rotation record without next_file is a log the writer cannot continue: refused as
+    such (AuditUnavailable, which launches and the daemon report), not a crash."""
+    directory = _sealed_log(tmp_path, rotate_bytes=4000)
+    _rotation_to(directory, "", payload={"moved_to": "elsewhere"})
+    with pytest.raises(AuditUnavailable, match="not the next log file"):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
 
 
 def test_follow_does_not_read_a_file_a_rotation_record_names_outside_the_directory(

@@ -587,19 +587,18 @@ def test_a_client_that_closes_after_an_empty_line_closed_between_requests() -> N
             read_head(ClientReader(filter_side), 1.0, idle=True)
 
 
-def test_relay_sends_the_checked_first_message_before_anything_else() -> None:
-    """The first message goes upstream before the way back starts, and is counted."""
-    from enforcer.egress.relay import relay
+def test_relay_here_sends_the_checked_first_message_before_anything_else() -> None:
+    """The first message goes upstream before the agent sends more or anything comes back, and is
+    counted."""
+    from enforcer.egress.relay import relay_here
 
     agent, filter_side = socket.socketpair()
     upstream_side, server = socket.socketpair()
-    pool = ThreadPoolExecutor(1)
-    pool.submit(threading.Event().wait, 0.5)  # the pool's only thread is busy: the way back waits
     result: list[tuple[int, int]] = []
-    thread = threading.Thread(target=lambda: result.append(relay(filter_side, upstream_side, pool, first=b"hello ")))
+    thread = threading.Thread(target=lambda: result.append(relay_here(filter_side, upstream_side, b"hello ")))
     thread.start()
-    server.settimeout(0.4)
-    assert server.recv(100) == b"hello "  # while no pump thread could run yet
+    server.settimeout(5)
+    assert server.recv(100) == b"hello "  # while the agent has sent nothing more
     agent.sendall(b"world")
     agent.shutdown(socket.SHUT_WR)
     server.settimeout(5)
@@ -611,5 +610,6 @@ def test_relay_sends_the_checked_first_message_before_anything_else() -> None:
     agent.settimeout(5)
     assert agent.recv(10) == b"ok"
     thread.join(5)
-    pool.shutdown()
     assert received == b"world" and result == [(11, 2)]
+    for sock in (agent, filter_side, upstream_side):
+        sock.close()
