@@ -299,7 +299,7 @@ def _trusted_directory(directory: Path, create: bool) -> int:
     except PermissionError as exc:
         raise UntrustedCache(str(exc)) from exc
     except OSError as exc:
-        raise UntrustedCache(f"cannot create {directory}: {exc.strerror}") from exc
+        raise UntrustedCache(f"cannot {'create' if create else 'check'} {directory}: {exc.strerror}") from exc
     real = Path(os.path.realpath(directory))
     fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     st = os.fstat(fd)
