@@ -38,7 +38,6 @@ shares their pages with the launcher; pyseccomp and libseccomp load in the stage
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -323,7 +322,7 @@ def prepare(
         except (OSError, FrameError) as exc:
             error = str(exc)
     join_files = group.join_files() if group is not None else []
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
+    pidns.LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
     status_read, status_write = os.pipe2(os.O_CLOEXEC)
     main = functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write)
     pid, sock = _fork(main)
@@ -457,7 +456,7 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
 
 
 def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = pidns.LIBC
     step = "seccomp"
     try:
         bpf = seccomp.compile_filter(order.seccomp)  # a cache hit unless the order came at once
@@ -555,7 +554,7 @@ def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | N
 def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:
     code = 1
     try:
-        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
+        pidns.LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
         creation_guard.forget_environment()
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):
