@@ -125,17 +125,21 @@ class Stage:
         self._announced = False
 
     def _adopt_init(self) -> None:
-        """Read init's pid (the stage's own if it could not fork one) and collect the stage."""
+        """Read init's pid (the stage's own if it could not fork one). The stage exits once it has
+        announced init; it is collected later (_collect_stage), not waited for before the order."""
         if self._announced:
             return
         self._announced = True
         pid = pidns.read_pid(self._status)
         if pid is None:
             raise StageError("the launch stage is gone before it forked the session's init")
-        if pid != self._stage_pid:
+        self.pid = pid
+
+    def _collect_stage(self) -> None:
+        if self._stage_pid != self.pid:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self._stage_pid, 0)
-            self.pid = pid
+            self._stage_pid = self.pid
 
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
@@ -173,6 +177,8 @@ class Stage:
             raise StageError(f"the launch stage is gone: {exc}") from exc
         finally:
             self._sock.close()
+            if self._announced:
+                self._collect_stage()  # long gone by the agent's exec
         if answer:
             raise StageError(answer.decode(errors="replace").strip())
 
@@ -209,6 +215,8 @@ class Stage:
                 self._adopt_init()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
+        if self._announced:
+            self._collect_stage()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1

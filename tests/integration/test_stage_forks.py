@@ -110,3 +110,62 @@ def test_a_launch_loads_no_libc_handle_of_its_own(
         prepared.discard()
         writer.close()
     assert (outcome.reason, outcome.exit_code) == ("exit", 0) and created.exists()
+
+
+def test_the_order_goes_to_the_future_agent_while_the_stage_is_still_exiting(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher hands pid 2 its order without waiting for the stage's exit, and collects the
+    stage later: no zombie is left."""
+    from enforcer.documents import load_policy
+    from enforcer.sandbox.plan import build_plan, load_baseline
+    from enforcer.sandbox.stage import new_session_id, prepare
+    from enforcer.session import host_features, run_session
+
+    announce = pidns.announce
+
+    def lingering(fd: int, pid: int) -> None:
+        announce(fd, pid)
+        if pid != os.getpid():  # the stage, having forked init: a slow exit
+            time.sleep(2)
+
+    monkeypatch.setattr(pidns, "announce", lingering)  # the stage is forked with it
+    policy = load_policy(sandbox.policy())
+    plan = build_plan(
+        policy,
+        ["python3", "-c", "pass"],
+        baseline=load_baseline(Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"),
+        environ={},
+        features=host_features(),
+    )
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
+    session = new_session_id()
+    prepared = prepare(session, cgroup_group=sandbox.group)
+    stage_pid = prepared.stage.pid
+    send = prepared.stage.send
+    at_order: list[tuple[int, int]] = []
+
+    def sent(*args: Any) -> None:
+        send(*args)
+        at_order.append(os.waitpid(stage_pid, os.WNOHANG))
+
+    monkeypatch.setattr(prepared.stage, "send", sent)
+    try:
+        outcome = run_session(
+            policy,
+            plan,
+            writer,
+            session,
+            uid=65534,
+            gid=65534,
+            cgroup_group=sandbox.group,
+            prepared=prepared,
+            kernel_audit=False,
+        )
+    finally:
+        prepared.discard()
+        writer.close()
+    assert (outcome.reason, outcome.exit_code) == ("exit", 0)
+    assert at_order == [(0, 0)]  # sent while the stage was still there
+    with pytest.raises(ChildProcessError):
+        os.waitpid(stage_pid, os.WNOHANG)  # collected by the launch
