@@ -72,8 +72,8 @@ def run_session(
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
     the stage forked ahead (stage.prepare()); without it the launcher forks one. A prepared stage
-    without a network gets its order first: the launch record is written and synced, and the
-    kernel-audit reader started, while it sets the sandbox up; its agent waits for them. uid/gid: the
+    without a network that is ready gets its order first: the launch record is written and synced,
+    and the kernel-audit reader started, while it sets the sandbox up; its agent waits for them. uid/gid: the
     identity to switch to (see identity.py); None keeps this process's, which must not be root.
     `caller`: events.caller_fields() of the daemon's caller, added to the launch record.
     `before_start`: called before this process forks (the egress filter) or starts the agent; an
@@ -87,13 +87,12 @@ def run_session(
     start_ns = time.time_ns()
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
+    recorded: list[Receipt] = []
     readers: list[SessionDenials] = []
+    synced: list[bool] = []
 
-    def before_agent() -> None:
-        # Run once the stage has its order (a prepared stage without a network), so that the launch
-        # record and the reader's start overlap the stage's set-up, which waits for this to return
-        # before it execs the agent; otherwise before this process forks or starts the agent.
-        launch_record = _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller)
+    def record() -> None:
+        recorded.append(_record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller))
         # Host side, before the agent starts: the reader's socket buffers its denials until read.
         readers.append(
             SessionDenials.start(
@@ -105,8 +104,21 @@ def run_session(
                 record=kernel_audit,
             )
         )
-        # The launch record on stable storage: nothing runs unrecorded.
-        writer.sync(launch_record.seq)
+
+    # A prepared stage that is ready gets its order first (see launcher.run: before_agent runs once
+    # the order is sent): the launch record and the reader's start then overlap its set-up. One
+    # still getting ready (its cgroup join, its forks) would keep this process waiting: the record
+    # is written meanwhile instead.
+    if prepared is None or plan.egress is not None or not prepared.stage.ready():
+        record()
+
+    def before_agent() -> None:
+        if not recorded:
+            record()
+        # The launch record on stable storage: nothing runs unrecorded. The stage, which waits for
+        # this to return before it execs the agent, sets the sandbox up meanwhile.
+        writer.sync(recorded[0].seq)
+        synced.append(True)
         if before_start is not None:
             try:
                 before_start()
@@ -124,8 +136,8 @@ def run_session(
             with contextlib.suppress(Exception):
                 reader.finish()
         raise
-    if not readers:  # _run calls before_agent before the agent can start: never without a launch record
-        raise launcher.LaunchError("the session ran without its launch record")
+    if not synced:  # _run calls before_agent before the agent can start: never
+        raise launcher.LaunchError("the session ran without its launch record on stable storage")
     kernel_denials = readers[0]
     denials = _denials_summary(kernel_denials, plan)
     if on_denials is not None:

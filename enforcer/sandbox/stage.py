@@ -182,6 +182,11 @@ class Stage:
         if answer:
             raise StageError(answer.decode(errors="replace").strip())
 
+    def ready(self) -> bool:
+        """Whether the future agent has announced itself (or the stage is gone): send() would not
+        wait for it."""
+        return self._started or bool(select.select([self._sock], [], [], 0)[0])
+
     def _learn_agent_pid(self) -> None:
         """The future agent announces its host pid before it reads its order, so the pid is known
         before anything of the agent's can run."""

@@ -69,13 +69,16 @@ def test_a_launch_record_that_cannot_be_synced_starts_no_agent(
     assert kinds == [f"adl.enforcer.{records.LAUNCH}"]  # written, then its sync failed: nothing after
 
 
-def test_the_stage_has_its_order_before_the_launch_record_and_the_agent_waits_for_its_sync(
-    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("stage_ready", [True, False])
+def test_the_launch_record_overlaps_the_stage_and_the_agent_waits_for_its_sync(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage_ready: bool
 ) -> None:
-    """The launch record and the kernel-audit reader's start overlap the stage's set-up: the order
-    goes first; the agent starts only once the record is synced."""
+    """A stage that is ready gets its order first: the launch record and the kernel-audit reader's
+    start overlap its set-up. One still getting ready does not keep the launcher waiting: the record
+    is written first. Either way the agent starts only once the record is synced."""
     from enforcer import session as sessions
     from enforcer.documents import load_policy
+    from enforcer.sandbox import pidns
     from enforcer.sandbox.plan import build_plan, load_baseline
     from enforcer.sandbox.stage import new_session_id, prepare
 
@@ -88,6 +91,14 @@ def test_the_stage_has_its_order_before_the_launch_record_and_the_agent_waits_fo
         environ={},
         features=sessions.host_features(),
     )
+    if not stage_ready:
+        host_pid = pidns.host_pid
+
+        def late() -> int:
+            time.sleep(0.5)  # in the future agent, before it announces itself
+            return host_pid()
+
+        monkeypatch.setattr(pidns, "host_pid", late)  # the stage is forked with it
     writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
     steps: list[str] = []
     session = new_session_id()
@@ -116,6 +127,10 @@ def test_the_stage_has_its_order_before_the_launch_record_and_the_agent_waits_fo
     monkeypatch.setattr(writer, "sync", synced)
     monkeypatch.setattr(sessions.SessionDenials, "start", staticmethod(reader))
     try:
+        deadline = time.monotonic() + 10
+        while stage_ready and not prepared.stage.ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert prepared.stage.ready() is stage_ready
         outcome = sessions.run_session(
             policy, plan, writer, session, uid=65534, gid=65534, cgroup_group=sandbox.group, prepared=prepared
         )
@@ -123,4 +138,5 @@ def test_the_stage_has_its_order_before_the_launch_record_and_the_agent_waits_fo
         prepared.discard()
         writer.close()
     assert (outcome.reason, outcome.exit_code) == ("exit", 0) and marker.exists()
-    assert steps[:4] == ["order", records.LAUNCH, "reader", "synced, agent started: False"]
+    first = ["order", records.LAUNCH, "reader"] if stage_ready else [records.LAUNCH, "reader", "order"]
+    assert steps[:4] == [*first, "synced, agent started: False"]

@@ -102,19 +102,21 @@ def test_the_session_s_end_is_written_and_synced_at_once(
     ]
 
 
-def test_a_session_without_its_launch_record_is_not_reported_as_ended(
+def test_a_session_without_its_launch_record_synced_is_not_reported_as_ended(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schemas: Any
 ) -> None:
-    """The launch record is written from before_agent, which the launcher calls before the agent can
+    """The launch record is synced from before_agent, which the launcher calls before the agent can
     start: a run that skipped it is an error, never an exit record for an unrecorded launch."""
     from enforcer.audit.query import iter_records
 
+    monkeypatch.setattr(session.SessionDenials, "start", staticmethod(lambda *args, **kw: Reader()))
     outcome = launcher.Outcome("exit", 0, None, 0.01, 7)
     monkeypatch.setattr(session, "_run", lambda *args, **kw: (outcome, None))
     writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
     try:
-        with pytest.raises(launcher.LaunchError, match="without its launch record"):
+        with pytest.raises(launcher.LaunchError, match="without its launch record on stable storage"):
             session.run_session(compile_doc(schemas, base_adl()), plan(), writer, "s-skipped", uid=54321, gid=54321)
     finally:
         writer.close()
-    assert not [r for r in iter_records(tmp_path / "log") if r.get("corr") == "s-skipped"]
+    kinds = [r["intent"] for r in iter_records(tmp_path / "log") if r.get("corr") == "s-skipped"]
+    assert f"adl.enforcer.{records.EXIT}" not in kinds and f"adl.enforcer.{records.EVIDENCE}" not in kinds
