@@ -185,7 +185,11 @@ class Stage:
     def ready(self) -> bool:
         """Whether the future agent has announced itself (or the stage is gone): send() would not
         wait for it."""
-        return self._started or bool(select.select([self._sock], [], [], 0)[0])
+        if self._started:
+            return True
+        poller = select.poll()  # not select(): the socket may be numbered above 1023 in a busy daemon
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _learn_agent_pid(self) -> None:
         """The future agent announces its host pid before it reads its order, so the pid is known
