@@ -71,7 +71,9 @@ def run_session(
     before_start: Callable[[], None] | None = None,
 ) -> launcher.Outcome:
     """Audit the launch (synchronously: nothing runs unrecorded), run, audit the outcome. `prepared`:
-    the stage forked ahead (stage.prepare()); without it the launcher forks one. uid/gid: the
+    the stage forked ahead (stage.prepare()); without it the launcher forks one. A prepared stage
+    without a network that is ready gets its order first: the launch record is written and synced,
+    and the kernel-audit reader started, while it sets the sandbox up; its agent waits for them. uid/gid: the
     identity to switch to (see identity.py); None keeps this process's, which must not be root.
     `caller`: events.caller_fields() of the daemon's caller, added to the launch record.
     `before_start`: called before this process forks (the egress filter) or starts the agent; an
@@ -83,23 +85,40 @@ def run_session(
             f"{identity.ROOT_REFUSAL}; with adl-exec --daemon, launch from the account the agent should run as"
         )
     start_ns = time.time_ns()
-    launch_record = _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller)
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
-    # Host side, before the agent starts: the reader's socket buffers its denials until read.
-    kernel_denials = SessionDenials.start(
-        writer,
-        policy,
-        session,
-        prepared.stage.session_pids if prepared is not None else None,
-        joined,
-        record=kernel_audit,
-    )
+    recorded: list[Receipt] = []
+    readers: list[SessionDenials] = []
+    synced: list[bool] = []
+
+    def record() -> None:
+        recorded.append(_record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller))
+        # Host side, before the agent starts: the reader's socket buffers its denials until read.
+        readers.append(
+            SessionDenials.start(
+                writer,
+                policy,
+                session,
+                prepared.stage.session_pids if prepared is not None else None,
+                joined,
+                record=kernel_audit,
+            )
+        )
+
+    # A prepared stage that is ready gets its order first (see launcher.run: before_agent runs once
+    # the order is sent): the launch record and the reader's start then overlap its set-up. One
+    # still getting ready (its cgroup join, its forks) would keep this process waiting: the record
+    # is written meanwhile instead.
+    if prepared is None or plan.egress is not None or not prepared.stage.ready():
+        record()
 
     def before_agent() -> None:
-        # The launch record on stable storage: nothing runs unrecorded. Its sync (and the helpers'
-        # join) overlap the stage's set-up, which waits for them before it execs the agent.
-        writer.sync(launch_record.seq)
+        if not recorded:
+            record()
+        # The launch record on stable storage: nothing runs unrecorded. The stage, which waits for
+        # this to return before it execs the agent, sets the sandbox up meanwhile.
+        writer.sync(recorded[0].seq)
+        synced.append(True)
         if before_start is not None:
             try:
                 before_start()
@@ -113,9 +132,13 @@ def run_session(
     except BaseException:
         # A launch that failed (its filter did not start, its stage died) still stops the reader and
         # records what it saw; the launch's own error is the one raised.
-        with contextlib.suppress(Exception):
-            kernel_denials.finish()
+        for reader in readers:
+            with contextlib.suppress(Exception):
+                reader.finish()
         raise
+    if not synced:  # _run calls before_agent before the agent can start: never
+        raise launcher.LaunchError("the session ran without its launch record on stable storage")
+    kernel_denials = readers[0]
     denials = _denials_summary(kernel_denials, plan)
     if on_denials is not None:
         on_denials(denials)

@@ -32,6 +32,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what the launcher 
 PR_SET_PDEATHSIG = 1
 _STATUS = struct.Struct("i")
 PID = struct.Struct("i")  # the agent's host pid, on the order socket
+# One handle for the stage, init, the future agent and the creation guard, loaded before they are
+# forked: each ctypes.CDLL() builds a function-pointer type of its own, private to the process.
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def fork_init(status_fd: int) -> None:
@@ -51,25 +54,28 @@ def fork_init(status_fd: int) -> None:
 
 
 def _start_init(stage: int, status_fd: int) -> None:
-    # The stage's pidfd turns readable once it is a zombie, which is after its children were handed
-    # to the launcher: only then may the parent-death signal be set (the hand-over delivers it).
-    poller = select.poll()
-    poller.register(stage, select.POLLIN)
-    poller.poll()
-    os.close(stage)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the session goes
     target = _Target()
     _forward_to(target)  # before the fork: a signal in between is forwarded, not lost
+    # Forked at once: the stage's exit (the teardown of its copy of the launcher's memory) then
+    # overlaps the future agent's start instead of holding it up.
     agent = os.fork()
     if agent:
+        # The stage's pidfd turns readable once it is a zombie, which is after its children were
+        # handed to the launcher: only then may the parent-death signal be set (the hand-over
+        # delivers it).
+        poller = select.poll()
+        poller.register(stage, select.POLLIN)
+        poller.poll()
+        os.close(stage)
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the session goes
         target.start(agent)
         _close_all_but({0, 1, 2, status_fd})  # the order socket, the launcher's guardian socket
         _init_loop(agent, status_fd)  # never returns
+    os.close(stage)
     os.close(status_fd)
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # init gone: the session goes
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # init gone: the session goes
 
 
 def host_pid() -> int:

@@ -38,7 +38,6 @@ shares their pages with the launcher; pyseccomp and libseccomp load in the stage
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -126,17 +125,21 @@ class Stage:
         self._announced = False
 
     def _adopt_init(self) -> None:
-        """Read init's pid (the stage's own if it could not fork one) and collect the stage."""
+        """Read init's pid (the stage's own if it could not fork one). The stage exits once it has
+        announced init; it is collected later (_collect_stage), not waited for before the order."""
         if self._announced:
             return
         self._announced = True
         pid = pidns.read_pid(self._status)
         if pid is None:
             raise StageError("the launch stage is gone before it forked the session's init")
-        if pid != self._stage_pid:
+        self.pid = pid
+
+    def _collect_stage(self) -> None:
+        if self._stage_pid != self.pid:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self._stage_pid, 0)
-            self.pid = pid
+            self._stage_pid = self.pid
 
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
@@ -174,8 +177,19 @@ class Stage:
             raise StageError(f"the launch stage is gone: {exc}") from exc
         finally:
             self._sock.close()
+            if self._announced:
+                self._collect_stage()  # long gone by the agent's exec
         if answer:
             raise StageError(answer.decode(errors="replace").strip())
+
+    def ready(self) -> bool:
+        """Whether the future agent has announced itself (or the stage is gone): send() would not
+        wait for it."""
+        if self._started:
+            return True
+        poller = select.poll()  # not select(): the socket may be numbered above 1023 in a busy daemon
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _learn_agent_pid(self) -> None:
         """The future agent announces its host pid before it reads its order, so the pid is known
@@ -210,6 +224,8 @@ class Stage:
                 self._adopt_init()
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
+        if self._announced:
+            self._collect_stage()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
@@ -323,7 +339,7 @@ def prepare(
         except (OSError, FrameError) as exc:
             error = str(exc)
     join_files = group.join_files() if group is not None else []
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
+    pidns.LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
     status_read, status_write = os.pipe2(os.O_CLOEXEC)
     main = functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write)
     pid, sock = _fork(main)
@@ -457,7 +473,7 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
 
 
 def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = pidns.LIBC
     step = "seccomp"
     try:
         bpf = seccomp.compile_filter(order.seccomp)  # a cache hit unless the order came at once
@@ -555,7 +571,7 @@ def _fork_guard(guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | N
 def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rules: LandlockPlan | None) -> None:
     code = 1
     try:
-        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
+        pidns.LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the agent (same uid) must not read its memory
         creation_guard.forget_environment()
         null = os.open("/dev/null", os.O_RDWR)
         for fd in (0, 1, 2):

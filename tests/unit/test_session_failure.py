@@ -49,6 +49,7 @@ def test_a_failed_launch_finishes_the_kernel_denials_and_raises_its_own_error(
     monkeypatch.setattr(session.SessionDenials, "start", staticmethod(lambda *args, **kw: reader))
 
     def fails(*args: Any, **kw: Any) -> Any:
+        kw["before_agent"]()  # as _run does before it starts the egress filter
         raise launcher.LaunchError("sandbox setup failed: the egress filter did not start")
 
     monkeypatch.setattr(session, "_run", fails)
@@ -71,7 +72,12 @@ def test_the_session_s_end_is_written_and_synced_at_once(
     monkeypatch.setattr(session.SessionDenials, "start", staticmethod(lambda *args, **kw: Reader()))
     refusal = {"syscall": "openat", "path": "/tmp/x.sh", "rule": "deny_create", "pid": 7}
     outcome = launcher.Outcome("exit", 0, None, 0.01, 7, guard_refusals=[refusal], guard_refused_total=1)
-    monkeypatch.setattr(session, "_run", lambda *args, **kw: (outcome, None))
+
+    def runs(*args: Any, **kw: Any) -> Any:
+        kw["before_agent"]()  # the launch record, synced, before the agent starts
+        return outcome, None
+
+    monkeypatch.setattr(session, "_run", runs)
     ends = plan()
     ends.limits = SimpleNamespace(memory_bytes=None, cpu_percent=None, pids_max=64)
     ends.timeout_s, ends.residual, ends.landlock = None, [], SimpleNamespace(abi=7)
@@ -94,3 +100,23 @@ def test_the_session_s_end_is_written_and_synced_at_once(
     assert kinds == [
         f"adl.enforcer.{kind}" for kind in (records.LAUNCH, records.DECISION, records.EXIT, records.EVIDENCE)
     ]
+
+
+def test_a_session_without_its_launch_record_synced_is_not_reported_as_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schemas: Any
+) -> None:
+    """The launch record is synced from before_agent, which the launcher calls before the agent can
+    start: a run that skipped it is an error, never an exit record for an unrecorded launch."""
+    from enforcer.audit.query import iter_records
+
+    monkeypatch.setattr(session.SessionDenials, "start", staticmethod(lambda *args, **kw: Reader()))
+    outcome = launcher.Outcome("exit", 0, None, 0.01, 7)
+    monkeypatch.setattr(session, "_run", lambda *args, **kw: (outcome, None))
+    writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
+    try:
+        with pytest.raises(launcher.LaunchError, match="without its launch record on stable storage"):
+            session.run_session(compile_doc(schemas, base_adl()), plan(), writer, "s-skipped", uid=54321, gid=54321)
+    finally:
+        writer.close()
+    kinds = [r["intent"] for r in iter_records(tmp_path / "log") if r.get("corr") == "s-skipped"]
+    assert f"adl.enforcer.{records.EXIT}" not in kinds and f"adl.enforcer.{records.EVIDENCE}" not in kinds
