@@ -392,6 +392,8 @@ class FilterServer:
                         running = False
                     elif key.data == "dns_udp":
                         self.udp_query(sock)
+                    elif key.data == "tcp" and self._wake is not None:
+                        continue  # handed to the pool earlier in this batch: its accepting thread takes it
                     elif key.data in ("tcp", "dns_tcp"):
                         self.accept(sock, key.data)
                         if key.data == "tcp" and self.connections is not None and self.lead(space.tcp):

@@ -1,0 +1,74 @@
+"""The egress filter's hand-over of TCP accepting to its pool, under connections the agent times.
+
+The filter accepts a session's first TCP connection itself; from then on its pool accepts (lead()),
+and serve() stops watching the TCP listeners. An agent whose namespace has IPv6 has two TCP
+listeners: its first two connections, one to an IPv4 and one to an IPv6 destination sent at once,
+are both ready in serve()'s first wait. The second must not make serve() hand over again (which
+failed on listeners no longer watched and ended the filter, and would leave a second accepting
+thread that no stop wakes).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.egress.netns import AgentNamespace
+
+from ..unit.test_egress_process import RecordingListener, Setup, audit_records, wait_for
+
+
+@pytest.fixture
+def setup(schemas: Any, tmp_path: Path) -> Iterator[Setup]:
+    made = Setup(schemas, tmp_path)
+    yield made
+    made.close()
+
+
+def test_first_connections_ready_on_two_listeners_at_once_keep_the_filter_serving(setup: Setup) -> None:
+    listeners = [RecordingListener(), RecordingListener()]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=listeners, dns_udp=[], dns_tcp=[], ipv6=True)
+    clients = [socket.create_connection(listener.getsockname()) for listener in listeners]  # queued before serve()
+    failure: list[BaseException] = []
+    result: dict[str, Any] = {}
+
+    def serve() -> None:
+        try:
+            result["dropped"] = setup.server.serve(theirs, space)
+        except BaseException as exc:
+            failure.append(exc)
+
+    serving = threading.Thread(target=serve)
+    serving.start()
+    try:
+        wait_for(lambda: sum(len(listener.accepted_on) for listener in listeners) == 2 or not serving.is_alive())
+        assert not failure, f"serve() ended: {failure[0]!r}"
+        for listener in listeners:  # later connections, on either listener, are still taken
+            clients.append(socket.create_connection(listener.getsockname()))
+        wait_for(lambda: sum(len(listener.accepted_on) for listener in listeners) == 4)
+        wait_for(lambda: setup.server.handlers.value == 0)
+        ours.send(b"stop {}")
+        serving.join(5)
+        assert not serving.is_alive() and not failure
+        summary = setup.server.stop(result["dropped"])
+        late = socket.create_connection(listeners[0].getsockname())  # no accepting thread is left
+        clients.append(late)
+        wait_for(lambda: setup.server.handlers.value == 0)
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, *listeners, *clients):
+            sock.close()
+    assert sum(len(listener.accepted_on) for listener in listeners) == 4
+    assert summary["connections"]["connections"] == 4
+    setup.writer.sync()
+    records = audit_records(setup.log)
+    assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
+    assert records[4]["intent"] == "adl.enforcer.net.summary"
