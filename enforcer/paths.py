@@ -101,7 +101,9 @@ def _check_symlinks_on_the_way(directory: Path) -> None:
     could point anywhere, and a link in a directory others may write can be swapped for theirs at
     any time. realpath reads a link without following it (protected_symlinks does not apply)."""
     euid = os.geteuid()
-    left = list((Path.cwd() / directory).parts[1:])  # not abspath: it drops "link/.." unresolved
+    named = Path(directory)
+    # Not abspath: it drops "link/.." unresolved. Not cwd() for an absolute path: cwd may be gone.
+    left = list((named if named.is_absolute() else Path.cwd() / named).parts[1:])
     current = Path("/")
     links = 0
     while left:

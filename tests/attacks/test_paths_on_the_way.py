@@ -109,3 +109,18 @@ def test_links_of_ones_own_through_private_directories_are_accepted(tmp_path: Pa
     loop.symlink_to(loop)
     with pytest.raises(OSError):
         check_private(loop)
+
+
+def test_an_absolute_path_is_checked_from_a_working_directory_that_is_gone(tmp_path: Path) -> None:
+    """adl-exec may be started from a directory removed since: an absolute log directory still
+    passes, as it did before links were followed."""
+    (tmp_path / "log").mkdir()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    before = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        check_private(tmp_path / "log")
+    finally:
+        os.chdir(before)
