@@ -337,7 +337,9 @@ class FilterServer:
                     if exc.errno in _OUT_OF_RESOURCES:
                         # The connection stays queued and the listener readable: wait a little
                         # (or for stop) instead of spinning on it until a descriptor is free.
-                        select.select([self._wake[0]], [], [], ACCEPT_BACKOFF_S)
+                        pause = select.poll()  # not select(2): the pipe's number may be past 1024
+                        pause.register(self._wake[0], select.POLLIN)
+                        pause.poll(ACCEPT_BACKOFF_S * 1000)
                     continue  # else taken or gone before it was accepted
                 # The pool thread given _accept_and_handle waits for the next connection; refused,
                 # this one goes on waiting itself.

@@ -10,6 +10,8 @@ thread that no stop wakes).
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -72,3 +74,62 @@ def test_first_connections_ready_on_two_listeners_at_once_keep_the_filter_servin
     records = audit_records(setup.log)
     assert [r["payload"]["rules"] for r in records[:4]] == [["net.not_captured"]] * 4
     assert records[4]["intent"] == "adl.enforcer.net.summary"
+
+
+class _ExhaustedListener(RecordingListener):
+    """A listener whose accept fails as in a process out of descriptors, until told otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exhausted = False
+        self.failed = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.exhausted:
+            self.failed += 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().accept()
+
+
+def test_the_pause_out_of_descriptors_works_with_descriptors_past_1024(setup: Setup) -> None:
+    """The agent holds DNS-over-TCP connections open before its first TCP connection, so the
+    accepting thread's wake pipe gets a descriptor number past 1024; then it runs the filter out of
+    descriptors. The pause before the next accept must not need select(2), which refuses such a
+    number (the filter ended)."""
+    held = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(1100)]
+    listener = _ExhaustedListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            setup.server.serve(theirs, space)
+        except BaseException as exc:
+            failure.append(exc)
+
+    serving = threading.Thread(target=serve)
+    clients: list[socket.socket] = []
+    try:
+        serving.start()
+        clients.append(socket.create_connection(listener.getsockname()))  # loads the filter: the pool accepts next
+        wait_for(lambda: len(listener.accepted_on) == 1 and setup.server.handlers.value == 0)
+        assert setup.server._wake is not None and setup.server._wake[0] >= 1024
+        listener.exhausted = True
+        clients.append(socket.create_connection(listener.getsockname()))
+        wait_for(lambda: listener.failed >= 2 or not serving.is_alive())
+        assert not failure, f"serve() ended: {failure[0]!r}"
+        listener.exhausted = False
+        wait_for(lambda: len(listener.accepted_on) == 2)
+        ours.send(b"stop {}")
+        serving.join(5)
+        assert not serving.is_alive() and not failure
+        setup.server.stop({})
+    finally:
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, *clients):
+            sock.close()
+        for fd in held:
+            os.close(fd)
