@@ -280,13 +280,17 @@ class FilterServer:
     def lead(self, listeners: list[socket.socket]) -> bool:
         """Accept the listeners' connections on the pool from now on (serve() stops watching them):
         one pool thread at a time waits for the next connection, hands the waiting on to another
-        pool thread and handles the connection itself. False: no pool thread could be had, and
-        serve() goes on accepting."""
+        pool thread and handles the connection itself. False: no pool thread (or no descriptor for
+        the wake pipe) could be had, and serve() goes on accepting."""
         _, workers = self._opened()
+        try:
+            wake = os.pipe2(os.O_CLOEXEC)
+        except OSError:  # out of descriptors (the agent's connections hold them): tried again later
+            return False
         for listener in listeners:
             listener.setblocking(False)  # another thread may have taken what poll reported
         self._listeners = listeners
-        self._wake = os.pipe2(os.O_CLOEXEC)
+        self._wake = wake
         try:
             workers.submit(self._accept_and_handle)
         except RuntimeError:

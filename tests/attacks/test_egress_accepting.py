@@ -10,10 +10,13 @@ thread that no stop wakes).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import resource
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,3 +136,57 @@ def test_the_pause_out_of_descriptors_works_with_descriptors_past_1024(setup: Se
             sock.close()
         for fd in held:
             os.close(fd)
+
+
+def test_a_first_tcp_connection_while_out_of_descriptors_does_not_end_the_filter(setup: Setup) -> None:
+    """The agent runs the filter out of descriptors (DNS-over-TCP connections held open) before its
+    first TCP connection: the hand-over to the pool, which needs a pipe, waits for a descriptor
+    instead of ending the filter; the connection is taken once one is free."""
+    listener = RecordingListener()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
+    client = socket.socket()
+    setup.server._opened()  # loaded by the DNS-over-TCP connections, as serve() would have
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            setup.server.serve(theirs, space)
+        except BaseException as exc:
+            failure.append(exc)
+
+    serving = threading.Thread(target=serve)
+    try:
+        serving.start()
+        time.sleep(0.1)  # serve() waits on its selector, whose descriptor it has
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        os.close(held.pop())  # one for the accepted connection: then none for the pipe
+        client.connect(listener.getsockname())
+        wait_for(lambda: len(listener.accepted_on) == 1 or not serving.is_alive())
+        time.sleep(0.2)
+        assert not failure, f"serve() ended: {failure[0]!r}"
+        for fd in held:
+            os.close(fd)
+        held.clear()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        later = socket.create_connection(listener.getsockname())  # serve() hands over now
+        wait_for(lambda: len(listener.accepted_on) == 2 and setup.server._wake is not None)
+        later.close()
+        ours.send(b"stop {}")
+        serving.join(5)
+        assert not serving.is_alive() and not failure
+        setup.server.stop({})
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if serving.is_alive():
+            ours.send(b"stop {}")
+            serving.join(5)
+        for sock in (ours, theirs, listener, client):
+            sock.close()
