@@ -7,6 +7,7 @@ os.environ). The ADL_ENFORCER_* settings that move these locations are in enforc
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -79,7 +80,9 @@ def make_private_dir(directory: Path, mode: int) -> None:
 
 def check_private_file(path: Path) -> None:
     """PermissionError unless the file `path` resolves to is a regular file owned by root or this
-    process's user that nobody else may write, in a directory check_private accepts."""
+    process's user that nobody else may write, in a directory check_private accepts, reached only
+    through links check_private accepts."""
+    _check_symlinks_on_the_way(path)
     real = Path(os.path.realpath(path))
     check_private(real.parent)
     st = os.stat(real)
@@ -92,14 +95,37 @@ def check_private_file(path: Path) -> None:
 
 
 def _check_symlinks_on_the_way(directory: Path) -> None:
-    """A symlink on the way, as named, belongs to root or this user: another user's could point
-    anywhere, and realpath reads a link without following it (protected_symlinks does not apply)."""
+    """Every symlink met on the way to `directory`, as the kernel resolves it (the named path, then
+    each link's target, '..' after a link included), belongs to root or this user, and every
+    directory such a link lies in passes the check for a directory above: another user's link
+    could point anywhere, and a link in a directory others may write can be swapped for theirs at
+    any time. realpath reads a link without following it (protected_symlinks does not apply)."""
     euid = os.geteuid()
-    given = Path(os.path.abspath(directory)).parts
-    for depth in range(2, len(given) + 1):
-        st = os.lstat(Path(*given[:depth]))
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, euid):
-            raise PermissionError(f"{Path(*given[:depth])} is a symlink of uid {st.st_uid}")
+    named = Path(directory)
+    # Not abspath: it drops "link/.." unresolved. Not cwd() for an absolute path: cwd may be gone.
+    left = list((named if named.is_absolute() else Path.cwd() / named).parts[1:])
+    current = Path("/")
+    links = 0
+    while left:
+        part = left.pop(0)
+        if part == "..":
+            current = current.parent
+            continue
+        candidate = current / part
+        st = os.lstat(candidate)
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        if st.st_uid not in (0, euid):
+            raise PermissionError(f"{candidate} is a symlink of uid {st.st_uid}")
+        _check_owners(current, private_leaf=False)
+        links += 1
+        if links > 40:  # the kernel's limit too
+            raise OSError(errno.ELOOP, f"{directory}: too many levels of symbolic links")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            current = Path("/")
+        left[:0] = [p for p in target.parts if p != "/"]
 
 
 def _check_owners(real: Path, *, private_leaf: bool) -> None:

@@ -21,6 +21,7 @@ _PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE  # not SPLICE_F_MORE: it corks the socket, delaying a small request
 _NONBLOCK = _FLAGS | os.SPLICE_F_NONBLOCK
 _FIONREAD = 0x541B  # asm-generic/ioctls.h: bytes waiting in a pipe
+_SIOCATMARK = 0x8905  # asm-generic/sockios.h: the next byte to read is TCP urgent data
 # Empty pipes kept for the next connections, whichever thread relays them. Bounded, so that what a
 # burst of connections leaves behind is a few descriptors, not two pipes per pool thread.
 MAX_KEPT_PIPES = 64
@@ -139,7 +140,18 @@ class _Way:
         try:
             moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
         except BlockingIOError:
-            return  # nothing to read now
+            if not _at_urgent_mark(self.src):
+                return  # nothing to read now
+            # splice never reads past TCP urgent data, and poll goes on saying what follows it is
+            # readable: recv steps over the urgent byte (not part of the stream) and reads on.
+            try:
+                self.head = self.src.recv(CHUNK)
+            except BlockingIOError:
+                return  # the urgent byte was all there was
+            if self.head:
+                self.step()
+                return
+            moved = 0
         if moved == 0:
             self.reading = False
             with contextlib.suppress(OSError):
@@ -159,6 +171,13 @@ class _Way:
 
     def close(self) -> None:
         _give_back(self.read_end, self.write_end, self.in_pipe == 0)
+
+
+def _at_urgent_mark(sock: socket.socket) -> bool:
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCATMARK, b"\0\0\0\0"))[0] == 1
+    except OSError:
+        return False
 
 
 def _take_pipe() -> tuple[int, int]:

@@ -280,13 +280,17 @@ class FilterServer:
     def lead(self, listeners: list[socket.socket]) -> bool:
         """Accept the listeners' connections on the pool from now on (serve() stops watching them):
         one pool thread at a time waits for the next connection, hands the waiting on to another
-        pool thread and handles the connection itself. False: no pool thread could be had, and
-        serve() goes on accepting."""
+        pool thread and handles the connection itself. False: no pool thread (or no descriptor for
+        the wake pipe) could be had, and serve() goes on accepting."""
         _, workers = self._opened()
+        try:
+            wake = os.pipe2(os.O_CLOEXEC)
+        except OSError:  # out of descriptors (the agent's connections hold them): tried again later
+            return False
         for listener in listeners:
             listener.setblocking(False)  # another thread may have taken what poll reported
         self._listeners = listeners
-        self._wake = os.pipe2(os.O_CLOEXEC)
+        self._wake = wake
         try:
             workers.submit(self._accept_and_handle)
         except RuntimeError:
@@ -337,7 +341,9 @@ class FilterServer:
                     if exc.errno in _OUT_OF_RESOURCES:
                         # The connection stays queued and the listener readable: wait a little
                         # (or for stop) instead of spinning on it until a descriptor is free.
-                        select.select([self._wake[0]], [], [], ACCEPT_BACKOFF_S)
+                        pause = select.poll()  # not select(2): the pipe's number may be past 1024
+                        pause.register(self._wake[0], select.POLLIN)
+                        pause.poll(ACCEPT_BACKOFF_S * 1000)
                     continue  # else taken or gone before it was accepted
                 # The pool thread given _accept_and_handle waits for the next connection; refused,
                 # this one goes on waiting itself.
@@ -392,6 +398,8 @@ class FilterServer:
                         running = False
                     elif key.data == "dns_udp":
                         self.udp_query(sock)
+                    elif key.data == "tcp" and self._wake is not None:
+                        continue  # handed to the pool earlier in this batch: its accepting thread takes it
                     elif key.data in ("tcp", "dns_tcp"):
                         self.accept(sock, key.data)
                         if key.data == "tcp" and self.connections is not None and self.lead(space.tcp):
