@@ -109,6 +109,9 @@ def scan(
             break
         if not arg.startswith("-"):
             command = argv[at:]  # argparse's REMAINDER: everything from the first positional on
+            known = (*flag_names, *valued_names)
+            if any(later.startswith("-") and later.partition("=")[0] not in known for later in command):
+                return None  # argparse classifies these too: "--=x" or "--a" is an ambiguous option
             break
         name, eq, value = arg.partition("=")
         if name in flag_names:

@@ -176,6 +176,8 @@ def test_the_usual_launches_take_the_fast_path(argv: list[str]) -> None:
         ["--daemon", "tcp:1", "--agent", "A", "--", "true"],
         ["--agent", "A", "-x", "true"],
         ["--agent=--", "true"],  # argparse reads the value "--" as no value
+        ["--agent", "A", "true", "--=x"],  # after a command without "--", argparse refuses "--=x"
+        ["--agent", "A", "true", "--ag=B"],  # ... and reads "--ag=B" as an option first
     ],
 )
 def test_anything_else_is_left_to_argparse(argv: list[str]) -> None:

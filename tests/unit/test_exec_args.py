@@ -137,6 +137,7 @@ def test_read_accepts_plain_launches(argv: list[str], expected: dict[str, Any]) 
         ["--adl", "a", "--pids-max", "x", "--", "true"],  # argparse refuses it, with its message
         ["--adl", "a", "--accept-unenforced", "nope", "--", "true"],
         ["--adl", "a", "--"],  # no command
+        ["--adl", "a", "true", "--=x"],  # after a command without "--", argparse refuses "--=x"
         ["--adl", "a"],
         ["--", "true"],  # no --adl
         ["--help"],
