@@ -103,7 +103,8 @@ class Learner:
         print(
             f"adl-exec: LEARN MODE: wrote {self.out}: {len(result.added_paths)} path(s), "
             f"{len(result.added_commands)} command(s), {len(result.added_hosts)} host(s) added "
-            f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''})",
+            f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''}"
+            f"{', forks not tracked: processes that ended at once may be missing' if seen.forks_untracked else ''})",
             file=sys.stderr,
         )
         for note in result.notes:
@@ -117,6 +118,7 @@ class Learner:
             "added_hosts": list(result.added_hosts),
             "notes": list(result.notes),
             "overflowed": seen.overflowed,
+            "forks_untracked": seen.forks_untracked,
         }
 
 

@@ -17,6 +17,8 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
+from .proc_events import ForkEvents
+
 _SYS_FANOTIFY_INIT = {"x86_64": 300, "aarch64": 262}.get(os.uname().machine, -1)
 _SYS_FANOTIFY_MARK = {"x86_64": 301, "aarch64": 263}.get(os.uname().machine, -1)
 FAN_CLASS_NOTIF = 0x0
@@ -52,6 +54,7 @@ class Observed:
     executed: set[str] = field(default_factory=set)
     directories: set[str] = field(default_factory=set)
     overflowed: bool = False
+    forks_untracked: bool = False  # no fork events: a process gone before its events are read is missed
     events: int = 0
 
 
@@ -110,6 +113,13 @@ class Observer:
         if not self._seen_devices:
             os.close(self.fd)
             raise FanotifyUnavailable(1, "fanotify: no filesystem could be marked")
+        # Forks, to place a process that is gone by the time its events are read (see proc_events).
+        self._parents: dict[int, int] = {}
+        self._forks: ForkEvents | None = None
+        try:
+            self._forks = ForkEvents()
+        except OSError:
+            self.observed.forks_untracked = True
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._run, name="fanotify", daemon=True)
         self._thread.start()
@@ -120,18 +130,57 @@ class Observer:
             return known
         if len(self._members) > 65536:
             self._members.clear()
+        member = self._in_session(pid)
+        if member is None:
+            member = self._forked_in_session(pid)
+        self._members[pid] = member
+        return member
+
+    def _in_session(self, pid: int) -> bool | None:
+        """Whether a live process is in the session's cgroup; None when it is gone."""
         try:
             with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
                 text = f.read(8192)
         except OSError:
-            return False
-        member = any(line.endswith(self.marker) or self.marker + "/" in line for line in text.splitlines())
-        self._members[pid] = member
-        return member
+            return None
+        return any(line.endswith(self.marker) or self.marker + "/" in line for line in text.splitlines())
+
+    def _forked_in_session(self, pid: int) -> bool:
+        """A process that is gone belongs to the session when its nearest ancestor still known (a
+        cached answer or a live process) does: the session's processes never leave its cgroup."""
+        self._read_forks()
+        seen = 0
+        while seen < 64:
+            parent = self._parents.get(pid)
+            if parent is None:
+                return False
+            known = self._members.get(parent)
+            if known is not None:
+                return known
+            member = self._in_session(parent)
+            if member is not None:
+                self._members[parent] = member
+                return member
+            pid, seen = parent, seen + 1
+        return False
+
+    def _read_forks(self) -> None:
+        if self._forks is None:
+            return
+        if len(self._parents) > 65536:
+            self._parents.clear()
+        for parent, child in self._forks.read():
+            self._parents[child] = parent
+        if self._forks.lost:
+            self.observed.overflowed = True
 
     def _run(self) -> None:
+        poller = select.poll()
+        for fd in (self.fd, self._stop_r, *([self._forks.fileno()] if self._forks is not None else [])):
+            poller.register(fd, select.POLLIN)
         while True:
-            ready, _, _ = select.select([self.fd, self._stop_r], [], [], 0.5)
+            ready = {fd for fd, _ in poller.poll(500)}
+            self._read_forks()
             if self.fd in ready:
                 self._read()
             if self._stop_r in ready:
@@ -181,4 +230,6 @@ class Observer:
         for fd in (self.fd, self._stop_r, self._stop_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self._forks is not None:
+            self._forks.close()
         return self.observed

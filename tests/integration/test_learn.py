@@ -25,13 +25,19 @@ def landlock_denials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def agent_code(ws: Path, ca: str) -> str:
     return (
-        "import pathlib, subprocess\n"
+        "import pathlib, subprocess, time\n"
         f"ws = pathlib.Path({str(ws)!r})\n"
         "print(sorted(p.read_text().strip() for p in ws.glob('*.txt') if p.name != 'secret.txt'))\n"
         "(ws / 'report.md').write_text('written by the agent')\n"
         "tests = subprocess.run(['python3', '-B', '-m', 'unittest', 'discover', '-s', str(ws)],\n"
         "                       capture_output=True, text=True)\n"
         "print('tests', tests.returncode, tests.stderr.strip().splitlines()[-1:])\n"
+        # The lab's network namespace has no fork events (see enforcer/sandbox/proc_events.py): git
+        # stays until the observer has read its events, or the learned policy could miss it.
+        "alive = subprocess.Popen(['git', 'hash-object', '--stdin'], stdin=subprocess.PIPE,\n"
+        "                         stdout=subprocess.DEVNULL)\n"
+        "time.sleep(0.5)\n"
+        "alive.communicate(b'x')\n"
         "git = subprocess.run(['git', '-C', str(ws), 'status', '--short'], capture_output=True, text=True)\n"
         "print('git', git.returncode, git.stdout.count('\\n'))\n"
         "for host in ('api.example.test', 'other.example.test'):\n"
