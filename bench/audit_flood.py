@@ -64,12 +64,10 @@ def main() -> None:
     from tests.helpers.daemon import RunningDaemon
     from tests.helpers.sandbox import AGENT_GID, AGENT_UID, Sandbox, agent_tmp_dir
 
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    args = sys.argv[1 : sys.argv.index("--disk")] if "--disk" in sys.argv else sys.argv[1:]
     seconds = float(args[0]) if args else 5.0
     threads = int(args[1]) if len(args) > 1 else 4
     disk = int(sys.argv[sys.argv.index("--disk") + 1]) if "--disk" in sys.argv else 0
-    if disk:
-        args = [a for a in args if a != str(disk)]
     with agent_tmp_dir() as tmp:
         root = Path(tmp)
         daemon = RunningDaemon(root, Sandbox(root / "box"))
@@ -92,15 +90,17 @@ def main() -> None:
             flooder, other = client(AGENT_UID, threads, 0.0), client(OTHER_UID, 1, 0.01)
             flood, calm = json.loads(flooder.communicate()[0]), json.loads(other.communicate()[0])
             took = time.monotonic() - started
-            grown, written = audit_bytes(daemon.audit) - size, None
+            grown = audit_bytes(daemon.audit) - size
             health = daemon.health()
             records = daemon.records()
             written = len(records) - count
             by_uid = Counter(r["payload"].get("caller_uid") for r in records[count:])
             recorded = {r["payload"].get("decision_id") for r in records[count:]}
             print(f"{took:.1f} s, flooder {threads} threads: {dict(flood['codes'])}")
-            print(f"other uid: {dict(calm['codes'])}, {sum(i in recorded for i in calm['ids'])} of its decisions recorded")
-            print(f"log grew {grown} bytes, {written} records: {grown / took:,.0f} B/s, {written / took:,.0f} records/s")
+            kept = sum(i in recorded for i in calm["ids"])
+            print(f"other uid: {dict(calm['codes'])}, {kept} of its decisions recorded")
+            rates = f"{grown / took:,.0f} B/s, {written / took:,.0f} records/s"
+            print(f"log grew {grown} bytes, {written} records: {rates}")
             print(f"records by caller_uid: {dict(by_uid)}; health after: {health}")
         finally:
             daemon.cleanup()

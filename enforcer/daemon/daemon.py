@@ -36,6 +36,7 @@ from .core import Core
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .orders import SessionStarted
+from .quota import UidBudget
 from .registry import SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
@@ -108,6 +109,7 @@ class Daemon:
             limits,
             self.callers,
             settings.agent_callers,
+            UidBudget(settings.check_audit_bytes_per_uid, settings.audit_budget_window_s, exempt=frozenset({0})),
         )
         self._relay = CallerRelay(
             settings.socket,
@@ -173,6 +175,8 @@ class Daemon:
                 allowed_unenforced=frozenset(self.settings.allowed_unenforced),
                 request_s=self.settings.launch_request_s,
                 max_connections=self.settings.max_launch_connections,
+                refusals_detailed=self.settings.launch_refusals_per_uid,
+                refusal_window_s=self.settings.audit_budget_window_s,
             ),
         )
         self._launch.start(0o660, group)
@@ -194,6 +198,10 @@ class Daemon:
                 self.systemd.send("READY=1", self._status_line())
             self.sink.tick()  # first: a stalled log must be noticed even if expiring approvals waits on it
             self.core.expire_due()
+            # Each uid's requests counted only, written as soon as their window ends.
+            self.core.summarize(now)
+            if self._launch is not None:
+                self._launch.summarize(now)
             if now - last_sweep > 60:
                 self.approvals.forget_resolved(older_than_ms=3_600_000)
                 last_sweep = now
