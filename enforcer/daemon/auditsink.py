@@ -113,6 +113,9 @@ class AuditSink(Appender):
             except AuditUnavailable as exc:
                 self._error = str(exc)
                 return
+            except RuntimeError as exc:  # no thread for its flusher (out of tasks): tried again later
+                self._error = f"audit log not reopened: {exc}"
+                return
             self._writer = writer
         self._set(None)
 

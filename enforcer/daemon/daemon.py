@@ -13,7 +13,6 @@ import os
 import signal
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from .registry import SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
 from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
+from .threads import TaskLimitedPool
 
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
@@ -121,6 +121,7 @@ class Daemon:
             max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
+        self._pools: list[TaskLimitedPool] = []  # the servers' worker threads
         self._telemetry: list[Any] = []  # what enforcer.daemon.telemetry opened (off by default)
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
@@ -202,6 +203,8 @@ class Daemon:
             self.core.summarize(now)
             if self._launch is not None:
                 self._launch.summarize(now)
+            for pool in self._pools:  # threads that could not start for lack of tasks, once there are
+                pool.catch_up()
             if now - last_sweep > 60:
                 self.approvals.forget_resolved(older_than_ms=3_600_000)
                 last_sweep = now
@@ -449,12 +452,14 @@ class Daemon:
     def _grpc_server(self, path: Path, mode: int, gid: int | None, *, admin: bool, inline: bool = True) -> grpc.Server:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         path.unlink(missing_ok=True)
+        # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
+        pool = TaskLimitedPool(
+            max_workers=self.settings.workers + self.settings.max_approval_waits,
+            thread_name_prefix="admin" if admin else "api",
+        )
+        self._pools.append(pool)
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
-                max_workers=self.settings.workers + self.settings.max_approval_waits,
-                thread_name_prefix="admin" if admin else "api",
-            ),
+            pool,
             options=[
                 ("grpc.max_receive_message_length", max(self.settings.max_request_bytes * 4, 4 << 20)),
                 ("grpc.so_reuseport", 0),
@@ -492,12 +497,11 @@ class Daemon:
             if server.add_insecure_port(f"unix:{path}") == 0:
                 raise StartupError(f"cannot listen on {path}")
             server.start()
-            if not admin and self._inline is not None:
-                self._inline.start()
         finally:
             os.umask(old)
         if not admin and self._inline is not None:
             try:
+                self._inline.start()
                 # An empty batch: answered with a message, and nothing is decided or recorded.
                 self._inline.probe(f"unix:{path}", CHECK_BATCH, b"")
             except InlineUnavailable as exc:
