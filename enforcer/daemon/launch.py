@@ -63,7 +63,7 @@ TRANSIENT_ACCEPT = {
     errno.EAGAIN,
 }
 BACKOFF_S = (0.01, 1.0)  # first and longest pause after a transient accept() error
-FD_RESERVE = 256  # descriptors launch connections leave to everything else, at least
+FD_RESERVE = 256  # descriptors the listeners' connections leave to everything else, at least
 REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not read
 # The bytes of unfinished requests held at once, over every connection: beyond it the connection
 # holding the most goes (a real caller sends its request at once, and it is rarely that large).
@@ -137,6 +137,18 @@ def _matches(rule: str, caller: Caller) -> bool:
     except (KeyError, ValueError):  # a user or group that does not exist admits nobody
         return False
     return False
+
+
+def listener_share() -> int | None:
+    """The descriptors each of the two listeners (the API relay, the launch socket) may hold for its
+    connections; None with no file limit. What the soft limit leaves beyond the daemon's own room
+    (FD_RESERVE, or a quarter of the limit: the audit log and its rotation, gRPC, the spawner,
+    session files) is split in halves, not shared: a flood of one socket's connections can take
+    neither the other socket's callers' descriptors nor the daemon's."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - max(FD_RESERVE, soft // 4)) // 2
 
 
 def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> None:
@@ -248,11 +260,10 @@ class LaunchServer:
             os.chown(self.path, -1, gid)
         listener.listen(256)
         listener.setblocking(False)
-        # Waiting connections never take the descriptors the audit log, gRPC and sessions need: each
-        # holds its own and the stdin, stdout and stderr it may have sent already.
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:
-            room = soft - max(FD_RESERVE, soft // 4)
+        # Waiting connections keep to the launch socket's share of descriptors: each holds its own
+        # and the stdin, stdout and stderr it may have sent already.
+        room = listener_share()
+        if room is not None:
             self._max_pending = max(1, min(self._max_pending, room // (1 + 3)))
         self._listener = listener
         selector = selectors.DefaultSelector()  # made here: its descriptor is not one to run out of later
