@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import grp
 import logging
+import math
 import os
 import signal
 import threading
@@ -244,6 +245,10 @@ class Daemon:
             telemetry.close(self._telemetry)
         with contextlib.suppress(OSError):
             self._relay.internal.parent.rmdir()
+        # Counts of windows still open are written now: a stop must not lose them.
+        self.core.summarize(math.inf)
+        if self._launch is not None:
+            self._launch.summarize(math.inf)
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()

@@ -148,3 +148,14 @@ def test_launch_refusals_counted_only_are_written_when_the_window_ends(daemon: R
     (summary,) = [r for r in ours if "refusals_counted_only" in r]
     assert len(detailed) == 5, len(detailed)
     assert summary["refusals_counted_only"] == 25 and summary["window_s"] == 2, summary
+
+
+def test_counts_of_a_window_still_open_are_written_when_the_daemon_stops(daemon: RunningDaemon) -> None:
+    daemon.stop()
+    daemon.extra_env.update({"ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID": "5"})  # the window: 60 s
+    daemon.start()
+    for _ in range(8):
+        _refuse_launch(daemon)
+    assert daemon.stop() == 0
+    (summary,) = [r for r in _refusals(daemon) if "refusals_counted_only" in r]
+    assert summary["refusals_counted_only"] == 3 and summary["caller_uid"] == 0, summary

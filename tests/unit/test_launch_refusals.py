@@ -27,6 +27,14 @@ def test_a_count_is_due_even_when_the_next_window_began_first() -> None:
     assert budget.due(13) == [Overflow(7, 2, 0, 10)]
 
 
+def test_a_stop_takes_the_counts_of_windows_still_open() -> None:
+    budget = UidBudget(1, window_s=60)
+    assert [budget.take(7, t) for t in (0, 1)] == [(True, 0), (False, 1)]
+    assert budget.take(8, 2) == (True, 0)
+    assert budget.due(3) == []
+    assert budget.due(float("inf")) == [Overflow(7, 1, 0, 60)], "uid 8 had nothing counted"
+
+
 def test_argv_and_reason_are_cut_and_what_was_cut_is_counted() -> None:
     assert bounded_argv(["ab", "cd"], 4) == (["ab", "cd"], {})
     assert bounded_argv(["ab", "cdef", "g"], 4) == (["ab", "cd"], {"arguments": 3, "characters": 7})
