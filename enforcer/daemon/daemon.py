@@ -514,6 +514,7 @@ class Daemon:
                 server.stop(None)
                 self._inline.stop()
                 self._inline = None
+                self._pools.remove(pool)
                 return self._grpc_server(path, mode, gid, admin=False, inline=False)
             log.info("Check and CheckBatch are served on the inline loop (nice %s)", self._inline.nice)
         os.chmod(path, mode)

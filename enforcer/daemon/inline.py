@@ -74,12 +74,11 @@ class InlineUnavailable(Exception):
 class InlineUnary:
     """Serves `handlers` (full method name -> handler) for `server`. Build before server.start(),
     call start() after it (InlineUnavailable when its threads cannot start), and stop() after the
-    server has stopped. With `nice` below 0 the loop's
-    thread takes that nice value (it needs CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the
-    process's and says so in the log. `nice` holds the value the loop runs at once it has started.
-    With `large_bytes` above 0, larger requests are handled on a thread of their own (see above),
-    except those over `refused_bytes`, which the handler refuses unread and so stay on the loop
-    rather than wait in the queue."""
+    server has stopped. With `nice` below 0 the loop's thread takes that nice value (it needs
+    CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the process's and says so in the log.
+    `nice` holds the value the loop runs at once it has started. With `large_bytes` above 0, larger
+    requests are handled on a thread of their own (see above), except those over `refused_bytes`,
+    which the handler refuses unread and so stay on the loop rather than wait in the queue."""
 
     def __init__(
         self,

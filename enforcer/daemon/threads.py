@@ -36,5 +36,5 @@ class TaskLimitedPool(futures.ThreadPoolExecutor):
 
     def catch_up(self) -> None:
         """Start a thread for calls still queued, if one can start now."""
-        if not self._work_queue.empty() and len(self._threads) < self._max_workers:
+        if not self._shutdown and not self._work_queue.empty() and len(self._threads) < self._max_workers:
             self._adjust_thread_count()
