@@ -367,8 +367,10 @@ class LaunchServer:
         self._held += len(data)
         try:
             request = pending.frame()
-            if len(pending.fds) > 3 or flags & socket.MSG_CTRUNC:
+            if len(pending.fds) > 3:
                 raise FrameError("more than three descriptors attached")
+            if flags & socket.MSG_CTRUNC:  # too many for the buffer, or none left in this process to take them
+                raise FrameError("its descriptors could not all be received (more than three, or no room here)")
         except FrameError as exc:
             log.warning("launch connection from uid %d: %s", pending.caller.uid, exc)
             self._drop(selector, pending)
