@@ -33,6 +33,8 @@ sockets:
   every gRPC socket also serves grpc.health.v1 and server reflection.
   the API socket knows each caller's uid (SO_PEERCRED): who may launch an agent or Check as it
   without a session is agent_callers (default: root only); a session token works only for its uid.
+  each uid but root may add check_audit_bytes_per_uid of decision records per audit_budget_window_s;
+  beyond, its Checks get RESOURCE_EXHAUSTED undecided, counted in a summary record.
 
 policy_dir, every directory above it and its documents must be writable only by root or the
 daemon's user: otherwise it refuses to start, naming the path and what is wrong.

@@ -80,6 +80,9 @@ class AuditSink(Appender):
         except AuditUnavailable as exc:
             self._fail(str(exc))
             raise
+        except OSError as exc:  # one the writer let through (no descriptor left for its sync): failed all the same
+            self._fail(f"audit log failed: {exc}")
+            raise AuditUnavailable(f"audit log failed: {exc}") from exc
 
     def sync(self) -> None:
         writer = self._writer
@@ -91,6 +94,9 @@ class AuditSink(Appender):
             except AuditUnavailable as exc:
                 self._fail(str(exc))
                 raise
+            except OSError as exc:
+                self._fail(f"audit log failed: {exc}")
+                raise AuditUnavailable(f"audit log failed: {exc}") from exc
 
     def tick(self) -> None:
         """Notice a stall, or a failure the flusher found; reopen a failed log when it is time."""
@@ -107,11 +113,15 @@ class AuditSink(Appender):
                 with contextlib.suppress(Exception):
                     self._writer.close()
                 self._writer = None
+            writer = None
             try:
                 writer = AuditWriter(self.directory, self.key, source="adl-enforcerd", settings=self.settings)
                 writer.append(records.GAP, {"reason": "audit_write_failed", "error": error}, priority="high", sync=True)
-            except AuditUnavailable as exc:
-                self._error = str(exc)
+            except (AuditUnavailable, RuntimeError, OSError) as exc:  # RuntimeError: no thread for its flusher
+                if writer is not None:  # never keep its descriptors while the log stays failed
+                    with contextlib.suppress(Exception):
+                        writer.close()
+                self._error = str(exc) if isinstance(exc, AuditUnavailable) else f"audit log not reopened: {exc}"
                 return
             self._writer = writer
         self._set(None)

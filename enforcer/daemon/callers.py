@@ -18,7 +18,6 @@ import contextlib
 import errno
 import logging
 import os
-import resource
 import secrets
 import selectors
 import socket
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .launch import BACKOFF_S, FD_RESERVE, TRANSIENT_ACCEPT, Caller, caller_of, record_accept_error
+from .launch import BACKOFF_S, TRANSIENT_ACCEPT, Caller, caller_of, listener_share, record_accept_error
 
 log = logging.getLogger("adl-enforcerd")
 CHUNK = 1 << 16
@@ -234,9 +233,11 @@ class CallerRelay:
         self._bound = (st.st_dev, st.st_ino)
         listener.listen(256)
         listener.setblocking(False)
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:  # two descriptors a connection, and room for the rest
-            self._max_pairs = max(1, min(self._max_pairs, (soft - max(FD_RESERVE, soft // 4)) // 2))
+        # Three descriptors a connection, all in this process: the caller's, the relay's end toward
+        # gRPC, and the gRPC server's end of that one. Within the API socket's share (launch.py).
+        room = listener_share()
+        if room is not None:
+            self._max_pairs = max(1, min(self._max_pairs, room // 3))
         self._listener = listener
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ)

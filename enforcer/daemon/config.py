@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from .. import paths
 from ..settings.launch import PREFIX, SettingsError
 from ..settings.model import EnforcerSettings, load
 from . import affinity
+from .quota import RECORD_BASE_BYTES
 
 DEFAULT_CONFIG_FILE = Path("/etc/adl-enforcer/enforcer.toml")
 CONFIG_VARIABLE = PREFIX + "CONFIG"  # names the file; not a setting
@@ -121,6 +122,31 @@ class Settings(EnforcerSettings):
     audit_write_deadline_s: float = Field(
         default=10.0, gt=0, description="an audit write not returned by then: health NOT_SERVING, no watchdog ping"
     )
+    check_audit_bytes_per_uid: int = Field(
+        default=32 << 20,
+        ge=1 << 16,
+        description="decision records one caller uid (root aside) may add to the audit log per "
+        "audit_budget_window_s, in bytes (a request's size plus 1 KiB each); beyond, its Check, CheckBatch "
+        "and Explain get RESOURCE_EXHAUSTED undecided, counted in a summary record when the window ends",
+    )
+    launch_refusals_per_uid: int = Field(
+        default=100,
+        ge=1,
+        description="launch refusals of one caller uid recorded in detail per audit_budget_window_s; the rest "
+        "are answered and counted in a summary record when the window ends",
+    )
+    audit_budget_window_s: float = Field(
+        default=60.0, gt=0, le=3600, description="the window of check_audit_bytes_per_uid and launch_refusals_per_uid"
+    )
+
+    @model_validator(mode="after")
+    def _budget_fits_a_request(self) -> Settings:
+        if self.check_audit_bytes_per_uid < self.max_request_bytes + RECORD_BASE_BYTES:
+            raise ValueError(
+                f"check_audit_bytes_per_uid ({self.check_audit_bytes_per_uid}) must hold at least one request of "
+                f"max_request_bytes ({self.max_request_bytes}) and its record ({RECORD_BASE_BYTES} bytes more)"
+            )
+        return self
 
     @field_validator("allowed_unenforced")
     @classmethod

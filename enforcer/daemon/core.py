@@ -3,6 +3,7 @@ agent, decisions, approvals, and the audit record each answer waits for."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import secrets
@@ -14,7 +15,7 @@ import grpc
 import orjson
 
 from ..audit import AuditUnavailable, Entry, Receipt, records
-from ..audit.events import action_facets, decision_members
+from ..audit.events import action_facets, decision_members, refused_members
 from ..audit.records import canonical
 from ..audit.writer import RecordRejected
 from ..policy import decide
@@ -43,6 +44,7 @@ from .messages import (
     same_error,
     to_action_counted,
 )
+from .quota import RECORD_BASE_BYTES, UidBudget, record_overflows
 from .registry import SessionRecord, SessionRegistry
 from .store import AgentEntry, PolicyStore
 
@@ -117,6 +119,7 @@ class Core:
         limits: ArgumentLimits = DEFAULT_LIMITS,
         callers: CallerTable | None = None,
         agent_callers: dict[str, list[str]] | None = None,
+        budget: UidBudget | None = None,
     ) -> None:
         self.store, self.sink, self.registry, self.approvals = store, sink, registry, approvals
         self.clock_ms = clock_ms
@@ -135,6 +138,10 @@ class Core:
         # They run on the answering thread, so they only hand the events on; a failing one is logged.
         self.observers: list[Callable[[list[DecisionEvent]], None]] = []
         self.audit_refusals = 0  # requests answered UNAVAILABLE because the audit log refused them
+        # Bytes of decision records per caller uid and window (root exempt): beyond them the uid's
+        # requests are refused undecided and counted, so one caller cannot fill the shared log.
+        self.budget = budget
+        self.budget_refusals = 0
         # A session's approvals end with it: nobody is left to act on them.
         registry.on_end(self._end_session_approvals)
 
@@ -227,6 +234,8 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
+        if prepared:
+            self._charge(who, sum(request.ByteSize() for request in requests), len(prepared))
         decided: list[_Decided | ApiError] = []
         for index, one in enumerate(prepared):
             try:
@@ -241,7 +250,9 @@ class Core:
         self, entry: AgentEntry, session: str, request: pb.CheckRequest, *, dry_run: bool, who: Caller = ROOT
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
-        decided = [self._decide(self._prepare_for(entry, session, request, dry_run, who=who))]
+        prepared = self._prepare_for(entry, session, request, dry_run, who=who)
+        self._charge(who, request.ByteSize())
+        decided = [self._decide(prepared)]
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -253,12 +264,52 @@ class Core:
                 decided.append(request)
                 continue
             try:
-                decided.append(self._decide(self._prepare(request, who=who)))
+                prepared = self._prepare(request, who=who)
+                self._charge(who, request.ByteSize())
+                decided.append(self._decide(prepared))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
                 decided.append(self._internal(exc))
         return decided
+
+    def _charge(self, who: Caller, request_bytes: int, requests: int = 1) -> None:
+        """Take the records of `requests` decisions from the caller's audit budget, or refuse them
+        with RESOURCE_EXHAUSTED, undecided: every decision still has its record."""
+        budget = self.budget
+        if budget is None:
+            return
+        cost = request_bytes + RECORD_BASE_BYTES * requests
+        fits, counted = budget.take(who.uid, time.monotonic(), cost, requests)
+        if fits:
+            return
+        self.budget_refusals += requests
+        window = f"{budget.window_s:g} s"
+        if counted == requests:  # the first refused in this window: the log says so at once
+            with contextlib.suppress(AuditUnavailable):
+                self.sink.append(
+                    records.REFUSED,
+                    {
+                        **refused_members(
+                            f"uid {who.uid} used its audit budget ({budget.capacity} bytes of decision records "
+                            f"within {window}): its requests are refused undecided and counted until the window ends"
+                        ),
+                        "caller_uid": who.uid,
+                    },
+                    corr="check",
+                    priority="high",
+                )
+        raise ApiError(
+            _STATUS.RESOURCE_EXHAUSTED,
+            f"uid {who.uid} has used its audit budget ({budget.capacity} bytes of decision records within "
+            f"{window}, check_audit_bytes_per_uid): refused, not decided; try again when the window ends",
+        )
+
+    def summarize(self, now: float) -> int:
+        """Write the summary of each uid's requests refused over its budget in a window that has ended."""
+        if self.budget is None:
+            return 0
+        return record_overflows(self.sink, self.budget, now, "Checks", "checks_refused", "check")
 
     @staticmethod
     def _internal(exc: Exception) -> ApiError:

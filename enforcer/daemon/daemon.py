@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import grp
 import logging
+import math
 import os
 import signal
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,12 @@ from .core import Core
 from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .orders import SessionStarted
+from .quota import UidBudget
 from .registry import SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
 from .spawner import SpawnerHandle
 from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
+from .threads import TaskLimitedPool
 
 log = logging.getLogger("adl-enforcerd")
 VERSION = "0.1.0"
@@ -108,6 +110,7 @@ class Daemon:
             limits,
             self.callers,
             settings.agent_callers,
+            UidBudget(settings.check_audit_bytes_per_uid, settings.audit_budget_window_s, exempt=frozenset({0})),
         )
         self._relay = CallerRelay(
             settings.socket,
@@ -119,6 +122,7 @@ class Daemon:
             max_unfinished_per_uid=max(1, settings.workers // 4),
         )
         self._servers: list[grpc.Server] = []
+        self._pools: list[TaskLimitedPool] = []  # the servers' worker threads
         self._telemetry: list[Any] = []  # what enforcer.daemon.telemetry opened (off by default)
         self._bound: dict[Path, tuple[int, int]] = {}  # socket path -> (st_dev, st_ino) of the socket we made
         self._inline: InlineUnary | None = None
@@ -173,6 +177,8 @@ class Daemon:
                 allowed_unenforced=frozenset(self.settings.allowed_unenforced),
                 request_s=self.settings.launch_request_s,
                 max_connections=self.settings.max_launch_connections,
+                refusals_detailed=self.settings.launch_refusals_per_uid,
+                refusal_window_s=self.settings.audit_budget_window_s,
             ),
         )
         self._launch.start(0o660, group)
@@ -194,6 +200,12 @@ class Daemon:
                 self.systemd.send("READY=1", self._status_line())
             self.sink.tick()  # first: a stalled log must be noticed even if expiring approvals waits on it
             self.core.expire_due()
+            # Each uid's requests counted only, written as soon as their window ends.
+            self.core.summarize(now)
+            if self._launch is not None:
+                self._launch.summarize(now)
+            for pool in self._pools:  # threads that could not start for lack of tasks, once there are
+                pool.catch_up()
             if now - last_sweep > 60:
                 self.approvals.forget_resolved(older_than_ms=3_600_000)
                 last_sweep = now
@@ -233,6 +245,10 @@ class Daemon:
             telemetry.close(self._telemetry)
         with contextlib.suppress(OSError):
             self._relay.internal.parent.rmdir()
+        # Counts of windows still open are written now: a stop must not lose them.
+        self.core.summarize(math.inf)
+        if self._launch is not None:
+            self._launch.summarize(math.inf)
         with contextlib.suppress(AuditUnavailable):
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
@@ -441,12 +457,14 @@ class Daemon:
     def _grpc_server(self, path: Path, mode: int, gid: int | None, *, admin: bool, inline: bool = True) -> grpc.Server:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         path.unlink(missing_ok=True)
+        # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
+        pool = TaskLimitedPool(
+            max_workers=self.settings.workers + self.settings.max_approval_waits,
+            thread_name_prefix="admin" if admin else "api",
+        )
+        self._pools.append(pool)
         server = grpc.server(
-            futures.ThreadPoolExecutor(
-                # WaitApproval holds a thread while it waits: its own max_approval_waits of them.
-                max_workers=self.settings.workers + self.settings.max_approval_waits,
-                thread_name_prefix="admin" if admin else "api",
-            ),
+            pool,
             options=[
                 ("grpc.max_receive_message_length", max(self.settings.max_request_bytes * 4, 4 << 20)),
                 ("grpc.so_reuseport", 0),
@@ -484,12 +502,11 @@ class Daemon:
             if server.add_insecure_port(f"unix:{path}") == 0:
                 raise StartupError(f"cannot listen on {path}")
             server.start()
-            if not admin and self._inline is not None:
-                self._inline.start()
         finally:
             os.umask(old)
         if not admin and self._inline is not None:
             try:
+                self._inline.start()
                 # An empty batch: answered with a message, and nothing is decided or recorded.
                 self._inline.probe(f"unix:{path}", CHECK_BATCH, b"")
             except InlineUnavailable as exc:
@@ -497,6 +514,7 @@ class Daemon:
                 server.stop(None)
                 self._inline.stop()
                 self._inline = None
+                self._pools.remove(pool)
                 return self._grpc_server(path, mode, gid, admin=False, inline=False)
             log.info("Check and CheckBatch are served on the inline loop (nice %s)", self._inline.nice)
         os.chmod(path, mode)

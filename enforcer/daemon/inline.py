@@ -73,12 +73,12 @@ class InlineUnavailable(Exception):
 
 class InlineUnary:
     """Serves `handlers` (full method name -> handler) for `server`. Build before server.start(),
-    call start() after it, and stop() after the server has stopped. With `nice` below 0 the loop's
-    thread takes that nice value (it needs CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the
-    process's and says so in the log. `nice` holds the value the loop runs at once it has started.
-    With `large_bytes` above 0, larger requests are handled on a thread of their own (see above),
-    except those over `refused_bytes`, which the handler refuses unread and so stay on the loop
-    rather than wait in the queue."""
+    call start() after it (InlineUnavailable when its threads cannot start), and stop() after the
+    server has stopped. With `nice` below 0 the loop's thread takes that nice value (it needs
+    CAP_SYS_NICE or RLIMIT_NICE); if it may not, it keeps the process's and says so in the log.
+    `nice` holds the value the loop runs at once it has started. With `large_bytes` above 0, larger
+    requests are handled on a thread of their own (see above), except those over `refused_bytes`,
+    which the handler refuses unread and so stay on the loop rather than wait in the queue."""
 
     def __init__(
         self,
@@ -133,15 +133,19 @@ class InlineUnary:
         for method in self._handlers:
             for _ in range(DEPTH):
                 self._request(method)
-        self._thread.start()
-        if self._large_bytes:
-            self._large_thread.start()
+        try:
+            self._thread.start()
+            if self._large_bytes:
+                self._large_thread.start()
+        except RuntimeError as exc:  # out of tasks: the caller leaves the methods to the sync server
+            raise InlineUnavailable(f"no thread could be started for the inline loop: {exc}") from None
         self._niced.wait(5)
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """End the loop. The server must have stopped: its core no longer hands out calls."""
         self._queue.shutdown()
-        self._thread.join(timeout_s)
+        if self._thread.ident is not None:  # it may never have started (start() raised)
+            self._thread.join(timeout_s)
         if self._large_thread.is_alive():
             try:
                 self._large.put(None, timeout=timeout_s)

@@ -40,6 +40,7 @@ from ..session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
 from .orders import LaunchOrder, OrderError
+from .quota import UidBudget, record_overflows
 from .registry import SessionLimit, SessionRegistry
 from .spawner import SpawnerHandle
 from .store import AgentEntry, PolicyStore
@@ -62,7 +63,7 @@ TRANSIENT_ACCEPT = {
     errno.EAGAIN,
 }
 BACKOFF_S = (0.01, 1.0)  # first and longest pause after a transient accept() error
-FD_RESERVE = 256  # descriptors launch connections leave to everything else, at least
+FD_RESERVE = 256  # descriptors the listeners' connections leave to everything else, at least
 REPLY_S = 5.0  # sending LaunchReply (or a refusal) to a caller that does not read
 # The bytes of unfinished requests held at once, over every connection: beyond it the connection
 # holding the most goes (a real caller sends its request at once, and it is rarely that large).
@@ -72,7 +73,8 @@ PENDING_BYTES_MAX = 64 << 20
 # the request. What is cut is counted in the record.
 REFUSAL_TEXT_MAX = 4096
 # Refusals of one caller uid recorded in detail per window; beyond, counted only, and the count is in
-# the uid's next detailed refusal: one caller's flood must not fill the log every session shares.
+# a summary record when the window ends (quota.py): one caller's flood must not fill the log every
+# session shares.
 REFUSALS_DETAILED = 100
 REFUSAL_WINDOW_S = 60.0
 
@@ -86,6 +88,8 @@ class LaunchLimits:
     allowed_unenforced: frozenset[str] = frozenset()
     request_s: float = 5.0
     max_connections: int = 4096
+    refusals_detailed: int = REFUSALS_DETAILED  # per caller uid and window
+    refusal_window_s: float = REFUSAL_WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,18 @@ def _matches(rule: str, caller: Caller) -> bool:
     except (KeyError, ValueError):  # a user or group that does not exist admits nobody
         return False
     return False
+
+
+def listener_share() -> int | None:
+    """The descriptors each of the two listeners (the API relay, the launch socket) may hold for its
+    connections; None with no file limit. What the soft limit leaves beyond the daemon's own room
+    (FD_RESERVE, or a quarter of the limit: the audit log and its rotation, gRPC, the spawner,
+    session files) is split in halves, not shared: a flood of one socket's connections can take
+    neither the other socket's callers' descriptors nor the daemon's."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - max(FD_RESERVE, soft // 4)) // 2
 
 
 def record_accept_error(sink: Any, listener: str, exc: OSError, count: int) -> None:
@@ -185,36 +201,6 @@ def may_launch(agent_callers: Mapping[str, Sequence[str]], entry: AgentEntry, ca
     return any(_matches(rule, caller) for rule in rules)
 
 
-@dataclass
-class _RefusalWindow:
-    start: float
-    detailed: int = 1
-    counted: int = 0
-
-
-class RefusalBudget:
-    """Which refusals of a caller uid are recorded in detail (see REFUSALS_DETAILED)."""
-
-    def __init__(self, detailed: int = REFUSALS_DETAILED, window_s: float = REFUSAL_WINDOW_S) -> None:
-        self.detailed, self.window_s = detailed, window_s
-        self._lock = threading.Lock()
-        self._windows: dict[int, _RefusalWindow] = {}
-
-    def take(self, uid: int, now: float) -> tuple[bool, int]:
-        """(whether this refusal is recorded in detail, the uid's refusals counted only: those
-        before this one when it is detailed, those so far including this one when it is not)."""
-        with self._lock:
-            window = self._windows.get(uid)
-            if window is None or now - window.start >= self.window_s:
-                self._windows[uid] = _RefusalWindow(now)
-                return True, window.counted if window is not None else 0
-            if window.detailed < self.detailed:
-                window.detailed += 1
-                return True, 0
-            window.counted += 1
-            return False, window.counted
-
-
 class _Pending:
     """A connection whose request has not arrived whole yet."""
 
@@ -262,7 +248,7 @@ class LaunchServer:
         self._pending: dict[int, _Pending] = {}  # in the order they were accepted
         self._max_pending = self.limits.max_connections
         self._held = 0  # the bytes of the requests in _pending
-        self._refusals = RefusalBudget()
+        self._refusals = UidBudget(self.limits.refusals_detailed, self.limits.refusal_window_s)
         self.accept_errors = 0
 
     def start(self, mode: int, gid: int | None) -> None:
@@ -274,16 +260,19 @@ class LaunchServer:
             os.chown(self.path, -1, gid)
         listener.listen(256)
         listener.setblocking(False)
-        # Waiting connections never take the descriptors the audit log, gRPC and sessions need: each
-        # holds its own and the stdin, stdout and stderr it may have sent already.
-        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY:
-            room = soft - max(FD_RESERVE, soft // 4)
+        # Waiting connections keep to the launch socket's share of descriptors: each holds its own
+        # and the stdin, stdout and stderr it may have sent already.
+        room = listener_share()
+        if room is not None:
             self._max_pending = max(1, min(self._max_pending, room // (1 + 3)))
         self._listener = listener
         selector = selectors.DefaultSelector()  # made here: its descriptor is not one to run out of later
         selector.register(listener, selectors.EVENT_READ)
         threading.Thread(target=self._serve, args=(selector,), name="launch-requests", daemon=True).start()
+
+    def summarize(self, now: float) -> int:
+        """Write the summary of each uid's refusals counted only in a window that has ended."""
+        return record_overflows(self.sink, self._refusals, now, "launch refusals", "refusals_counted_only", "launch")
 
     def stop(self) -> None:
         self._stop.set()
@@ -378,8 +367,10 @@ class LaunchServer:
         self._held += len(data)
         try:
             request = pending.frame()
-            if len(pending.fds) > 3 or flags & socket.MSG_CTRUNC:
+            if len(pending.fds) > 3:
                 raise FrameError("more than three descriptors attached")
+            if flags & socket.MSG_CTRUNC:  # too many for the buffer, or none left in this process to take them
+                raise FrameError("its descriptors could not all be received (more than three, or no room here)")
         except FrameError as exc:
             log.warning("launch connection from uid %d: %s", pending.caller.uid, exc)
             self._drop(selector, pending)
@@ -579,8 +570,6 @@ class LaunchServer:
                 fields = caller_fields(caller.uid, bounded_text(cwd, REFUSAL_TEXT_MAX))
                 if cut:
                     fields["argv_cut"] = cut
-                if counted:
-                    fields["refusals_counted_only"] = counted
                 record_refusal(self.sink, policy, "launch", reason, kept, fields)
             elif counted == 1:  # the log says when it stops detailing this uid's refusals
                 window = self._refusals.window_s
@@ -588,8 +577,8 @@ class LaunchServer:
                     records.REFUSED,
                     {
                         **refused_members(
-                            f"more than {self._refusals.detailed} launch refusals of uid {caller.uid} within "
-                            f"{window:g} s: the rest of the window's are counted, in its next detailed refusal"
+                            f"more than {self._refusals.capacity} launch refusals of uid {caller.uid} within "
+                            f"{window:g} s: the rest of the window's are counted, in a summary when it ends"
                         ),
                         "caller_uid": caller.uid,
                     },

@@ -44,6 +44,11 @@ class _State(Collector):
             "requests answered UNAVAILABLE because the audit log could not record them",
             value=state["audit_refusals"],
         )
+        yield CounterMetricFamily(
+            "adl_enforcer_budget_refusals",
+            "requests refused undecided because their caller uid had used its audit budget",
+            value=state["budget_refusals"],
+        )
         yield GaugeMetricFamily(
             "adl_enforcer_audit_log_bytes", "bytes in the audit log directory", value=state["log_bytes"]
         )

@@ -500,12 +500,18 @@ def _supervise(
     # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
     # then overlaps opening the audit log below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
-    prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
-    made.append(_Made(prepared))
-    # The move (an RCU grace period on v1) overlaps opening the audit log, planning and the launch
-    # record: the launch waits for it only before it forks again or starts the agent.
-    joining = _Join(helper_joins)
     try:
+        prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
+    except OSError as exc:  # EAGAIN under a full pids limit: this session is refused, never lost unrecorded
+        return _refuse_unstarted(order, config, client, f"the session's stage could not be started: {exc}")
+    made.append(_Made(prepared))
+    try:
+        # The move (an RCU grace period on v1) overlaps opening the audit log, planning and the launch
+        # record: the launch waits for it only before it forks again or starts the agent.
+        try:
+            joining = _Join(helper_joins)
+        except RuntimeError as exc:  # out of tasks: this session only
+            return _refuse_unstarted(order, config, client, f"no thread could be started for the session: {exc}")
         return _supervise_prepared(order, config, client, made[0], terminated, joining)
     finally:
         made[0].close()
@@ -593,7 +599,10 @@ def _supervise_prepared(
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
         return AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings)
 
-    _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
+    try:
+        _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
+    except RuntimeError as exc:  # out of tasks: this session only
+        return _refuse_unstarted(order, config, client, f"no thread could be started for the session: {exc}")
     request = launching.LaunchRequest(
         session=order.session,
         argv=order.argv,
@@ -622,6 +631,26 @@ def _supervise_prepared(
         request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait, report=report
     )
     return 1 if isinstance(result, launching.Refused) else 0
+
+
+def _refuse_unstarted(order: LaunchOrder, config: SpawnerConfig, client: socket.socket, detail: str) -> int:
+    """A session whose supervisor could not start what it needs (no task left: the unit's or a pids
+    cgroup's limit): recorded as refused and its caller told so."""
+    from ..audit import AuditUnavailable, AuditWriter, WriterSettings
+    from ..audit.events import caller_fields
+    from ..session import record_refusal
+    from ..v1 import enforcer_pb2 as pb
+
+    with contextlib.suppress(AuditUnavailable, OSError):
+        writer = AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=WriterSettings())
+        try:
+            record_refusal(writer, None, order.session, detail, list(order.argv), caller_fields(order.uid, order.cwd))
+        finally:
+            writer.close()
+    ended = pb.SessionEnded(session=order.session, reason="refused", exit_code=125, detail=detail)
+    with contextlib.suppress(OSError, FrameError):
+        send_frame(client, ended.SerializeToString())
+    return 1
 
 
 def session_ended(session: str, result: Result) -> Any:

@@ -24,6 +24,7 @@ def install(daemon: Any) -> list[Any]:
                 "sessions": len(daemon.registry.all()),
                 "audit_healthy": 1 if daemon.sink.healthy else 0,
                 "audit_refusals": daemon.core.audit_refusals,
+                "budget_refusals": daemon.core.budget_refusals,
                 "log_bytes": directory_bytes(settings.audit_dir),
             }
 

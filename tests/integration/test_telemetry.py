@@ -151,6 +151,7 @@ def test_the_daemon_serves_metrics_when_asked(tmp_path: Path) -> None:
     assert metrics[("adl_enforcer_sessions", ())] == 0
     assert metrics[("adl_enforcer_audit_healthy", ())] == 1
     assert metrics[("adl_enforcer_audit_refusals_total", ())] == 0
+    assert metrics[("adl_enforcer_budget_refusals_total", ())] == 0  # root's Checks are not budgeted
     assert metrics[("adl_enforcer_audit_log_bytes", ())] > 0
 
 

@@ -242,3 +242,29 @@ def test_large_requests_are_handled_beside_the_loop_which_keeps_answering(tmp_pa
         server.stop(grace=1).wait(3)
         loop.stop()
     assert not loop._large_thread.is_alive()
+
+
+def test_a_loop_whose_threads_cannot_start_is_unavailable_and_stops_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of tasks (the unit's TasksMax, a pids cgroup), Thread.start() raises RuntimeError: the
+    daemon must hear InlineUnavailable and leave Check to the sync server, not end with a traceback."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    loop = InlineUnary(server, {ECHO: _echo}, name="test-inline", large_bytes=64)
+    server.add_insecure_port(f"unix:{tmp_path / 's.sock'}")
+    server.start()
+    real_start = threading.Thread.start
+
+    def no_large_thread(thread: threading.Thread) -> None:
+        if thread.name == "test-inline-large":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", no_large_thread)
+    try:
+        with pytest.raises(InlineUnavailable, match="no thread could be started"):
+            loop.start()
+    finally:
+        server.stop(grace=1).wait(3)
+        loop.stop()
+    assert not loop._thread.is_alive(), "the loop that did start is stopped with the server"

@@ -1,0 +1,119 @@
+"""Per-uid budgets on what callers write to the audit log every session shares.
+
+Within each window a uid's records are written up to its budget; beyond it, what the uid asks is
+refused and only counted. The count goes into a summary record as soon as the window ends (the
+daemon's main loop calls `record_overflows` every tick), not with the uid's next record: a flood
+that stops is still accounted for on time. Root (the operator) may be exempt.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..audit import AuditUnavailable, Entry, records
+from ..audit.events import refused_members
+
+# What a decision record costs a caller's budget besides its request's bytes: the members that do
+# not come from the request (rules, reasons, ids, digests), about.
+RECORD_BASE_BYTES = 1024
+
+
+@dataclass
+class _Window:
+    start: float  # time.monotonic()
+    used: int
+    counted: int = 0
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A uid's window that ended with requests counted only."""
+
+    uid: int
+    counted: int
+    start: float  # time.monotonic() when the window began
+    window_s: float
+
+
+class UidBudget:
+    """`capacity` units (records, or bytes) per uid and window of `window_s` seconds."""
+
+    def __init__(self, capacity: int, window_s: float, exempt: frozenset[int] = frozenset()) -> None:
+        self.capacity, self.window_s, self.exempt = capacity, window_s, exempt
+        self._lock = threading.Lock()
+        self._windows: dict[int, _Window] = {}
+        self._ended: list[Overflow] = []  # windows replaced before `due` saw them
+
+    def take(self, uid: int, now: float, cost: int = 1, requests: int = 1) -> tuple[bool, int]:
+        """(whether `requests` costing `cost` fit the uid's budget and are written in detail, the
+        uid's requests counted only in this window so far: 0 when they fit, including them when not)."""
+        if uid in self.exempt:
+            return True, 0
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is None or now - window.start >= self.window_s:
+                if window is not None and window.counted:
+                    self._ended.append(Overflow(uid, window.counted, window.start, self.window_s))
+                window = self._windows[uid] = _Window(now, 0)
+            if window.used + cost <= self.capacity:
+                window.used += cost
+                return True, 0
+            window.counted += requests
+            return False, window.counted
+
+    def due(self, now: float) -> list[Overflow]:
+        """The windows that have ended with requests counted only, each returned once (give them
+        back when their summary could not be written). Ended windows are forgotten."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+            for uid, window in list(self._windows.items()):
+                if now - window.start >= self.window_s:
+                    del self._windows[uid]
+                    if window.counted:
+                        ended.append(Overflow(uid, window.counted, window.start, self.window_s))
+            return ended
+
+    def give_back(self, overflows: list[Overflow]) -> None:
+        with self._lock:
+            self._ended[:0] = overflows
+
+
+def wall_ms(monotonic: float) -> int:
+    """A time.monotonic() instant as Unix milliseconds."""
+    return int((time.time() - (time.monotonic() - monotonic)) * 1000)
+
+
+def record_overflows(sink: Any, budget: UidBudget, now: float, what: str, counted_as: str, corr: str) -> int:
+    """Write a summary record for each of `budget`'s windows that ended with `what` counted only
+    (the count in member `counted_as`); how many. Kept for the next call when the log refuses."""
+    overflows = budget.due(now)
+    if not overflows:
+        return 0
+    entries = [
+        Entry(
+            records.REFUSED,
+            {
+                **refused_members(
+                    f"{o.counted} {what} of uid {o.uid} beyond its budget of {budget.capacity} within "
+                    f"{o.window_s:g} s were counted only"
+                ),
+                "caller_uid": o.uid,
+                counted_as: o.counted,
+                "window_start_ms": wall_ms(o.start),
+                "window_s": o.window_s,
+            },
+            corr,
+            None,
+            "high",
+        )
+        for o in overflows
+    ]
+    try:
+        sink.append_many(entries)
+    except AuditUnavailable:  # the log is down or stalled (or refused them): counted again next tick
+        budget.give_back(overflows)
+        return 0
+    return len(overflows)
