@@ -24,6 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from enforcer.audit.query import iter_records
+from enforcer.daemon.spawner import HELPERS_SUFFIX
 from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 from enforcer.v1 import enforcer_pb2_grpc as pb_grpc
@@ -184,12 +185,15 @@ class RunningDaemon:
 
     def cleanup(self) -> None:
         self.stop()
-        with contextlib.suppress(OSError):
-            for group in cgroups.existing(group=self.group).values():
-                group.remove(timeout=5)
-            for base in cgroups.group_directories(group=self.group):
-                with contextlib.suppress(FileNotFoundError):
-                    base.rmdir()
+        # The sessions' group and the helpers' (supervisors, egress filters), which a spawner killed
+        # by a test leaves behind.
+        for group_name in (self.group, self.group + HELPERS_SUFFIX):
+            with contextlib.suppress(OSError):
+                for group in cgroups.existing(group=group_name).values():
+                    group.remove(timeout=5)
+                for base in cgroups.group_directories(group=group_name):
+                    with contextlib.suppress(FileNotFoundError):
+                        base.rmdir()
 
     def sessions_left(self) -> list[str]:
         return sorted(cgroups.existing(group=self.group))

@@ -3,6 +3,7 @@ agent, read late on a loaded host) by the fork it came from, not by its /proc en
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -27,6 +28,9 @@ def session() -> Iterator[tuple[str, cgroups.Cgroup]]:
         yield f"/{GROUP}/{name}", group
     finally:
         group.remove()
+        for base in cgroups.group_directories(group=GROUP):
+            with contextlib.suppress(OSError):  # another run's session may still be in it
+                base.rmdir()
 
 
 def short_lived_child(join_files: list[str]) -> tuple[subprocess.Popen[str], int]:
