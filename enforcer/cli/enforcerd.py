@@ -112,11 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(plain, indent=2) if args.json else tomli_w.dumps(plain), end="\n" if args.json else "")
         return 0
     logging.basicConfig(level=args.log_level, format="adl-enforcerd: %(levelname)s %(message)s", stream=sys.stderr)
-    _place_in_cgroup_leaf(settings.cgroup_group)
-    # The spawner is forked first, while this process has no threads and no gRPC.
-    handle = spawner.start(_spawner_config(settings))
-    # Taken after the fork, so that the spawner and its supervisors (which may outlive this process
-    # by a moment) never hold them; before anything touches sockets, sessions or the audit log.
+    # Taken first, before anything touches sockets, sessions, cgroups or the audit log: a second
+    # daemon must not even fork a spawner, whose guardian would sweep the first one's sessions (the
+    # same cgroup group) when this process exits.
     sockets = [settings.socket, settings.admin_socket, settings.launch_socket]
     instance = InstanceLock(lock_paths(sockets, paths.runtime_dir(os.environ), settings.cgroup_group))
     try:
@@ -125,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"adl-enforcerd: cannot start: {exc}", file=sys.stderr)
         return 1
     try:
+        _place_in_cgroup_leaf(settings.cgroup_group)
+        # The spawner is forked while this process has no threads and no gRPC. It closes its copies
+        # of the locks at once: its supervisors may outlive this process by a moment.
+        handle = spawner.start(_spawner_config(settings), close=instance.descriptors())
         return _serve(settings, handle)
     finally:
         instance.release()

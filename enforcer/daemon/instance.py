@@ -34,6 +34,10 @@ class InstanceLock:
             self.release()
             raise
 
+    def descriptors(self) -> list[int]:
+        """The lock files' descriptors: a child forked while they are held closes its copies."""
+        return [fd for _, fd in self._held]
+
     def release(self) -> None:
         """Remove the lock files (while still holding them: see _lock) and let them go."""
         for path, fd in reversed(self._held):

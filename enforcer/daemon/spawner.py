@@ -102,8 +102,9 @@ class SpawnerHandle:
                 return
 
 
-def start(config: SpawnerConfig) -> SpawnerHandle:
-    """Fork the spawner. Call before importing grpc, with no other threads running."""
+def start(config: SpawnerConfig, close: list[int] | None = None) -> SpawnerHandle:
+    """Fork the spawner. Call before importing grpc, with no other threads running. `close`: the
+    daemon's descriptors the spawner must not keep (its instance locks)."""
     if "grpc" in sys.modules or threading.active_count() > 1:
         raise RuntimeError("the spawner must be started before gRPC is imported and before any thread")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -112,6 +113,8 @@ def start(config: SpawnerConfig) -> SpawnerHandle:
     if pid == 0:
         code = 0
         try:
+            for fd in close or []:
+                os.close(fd)
             ours.close()
             _die_with_parent(parent)
             # A limit that lets the daemon's inline loop lower its nice value (LimitNICE in the unit)
