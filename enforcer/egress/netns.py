@@ -19,7 +19,7 @@ import struct
 import threading
 
 from ..quick_dataclass import dataclass
-from ..sandbox import namespaces
+from ..sandbox import namespaces, netlink
 
 DNS_PORT = 53
 FILTER_PORT = 15001  # the capture listener: privileged ports are out of an agent's reach, this one is taken first
@@ -120,20 +120,12 @@ def _ipv6_route() -> bool:
 
 
 # rtnetlink (linux/netlink.h, linux/rtnetlink.h)
-_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_RTATTR = struct.Struct("=HH")  # length, type
-_NLMSG_ERROR = 2
 _RTM_NEWROUTE = 24
-_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_EXCL, _NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+_NLM_F_EXCL, _NLM_F_CREATE = 0x200, 0x400
 _RT_TABLE_MAIN, _RTPROT_BOOT, _RTN_UNICAST = 254, 3, 1
 _RT_SCOPE_UNIVERSE, _RT_SCOPE_LINK = 0, 253
 _RTA_OIF, _RTA_PREFSRC = 4, 7
-
-
-def _attribute(kind: int, data: bytes) -> bytes:
-    size = _RTATTR.size + len(data)
-    return _RTATTR.pack(size, kind) + data + b"\0" * (-size % 4)
 
 
 def add_default_route(family: int, device: str, source: str | None = None) -> None:
@@ -143,19 +135,18 @@ def add_default_route(family: int, device: str, source: str | None = None) -> No
     # A directly connected route: link scope for IPv4; IPv6 routes are always universe scope.
     scope = _RT_SCOPE_LINK if family == socket.AF_INET else _RT_SCOPE_UNIVERSE
     body = _RTMSG.pack(family, 0, 0, 0, _RT_TABLE_MAIN, _RTPROT_BOOT, scope, _RTN_UNICAST, 0)
-    body += _attribute(_RTA_OIF, struct.pack("=I", socket.if_nametoindex(device)))
+    body += netlink.attribute(_RTA_OIF, struct.pack("=I", socket.if_nametoindex(device)))
     if source is not None:
-        body += _attribute(_RTA_PREFSRC, socket.inet_pton(family, source))
-    flags = _NLM_F_REQUEST | _NLM_F_ACK | _NLM_F_EXCL | _NLM_F_CREATE
-    message = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), _RTM_NEWROUTE, flags, 1, 0) + body
+        body += netlink.attribute(_RTA_PREFSRC, socket.inet_pton(family, source))
+    flags = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | _NLM_F_EXCL | _NLM_F_CREATE
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE) as sock:
         sock.settimeout(10)
-        sock.sendto(message, (0, 0))
+        sock.sendto(netlink.message(_RTM_NEWROUTE, flags, 1, body), (0, 0))
         reply = sock.recv(65536)
-    _length, kind, _flags, sequence, _port = _NLMSG_HEADER.unpack_from(reply)
-    if kind != _NLMSG_ERROR or sequence != 1:
+    kind, sequence, payload = next(netlink.messages(reply), (None, None, b""))
+    if kind != netlink.NLMSG_ERROR or sequence != 1:
         raise OSError(f"adding the default route: unexpected netlink answer (type {kind})")
-    (code,) = struct.unpack_from("=i", reply, _NLMSG_HEADER.size)
+    code = netlink.error_code(payload)
     if code != 0:  # the acknowledgement carries 0; an error, the negative errno
         raise OSError(-code, f"adding the default route through {device}: {os.strerror(-code)}")
 
@@ -263,26 +254,11 @@ def nft(commands: str, *, json_output: bool = False) -> str:
 _NETLINK_NETFILTER = 12
 _NFNL_SUBSYS_NFTABLES = 10
 _NFT_MSG_NEWOBJ, _NFT_MSG_GETOBJ = 18, 19
-_NLMSG_DONE = 3
-_NLM_F_DUMP = 0x300
 _NFPROTO_INET = 1
 _NFGENMSG = struct.Struct("!BBH")  # family, version, resource id (big-endian)
 _NFTA_OBJ_TABLE, _NFTA_OBJ_NAME, _NFTA_OBJ_TYPE, _NFTA_OBJ_DATA = 1, 2, 3, 4
 _NFT_OBJECT_COUNTER = 1
 _NFTA_COUNTER_PACKETS = 2
-_NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flags
-
-
-def _attributes(data: bytes) -> dict[int, bytes]:
-    found: dict[int, bytes] = {}
-    at = 0
-    while at + _RTATTR.size <= len(data):
-        size, kind = _RTATTR.unpack_from(data, at)
-        if size < _RTATTR.size:
-            break
-        found[kind & _NLA_TYPE_MASK] = data[at + _RTATTR.size : at + size]
-        at += (size + 3) & ~3
-    return found
 
 
 def list_counters(table: str = TABLE) -> dict[str, int]:
@@ -291,40 +267,36 @@ def list_counters(table: str = TABLE) -> dict[str, int]:
     list counters table inet TABLE` reads them, without starting libnftables. OSError with the
     kernel's answer if it refuses."""
     body = _NFGENMSG.pack(_NFPROTO_INET, 0, 0)
-    body += _attribute(_NFTA_OBJ_TABLE, table.encode() + b"\0")
-    body += _attribute(_NFTA_OBJ_TYPE, struct.pack("!I", _NFT_OBJECT_COUNTER))
-    kind = (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETOBJ
-    message = _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), kind, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0) + body
+    body += netlink.attribute(_NFTA_OBJ_TABLE, table.encode() + b"\0")
+    body += netlink.attribute(_NFTA_OBJ_TYPE, struct.pack("!I", _NFT_OBJECT_COUNTER))
+    request = netlink.message(
+        (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_GETOBJ, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, 1, body
+    )
     found: dict[str, int] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_NETFILTER) as sock:
         sock.settimeout(10)
-        sock.sendto(message, (0, 0))
+        sock.sendto(request, (0, 0))
         while True:
-            reply = sock.recv(65536)
-            at = 0
-            while at + _NLMSG_HEADER.size <= len(reply):
-                length, kind, _flags, sequence, _port = _NLMSG_HEADER.unpack_from(reply, at)
-                if length < _NLMSG_HEADER.size or sequence != 1:
+            for kind, sequence, payload in netlink.messages(sock.recv(65536)):
+                if sequence != 1:
                     raise OSError(f"listing the namespace's counters: unexpected netlink answer (type {kind})")
-                payload = reply[at + _NLMSG_HEADER.size : at + length]
-                at += (length + 3) & ~3
-                if kind == _NLMSG_DONE:
+                if kind == netlink.NLMSG_DONE:
                     return found
-                if kind == _NLMSG_ERROR:
-                    (code,) = struct.unpack_from("=i", payload)
+                if kind == netlink.NLMSG_ERROR:
+                    code = netlink.error_code(payload)
                     if code == 0:
                         continue
                     raise OSError(-code, f"listing the counters of table inet {table}: {os.strerror(-code)}")
                 if kind != (_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_NEWOBJ:
                     continue
-                fields = _attributes(payload[_NFGENMSG.size :])
+                fields = netlink.attributes(payload[_NFGENMSG.size :])
                 if (
                     fields.get(_NFTA_OBJ_TABLE, b"").rstrip(b"\0") != table.encode()
                     or fields.get(_NFTA_OBJ_TYPE) != struct.pack("!I", _NFT_OBJECT_COUNTER)
                     or _NFTA_OBJ_NAME not in fields
                 ):
                     continue
-                packets = _attributes(fields.get(_NFTA_OBJ_DATA, b"")).get(_NFTA_COUNTER_PACKETS)
+                packets = netlink.attributes(fields.get(_NFTA_OBJ_DATA, b"")).get(_NFTA_COUNTER_PACKETS)
                 if packets is None or len(packets) != 8:
                     raise OSError("listing the namespace's counters: a counter without its packet count")
                 found[fields[_NFTA_OBJ_NAME].rstrip(b"\0").decode()] = struct.unpack("!Q", packets)[0]

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import field
 
 from ..quick_dataclass import dataclass
+from . import netlink
 
 NETLINK_AUDIT = 9
 AUDIT_NLGRP_READLOG = 1
@@ -47,9 +48,9 @@ AUDIT_EOE = 1320
 AUDIT_SECCOMP = 1326
 AUDIT_LANDLOCK_ACCESS = 1423
 AUDIT_LANDLOCK_DOMAIN = 1424
-_NLMSG_ERROR = 2
-_NLM_F_REQUEST, _NLM_F_ACK = 1, 4
-_HEADER = struct.Struct("=IHHII")
+_NLMSG_ERROR = netlink.NLMSG_ERROR
+_NLM_F_REQUEST, _NLM_F_ACK = netlink.NLM_F_REQUEST, netlink.NLM_F_ACK
+_HEADER = netlink.HEADER
 _STATUS = struct.Struct("=IIIIIIIIIII")  # struct audit_status up to backlog_wait_time
 _INTERESTING = frozenset({AUDIT_SYSCALL, AUDIT_EOE, AUDIT_SECCOMP, AUDIT_LANDLOCK_ACCESS, AUDIT_LANDLOCK_DOMAIN})
 _STAMP = re.compile(rb"^audit\((\d+)\.(\d+):(\d+)\):\s?")

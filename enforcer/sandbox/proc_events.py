@@ -4,8 +4,9 @@ fanotify names the process behind an event only by its pid, and the learner tell
 processes from the host's by reading /proc/PID/cgroup when it reads the event. A short-lived process
 (`git status` run by the agent) may be gone by then, and its execution would go unlearned. The
 connector (NETLINK_CONNECTOR, CN_IDX_PROC; root only) queues a fork event when the fork happens, so
-a pid that is gone can still be traced to a parent known to be in the session. No library binds
-it (pyroute2 does not), hence the few structures below, from linux/connector.h and linux/cn_proc.h.
+a pid that is gone can still be traced
+to a parent known to be in the session. The structures below are linux/connector.h's and
+linux/cn_proc.h's; the netlink framing is netlink.py's.
 The connector answers only in the host's first network namespace: a launcher started in another
 one (the tests' network lab) gets ECONNREFUSED, and learn mode says its result may miss processes
 that ended at once.
@@ -16,15 +17,16 @@ from __future__ import annotations
 import socket
 import struct
 
+from . import netlink
+
 NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
 CN_VAL_PROC = 1
 PROC_CN_MCAST_LISTEN = 1
 PROC_EVENT_FORK = 0x1
-_NLMSG_DONE = 3
-_NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port
 _CN_MSG = struct.Struct("=IIIIHH")  # id.idx, id.val, sequence, ack, payload length, flags
 _EVENT_HEADER = struct.Struct("=IIQ")  # what, cpu, timestamp
+_FORK_AT = _CN_MSG.size + _EVENT_HEADER.size  # where a fork event's pids start in its payload
 _FORK = struct.Struct("=iiii")  # parent pid, parent tgid, child pid, child tgid
 _RECEIVE_BUFFER = 4 << 20  # bursts of forks on the host while the learner is busy
 
@@ -43,7 +45,7 @@ class ForkEvents:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
             sock.bind((0, CN_IDX_PROC))
             body = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, 4, 0) + struct.pack("=I", PROC_CN_MCAST_LISTEN)
-            sock.send(_NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), _NLMSG_DONE, 0, 0, 0) + body)
+            sock.send(netlink.message(netlink.NLMSG_DONE, 0, 0, body))
             sock.setblocking(False)
         except BaseException:
             sock.close()
@@ -66,19 +68,13 @@ class ForkEvents:
                 continue
             if sender != 0:
                 continue  # only the kernel reports forks
-            at = 0
-            while at + _NLMSG_HEADER.size <= len(message):
-                length = _NLMSG_HEADER.unpack_from(message, at)[0]
-                if length < _NLMSG_HEADER.size:
-                    break
-                start = at + _NLMSG_HEADER.size + _CN_MSG.size
-                if start + _EVENT_HEADER.size + _FORK.size <= at + length:
-                    what = _EVENT_HEADER.unpack_from(message, start)[0]
-                    if what == PROC_EVENT_FORK:
-                        _, parent_tgid, child_pid, child_tgid = _FORK.unpack_from(message, start + _EVENT_HEADER.size)
-                        if child_pid == child_tgid:  # a new process, not a thread
-                            forks.append((parent_tgid, child_tgid))
-                at += (length + 3) & ~3
+            for _, _, payload in netlink.messages(message):
+                if len(payload) < _FORK_AT + _FORK.size:
+                    continue
+                if _EVENT_HEADER.unpack_from(payload, _CN_MSG.size)[0] == PROC_EVENT_FORK:
+                    _, parent_tgid, child_pid, child_tgid = _FORK.unpack_from(payload, _FORK_AT)
+                    if child_pid == child_tgid:  # a new process, not a thread
+                        forks.append((parent_tgid, child_tgid))
 
     def close(self) -> None:
         self.sock.close()
