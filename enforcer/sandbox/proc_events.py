@@ -4,10 +4,9 @@ fanotify names the process behind an event only by its pid, and the learner tell
 processes from the host's by reading /proc/PID/cgroup when it reads the event. A short-lived process
 (`git status` run by the agent) may be gone by then, and its execution would go unlearned. The
 connector (NETLINK_CONNECTOR, CN_IDX_PROC; root only) queues a fork event when the fork happens, so
-a pid that is gone can still be traced
-to a parent known to be in the session. The structures below are linux/connector.h's and
-linux/cn_proc.h's; the netlink framing is netlink.py's.
-The connector answers only in the host's first network namespace: a launcher started in another
+a pid that is gone can still be traced to a parent known to be in the session. The structures
+below are linux/connector.h's and linux/cn_proc.h's; the netlink framing is netlink.py's. The
+connector answers only in the host's first network namespace: a launcher started in another
 one (the tests' network lab) gets ECONNREFUSED, and learn mode says its result may miss processes
 that ended at once.
 """
