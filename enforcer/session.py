@@ -87,38 +87,25 @@ def run_session(
     start_ns = time.time_ns()
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group
-    recorded: list[Receipt] = []
-    readers: list[SessionDenials] = []
-    synced: list[bool] = []
+    pids = prepared.stage.session_pids if prepared is not None else None
+    started = _Started(writer, lambda: _record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller))
 
-    def record() -> None:
-        recorded.append(_record_launch(writer, policy, plan, session, (agent_uid, agent_gid), caller))
+    def start_reader() -> SessionDenials:
         # Host side, before the agent starts: the reader's socket buffers its denials until read.
-        readers.append(
-            SessionDenials.start(
-                writer,
-                policy,
-                session,
-                prepared.stage.session_pids if prepared is not None else None,
-                joined,
-                record=kernel_audit,
-            )
-        )
+        return SessionDenials.start(writer, policy, session, pids, joined, record=kernel_audit)
 
     # A prepared stage that is ready gets its order first (see launcher.run: before_agent runs once
     # the order is sent): the launch record and the reader's start then overlap its set-up. One
     # still getting ready (its cgroup join, its forks) would keep this process waiting: the record
     # is written meanwhile instead.
     if prepared is None or plan.egress is not None or not prepared.stage.ready():
-        record()
+        started.record(start_reader)
 
     def before_agent() -> None:
-        if not recorded:
-            record()
+        started.record(start_reader)
         # The launch record on stable storage: nothing runs unrecorded. The stage, which waits for
         # this to return before it execs the agent, sets the sandbox up meanwhile.
-        writer.sync(recorded[0].seq)
-        synced.append(True)
+        started.sync()
         if before_start is not None:
             try:
                 before_start()
@@ -132,13 +119,13 @@ def run_session(
     except BaseException:
         # A launch that failed (its filter did not start, its stage died) still stops the reader and
         # records what it saw; the launch's own error is the one raised.
-        for reader in readers:
+        if started.reader is not None:
             with contextlib.suppress(Exception):
-                reader.finish()
+                started.reader.finish()
         raise
-    if not synced:  # _run calls before_agent before the agent can start: never
+    if not started.synced or started.reader is None:  # _run calls before_agent before the agent starts
         raise launcher.LaunchError("the session ran without its launch record on stable storage")
-    kernel_denials = readers[0]
+    kernel_denials = started.reader
     denials = _denials_summary(kernel_denials, plan)
     if on_denials is not None:
         on_denials(denials)
@@ -149,6 +136,27 @@ def run_session(
     ending.append(_evidence_entry(writer, policy, plan, session, outcome, (start_ns, end_ns), governor))
     writer.append_many(ending, sync=True)
     return outcome
+
+
+class _Started:
+    """A session's launch record and kernel-audit reader, made once, whichever comes first: the
+    stage's order or the agent's start; and whether the record reached stable storage."""
+
+    def __init__(self, writer: AuditWriter, write_record: Callable[[], Receipt]) -> None:
+        self.writer, self.write_record = writer, write_record
+        self.receipt: Receipt | None = None
+        self.reader: SessionDenials | None = None
+        self.synced = False
+
+    def record(self, start_reader: Callable[[], SessionDenials]) -> None:
+        if self.receipt is None:
+            self.receipt = self.write_record()
+            self.reader = start_reader()
+
+    def sync(self) -> None:
+        assert self.receipt is not None
+        self.writer.sync(self.receipt.seq)
+        self.synced = True
 
 
 def _record_launch(
