@@ -141,3 +141,20 @@ def _check_owners(real: Path, *, private_leaf: bool) -> None:
             raise PermissionError(f"{current} is owned by uid {st.st_uid}")
         if st.st_mode & 0o022 and (leaf or not (st.st_mode & stat.S_ISVTX and st.st_uid == 0)):
             raise PermissionError(f"{current} is writable by group or others")
+
+
+def replace_file(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """`data` as file `name` in the directory `dir_fd`, replacing what the name holds at once: it is
+    written to a new file under a random name (O_EXCL, O_NOFOLLOW) and renamed over `name`, so a
+    symlink or hard link someone left at `name` is replaced, never written through, and a reader
+    never sees a partial file."""
+    temporary = f".{name}.{os.urandom(6).hex()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with open(os.open(temporary, flags, mode, dir_fd=dir_fd), "wb") as out:
+            out.write(data)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise

@@ -28,7 +28,6 @@ import os
 import pickle
 import stat
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
@@ -373,17 +372,7 @@ def _write_entry(
     entry = header + mac + b"\n" + payload
     dir_fd = _trusted_directory(directory, create=True)
     try:
-        temporary = f".{key}.{os.getpid()}.{time.monotonic_ns()}"
-        fd = os.open(
-            temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
-        )
-        try:
-            with open(fd, "wb") as handle:
-                handle.write(entry)
-            os.replace(temporary, key, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            os.unlink(temporary, dir_fd=dir_fd)
-            raise
+        paths.replace_file(dir_fd, key, entry, 0o600)
         _prune(dir_fd)
     finally:
         os.close(dir_fd)

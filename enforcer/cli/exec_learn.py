@@ -10,7 +10,6 @@ filesystem layer's status is "learning"). Refused with --production and with --d
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..audit.query import iter_records
+from ..paths import replace_file
 from ..policy import learn as learning
 from ..sandbox import fanotify, landlock
 from ..sandbox.plan import LaunchPlan, PlanError
@@ -126,17 +126,9 @@ def write_learned(directory: int, name: str, text: str) -> None:
     """`text` as a new file `name` in `directory` (a descriptor held since before the agent ran),
     replacing whatever the name holds. The directory may be the agent's own, and the agent ran
     before this: a symlink or hard link it left at `name` is replaced, never written through, and a
-    directory on the way it swapped for a symlink is not followed."""
-    temporary = f".{name}.{os.urandom(6).hex()}"
+    directory on the way it swapped for a symlink is not followed. Closes `directory`."""
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(temporary, flags, 0o644, dir_fd=directory), "w") as out:
-            out.write(text)
-        os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary, dir_fd=directory)
-        raise
+        replace_file(directory, name, text.encode(), 0o644)
     finally:
         os.close(directory)
 
