@@ -77,28 +77,22 @@ def splice_exact(src: socket.socket, dst: socket.socket, size: int) -> int:
 
 
 def relay(
-    client: socket.socket,
-    upstream: socket.socket,
-    workers: Executor,
-    outbound: Callable[[], int] | None = None,
+    client: socket.socket, upstream: socket.socket, workers: Executor, outbound: Callable[[], int]
 ) -> tuple[int, int]:
-    """Relay until both directions are done (the way back on a worker thread). `outbound`, when
-    given, moves the agent's bytes itself (plain HTTP: every request head is read and checked) and
-    returns how many it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
+    """Relay until both directions are done (the way back on a worker thread). `outbound` moves the
+    agent's bytes itself (plain HTTP: every request head is read and checked) and returns how many
+    it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
     counts = [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
     back = workers.submit(_pump, upstream, client, counts, 1)
-    if outbound is None:
-        _pump(client, upstream, counts, 0)
-    else:
-        try:
-            counts[0] += outbound()
-        except OSError:
-            _end_both(client, upstream)  # one side reset, as _pump does
-        finally:
-            with contextlib.suppress(OSError):
-                upstream.shutdown(socket.SHUT_WR)
+    try:
+        counts[0] += outbound()
+    except OSError:
+        _end_both(client, upstream)  # one side reset, as _pump does
+    finally:
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_WR)
     back.result()
     return counts[0], counts[1]
 

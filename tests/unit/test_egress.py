@@ -222,14 +222,16 @@ def test_synthetic_addresses_are_never_real_destinations() -> None:
 
 
 def test_relay_moves_bytes_both_ways() -> None:
-    from enforcer.egress.relay import relay
+    from enforcer.egress.relay import pump, relay
 
     agent, filter_side = socket.socketpair()
     upstream_side, server = socket.socketpair()
     payload = b"x" * (3 << 20)
     result: list[tuple[int, int]] = []
     pool = ThreadPoolExecutor(2)
-    thread = threading.Thread(target=lambda: result.append(relay(filter_side, upstream_side, pool)))
+    thread = threading.Thread(
+        target=lambda: result.append(relay(filter_side, upstream_side, pool, lambda: pump(filter_side, upstream_side)))
+    )
     thread.start()
     agent.sendall(b"request")
     agent.shutdown(socket.SHUT_WR)
