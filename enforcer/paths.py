@@ -47,44 +47,43 @@ def runtime_dir(environ: Mapping[str, str]) -> Path:
     return Path("/run/adl-enforcer") if os.geteuid() == 0 else state_dir(environ) / "run"
 
 
-def check_private(directory: Path) -> None:
-    """PermissionError naming the path and what is wrong unless this process's user owns
-    `directory`, nobody else may write it, and every directory above it is writable only by root or
-    this user (a root-owned sticky directory such as /tmp may be above it). Whoever else could write
+def check_private(directory: Path) -> Path:
+    """The path `directory` resolves to. PermissionError naming the path and what is wrong unless
+    this process's user owns `directory`, nobody else may write it, and every directory above it is
+    writable only by root or this user (a root-owned sticky directory such as /tmp may be above
+    it). Whoever else could write
     there could plant or replace the names the enforcer, often root, reads and writes through: a
     symlink where a log file goes, an agent's policy rewritten."""
-    _check_symlinks_on_the_way(directory)
-    _check_owners(Path(os.path.realpath(directory)), private_leaf=True)
+    real = _resolve(directory)
+    _check_owners(real, private_leaf=True)
+    return real
 
 
-def make_private_dir(directory: Path, mode: int) -> None:
+def make_private_dir(directory: Path, mode: int) -> Path:
     """Create `directory` (and what is missing above it, with `mode`) only once the nearest existing
     directory above it passes the checks for a directory above, then check it as check_private
-    does: a refusal leaves nothing behind."""
+    does (returning what it returns): a refusal leaves nothing behind."""
     named = Path(os.path.abspath(directory))
     existing = named
     missing: list[Path] = []
     while not os.path.lexists(existing) and existing != existing.parent:
         missing.append(existing)
         existing = existing.parent
-    _check_symlinks_on_the_way(existing)
-    real = Path(os.path.realpath(existing))
-    _check_owners(real, private_leaf=real == Path(os.path.realpath(named)))
+    _check_owners(_resolve(existing), private_leaf=not missing)
     # One by one with `mode`: os.makedirs gives the directories above the last the default mode,
     # group-writable under umask 002, which the check below would then refuse.
     for path in reversed(missing):
         with contextlib.suppress(FileExistsError):  # made meanwhile by another writer: checked below
             os.mkdir(path, mode)
-    check_private(named)
+    return check_private(named)
 
 
 def check_private_file(path: Path) -> None:
     """PermissionError unless the file `path` resolves to is a regular file owned by root or this
     process's user that nobody else may write, in a directory check_private accepts, reached only
     through links check_private accepts."""
-    _check_symlinks_on_the_way(path)
-    real = Path(os.path.realpath(path))
-    check_private(real.parent)
+    real = _resolve(path)
+    _check_owners(real.parent, private_leaf=True)
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise PermissionError(f"{real} is not a regular file")
@@ -94,12 +93,13 @@ def check_private_file(path: Path) -> None:
         raise PermissionError(f"{real} is writable by group or others")
 
 
-def _check_symlinks_on_the_way(directory: Path) -> None:
-    """Every symlink met on the way to `directory`, as the kernel resolves it (the named path, then
-    each link's target, '..' after a link included), belongs to root or this user, and every
-    directory such a link lies in passes the check for a directory above: another user's link
-    could point anywhere, and a link in a directory others may write can be swapped for theirs at
-    any time. realpath reads a link without following it (protected_symlinks does not apply)."""
+def _resolve(directory: Path) -> Path:
+    """The path `directory` resolves to, walked as the kernel resolves it (the named path, then each
+    link's target, '..' after a link included), once every symlink met on the way belongs to root
+    or this user and every directory such a link lies in passes the check for a directory above:
+    another user's link could point anywhere, and a link in a directory others may write can be
+    swapped for theirs at any time. (realpath would read a link without these checks:
+    protected_symlinks does not apply to it.)"""
     euid = os.geteuid()
     named = Path(directory)
     # Not abspath: it drops "link/.." unresolved. Not cwd() for an absolute path: cwd may be gone.
@@ -126,6 +126,7 @@ def _check_symlinks_on_the_way(directory: Path) -> None:
         if target.is_absolute():
             current = Path("/")
         left[:0] = [p for p in target.parts if p != "/"]
+    return current
 
 
 def _check_owners(real: Path, *, private_leaf: bool) -> None:

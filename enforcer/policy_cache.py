@@ -291,18 +291,14 @@ def _trusted_directory(directory: Path, create: bool) -> int:
     """An O_PATH-free descriptor of `directory` once it and every directory above it are writable
     only by root or the caller (a root-owned sticky directory such as /tmp may be above it)."""
     try:
-        if create:
-            paths.make_private_dir(directory, 0o700)
-        else:
-            paths.check_private(directory)
+        real = paths.make_private_dir(directory, 0o700) if create else paths.check_private(directory)
     except PermissionError as exc:
         raise UntrustedCache(str(exc)) from exc
     except OSError as exc:
         raise UntrustedCache(f"cannot {'create' if create else 'check'} {directory}: {exc.strerror}") from exc
-    real = Path(os.path.realpath(directory))
     fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (os.lstat(real).st_dev, os.lstat(real).st_ino):
+    st, named = os.fstat(fd), os.lstat(real)
+    if (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino):
         os.close(fd)
         raise UntrustedCache(f"{real} changed while it was checked")
     return fd
