@@ -24,7 +24,7 @@ def test_a_launch_record_that_cannot_be_synced_starts_no_agent(
     from enforcer.documents import load_policy
     from enforcer.sandbox.plan import build_plan, load_baseline
     from enforcer.sandbox.stage import new_session_id, prepare
-    from enforcer.session import host_features, run_session
+    from enforcer.session import host_features
 
     marker = sandbox.ws / "ran"
     policy = load_policy(sandbox.policy())
@@ -45,23 +45,10 @@ def test_a_launch_record_that_cannot_be_synced_starts_no_agent(
 
     monkeypatch.setattr(writer, "sync", failing_sync)
     session = new_session_id()
-    prepared = prepare(session, cgroup_group=sandbox.group)
-    try:
-        with pytest.raises(AuditUnavailable, match="Input/output error"):
-            run_session(
-                policy,
-                plan,
-                writer,
-                session,
-                uid=65534,
-                gid=65534,
-                cgroup_group=sandbox.group,
-                prepared=prepared,
-                kernel_audit=False,
-            )
-    finally:
-        prepared.discard()
-        writer.close()
+    with pytest.raises(AuditUnavailable, match="Input/output error"):
+        sandbox.run_session(
+            policy, plan, writer, session, prepare(session, cgroup_group=sandbox.group), kernel_audit=False
+        )
     time.sleep(0.3)  # an agent let go by mistake would have written its marker by now
     assert synced and not marker.exists()
     assert session not in session_cgroups(sandbox.group)

@@ -167,6 +167,19 @@ class Sandbox:
         records = [r for r in self._records() if r["seq"] not in before]
         return Result(proc.returncode, out, proc.stderr, records)
 
+    def run_session(self, policy: Any, plan: Any, writer: Any, session: str, prepared: Any, **kw: Any) -> Any:
+        """enforcer.session.run_session of a stage prepared in this sandbox's cgroup group, as the
+        agents' test user; the stage discarded and the writer closed whatever happens."""
+        from enforcer.session import run_session
+
+        try:
+            return run_session(
+                policy, plan, writer, session, uid=65534, gid=65534, cgroup_group=self.group, prepared=prepared, **kw
+            )
+        finally:
+            prepared.discard()
+            writer.close()
+
     def environ(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """adl-exec's environment for this sandbox: its own audit log and key, cgroup group and
         policy cache, then `self.env` and `extra`."""

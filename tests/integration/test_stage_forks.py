@@ -71,7 +71,7 @@ def test_a_launch_loads_no_libc_handle_of_its_own(
     from enforcer.documents import load_policy
     from enforcer.sandbox.plan import build_plan, load_baseline
     from enforcer.sandbox.stage import new_session_id, prepare
-    from enforcer.session import host_features, run_session
+    from enforcer.session import host_features
 
     created = sandbox.ws / "created.txt"
     policy = load_policy(sandbox.policy())
@@ -93,22 +93,9 @@ def test_a_launch_loads_no_libc_handle_of_its_own(
     monkeypatch.setattr(ctypes, "CDLL", no_new_libc)
     writer = AuditWriter(tmp_path / "log", tmp_path / "key.pem", source="test")
     session = new_session_id()
-    prepared = prepare(session, cgroup_group=sandbox.group)
-    try:
-        outcome = run_session(
-            policy,
-            plan,
-            writer,
-            session,
-            uid=65534,
-            gid=65534,
-            cgroup_group=sandbox.group,
-            prepared=prepared,
-            kernel_audit=False,
-        )
-    finally:
-        prepared.discard()
-        writer.close()
+    outcome = sandbox.run_session(
+        policy, plan, writer, session, prepare(session, cgroup_group=sandbox.group), kernel_audit=False
+    )
     assert (outcome.reason, outcome.exit_code) == ("exit", 0) and created.exists()
 
 
@@ -120,7 +107,7 @@ def test_the_order_goes_to_the_future_agent_while_the_stage_is_still_exiting(
     from enforcer.documents import load_policy
     from enforcer.sandbox.plan import build_plan, load_baseline
     from enforcer.sandbox.stage import new_session_id, prepare
-    from enforcer.session import host_features, run_session
+    from enforcer.session import host_features
 
     announce = pidns.announce
 
@@ -150,21 +137,7 @@ def test_the_order_goes_to_the_future_agent_while_the_stage_is_still_exiting(
         at_order.append(os.waitpid(stage_pid, os.WNOHANG))
 
     monkeypatch.setattr(prepared.stage, "send", sent)
-    try:
-        outcome = run_session(
-            policy,
-            plan,
-            writer,
-            session,
-            uid=65534,
-            gid=65534,
-            cgroup_group=sandbox.group,
-            prepared=prepared,
-            kernel_audit=False,
-        )
-    finally:
-        prepared.discard()
-        writer.close()
+    outcome = sandbox.run_session(policy, plan, writer, session, prepared, kernel_audit=False)
     assert (outcome.reason, outcome.exit_code) == ("exit", 0)
     assert at_order == [(0, 0)]  # sent while the stage was still there
     with pytest.raises(ChildProcessError):
