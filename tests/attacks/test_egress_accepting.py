@@ -11,7 +11,6 @@ thread that no stop wakes).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import resource
 import socket
@@ -25,7 +24,7 @@ import pytest
 
 from enforcer.egress.netns import AgentNamespace
 
-from ..unit.test_egress_process import RecordingListener, Setup, audit_records, wait_for
+from ..unit.test_egress_process import ExhaustedListener, RecordingListener, Setup, audit_records, wait_for
 
 
 @pytest.fixture
@@ -79,28 +78,13 @@ def test_first_connections_ready_on_two_listeners_at_once_keep_the_filter_servin
     assert records[4]["intent"] == "adl.enforcer.net.summary"
 
 
-class _ExhaustedListener(RecordingListener):
-    """A listener whose accept fails as in a process out of descriptors, until told otherwise."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.exhausted = False
-        self.failed = 0
-
-    def accept(self) -> tuple[socket.socket, Any]:
-        if self.exhausted:
-            self.failed += 1
-            raise OSError(errno.EMFILE, "Too many open files")
-        return super().accept()
-
-
 def test_the_pause_out_of_descriptors_works_with_descriptors_past_1024(setup: Setup) -> None:
     """The agent holds DNS-over-TCP connections open before its first TCP connection, so the
     accepting thread's wake pipe gets a descriptor number past 1024; then it runs the filter out of
     descriptors. The pause before the next accept must not need select(2), which refuses such a
     number (the filter ended)."""
     held = [os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC) for _ in range(1100)]
-    listener = _ExhaustedListener()
+    listener = ExhaustedListener()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     space = AgentNamespace(netns_fd=-1, tcp=[listener], dns_udp=[], dns_tcp=[], ipv6=False)
     failure: list[BaseException] = []
