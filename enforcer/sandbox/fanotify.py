@@ -171,6 +171,9 @@ class Observer:
             self._parents.clear()
         for parent, child in self._forks.read():
             self._parents[child] = parent
+            # A new process under a pid placed before: what was known of the pid was another
+            # process's, and a session's pid reused by a host process must not stay in the session.
+            self._members.pop(child, None)
         if self._forks.lost:
             self.observed.overflowed = True
 
@@ -193,6 +196,9 @@ class Observer:
                 data = os.read(self.fd, 65536)
             except BlockingIOError:
                 return
+            # The fork of each process behind these events was queued before them: read it before
+            # placing their pids, or a pid reused since it was placed would keep its old place.
+            self._read_forks()
             offset = 0
             while offset + _EVENT.size <= len(data):
                 length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)
