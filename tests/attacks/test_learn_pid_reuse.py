@@ -85,3 +85,45 @@ def test_a_host_process_given_a_session_process_s_pid_is_not_learned_as_the_agen
             host.wait()
         seen = observer.stop()
     assert str(secret) not in seen.read
+
+
+def test_a_gone_host_process_is_not_placed_by_a_session_process_that_took_its_parent_s_pid(
+    session: tuple[str, cgroups.Cgroup],
+) -> None:
+    """The host's shell ran a short-lived child and ended; a session process then got the shell's
+    pid. Read late, the child's events must not be placed by the process that has its parent's pid."""
+    marker, group = session
+    observer = fanotify.Observer(marker)
+    inside = None
+    try:
+        if observer.observed.forks_untracked:
+            pytest.skip("no fork events here (not the host's first network namespace)")
+        shell = subprocess.Popen(
+            ["sh", "-c", "/bin/true & echo $!; wait; echo reaped"], stdout=subprocess.PIPE, text=True
+        )
+        assert shell.stdout is not None
+        gone = int(shell.stdout.readline())
+        assert shell.stdout.readline() == "reaped\n"
+        assert shell.wait(10) == 0
+        joins = "".join(f"echo $$ > {path}; " for path in group.join_files())
+        for _ in range(50):  # other processes on the host may take the pid first
+            NS_LAST_PID.write_text(str(shell.pid - 1))
+            inside = subprocess.Popen(["sh", "-c", f"{joins}exec sleep 30"])
+            if inside.pid == shell.pid:
+                break
+            inside.kill()
+            inside.wait()
+            inside = None
+        if inside is None:
+            pytest.skip(f"pid {shell.pid} was always taken by another process first")
+        deadline = time.monotonic() + 10
+        while observer._in_session(inside.pid) is not True:
+            assert time.monotonic() < deadline, "the shell never joined the session's cgroup"
+            time.sleep(0.01)
+        observer._members.clear()  # what the reading thread may have placed meanwhile
+        assert not observer._member(gone)
+    finally:
+        if inside is not None:
+            inside.kill()
+            inside.wait()
+        observer.stop()
