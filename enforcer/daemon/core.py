@@ -234,6 +234,7 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
+        charged = sum(request.ByteSize() for request in requests) + RECORD_BASE_BYTES * len(prepared)
         if prepared:
             self._charge(who, sum(request.ByteSize() for request in requests), len(prepared))
         decided: list[_Decided | ApiError] = []
@@ -244,6 +245,7 @@ class Core:
                 self._withdraw(decided, "the batch it came in failed")
                 error = exc if isinstance(exc, ApiError) else self._internal(exc)
                 raise ApiError(error.code, f"requests[{index}]: {error}; nothing in the batch was decided") from None
+        self._charge_written(who, charged, decided)
         return [raised(a) for a in self._record_and_answer(decided, self._response, same_error, all_or_none=True)]
 
     def decide_for(
@@ -253,6 +255,7 @@ class Core:
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
         self._charge(who, request.ByteSize())
         decided = [self._decide(prepared)]
+        self._charge_written(who, request.ByteSize() + RECORD_BASE_BYTES, decided)
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -267,6 +270,7 @@ class Core:
                 prepared = self._prepare(request, who=who)
                 self._charge(who, request.ByteSize())
                 decided.append(self._decide(prepared))
+                self._charge_written(who, request.ByteSize() + RECORD_BASE_BYTES, decided[-1:])
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
@@ -304,6 +308,21 @@ class Core:
             f"uid {who.uid} has used its audit budget ({budget.capacity} bytes of decision records within "
             f"{window}, check_audit_bytes_per_uid): refused, not decided; try again when the window ends",
         )
+
+    def _charge_written(self, who: Caller, charged: int, decided: Sequence[_Decided | ApiError]) -> None:
+        """Charge the caller's budget what the decisions' records cost beyond `charged`, what was
+        taken for their requests: a record may repeat the request's text (in its reasons) and JSON
+        escapes some characters at six bytes for one. The requests are decided; the uid's next
+        ones are refused the sooner."""
+        budget = self.budget
+        if budget is None or who.uid in budget.exempt:
+            return
+        written = sum(
+            len(orjson.dumps(d.record.payload)) + (len(orjson.dumps(d.record.trace)) if d.record.trace else 0)
+            for d in decided
+            if isinstance(d, _Decided)
+        )
+        budget.add(who.uid, time.monotonic(), written - charged)
 
     def summarize(self, now: float) -> int:
         """Write the summary of each uid's requests refused over its budget in a window that has ended."""

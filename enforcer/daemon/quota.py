@@ -53,16 +53,29 @@ class UidBudget:
         if uid in self.exempt:
             return True, 0
         with self._lock:
-            window = self._windows.get(uid)
-            if window is None or now - window.start >= self.window_s:
-                if window is not None and window.counted:
-                    self._ended.append(Overflow(uid, window.counted, window.start, self.window_s))
-                window = self._windows[uid] = _Window(now, 0)
+            window = self._window(uid, now)
             if window.used + cost <= self.capacity:
                 window.used += cost
                 return True, 0
             window.counted += requests
             return False, window.counted
+
+    def add(self, uid: int, now: float, cost: int) -> None:
+        """Charge `cost` more to the uid's window, beyond its capacity if need be: what was written
+        for requests already taken cost more than was taken for them, and the uid's next requests
+        are refused the sooner."""
+        if uid in self.exempt or cost <= 0:
+            return
+        with self._lock:
+            self._window(uid, now).used += cost
+
+    def _window(self, uid: int, now: float) -> _Window:
+        window = self._windows.get(uid)
+        if window is None or now - window.start >= self.window_s:
+            if window is not None and window.counted:
+                self._ended.append(Overflow(uid, window.counted, window.start, self.window_s))
+            window = self._windows[uid] = _Window(now, 0)
+        return window
 
     def due(self, now: float) -> list[Overflow]:
         """The windows that have ended with requests counted only, each returned once (give them

@@ -114,7 +114,8 @@ class Observer:
             os.close(self.fd)
             raise FanotifyUnavailable(1, "fanotify: no filesystem could be marked")
         # Forks, to place a process that is gone by the time its events are read (see proc_events).
-        self._parents: dict[int, int] = {}
+        self._parents: dict[int, tuple[int, int]] = {}  # child: (parent, forks seen under its pid then)
+        self._forks_of: dict[int, int] = {}  # pid: new processes seen under it
         self._forks: ForkEvents | None = None
         try:
             self._forks = ForkEvents()
@@ -151,9 +152,12 @@ class Observer:
         self._read_forks()
         seen = 0
         while seen < 64:
-            parent = self._parents.get(pid)
-            if parent is None:
+            link = self._parents.get(pid)
+            if link is None:
                 return False
+            parent, forks = link
+            if self._forks_of.get(parent, 0) != forks:
+                return False  # the parent's pid is another process's now: it places nothing
             known = self._members.get(parent)
             if known is not None:
                 return known
@@ -169,8 +173,15 @@ class Observer:
             return
         if len(self._parents) > 65536:
             self._parents.clear()
+            self._forks_of.clear()
         for parent, child in self._forks.read():
-            self._parents[child] = parent
+            # With the forks seen so far under the parent's pid: once a new process takes that pid,
+            # the link leads to a process that never was this child's parent.
+            self._forks_of[child] = self._forks_of.get(child, 0) + 1
+            self._parents[child] = (parent, self._forks_of.get(parent, 0))
+            # A new process under a pid placed before: what was known of the pid was another
+            # process's, and a session's pid reused by a host process must not stay in the session.
+            self._members.pop(child, None)
         if self._forks.lost:
             self.observed.overflowed = True
 
@@ -193,6 +204,9 @@ class Observer:
                 data = os.read(self.fd, 65536)
             except BlockingIOError:
                 return
+            # The fork of each process behind these events was queued before them: read it before
+            # placing their pids, or a pid reused since it was placed would keep its old place.
+            self._read_forks()
             offset = 0
             while offset + _EVENT.size <= len(data):
                 length, _, _, _, mask, fd, pid = _EVENT.unpack_from(data, offset)

@@ -1,0 +1,89 @@
+"""A caller's audit budget is charged what its decision records cost in the log, not only what its
+requests cost on the wire: characters JSON must escape (control characters, six bytes each in the
+record for one in the request) must not let one uid write several times its budget."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.audit import WriterSettings
+from enforcer.daemon.approvals import Approvals
+from enforcer.daemon.auditsink import AuditSink
+from enforcer.daemon.callers import Caller
+from enforcer.daemon.core import Core
+from enforcer.daemon.messages import ApiError
+from enforcer.daemon.quota import UidBudget
+from enforcer.daemon.registry import SessionRegistry
+from enforcer.daemon.store import PolicyStore
+from enforcer.policy import CompileOptions
+from enforcer.v1 import enforcer_pb2 as pb
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+CALLER = Caller(pid=1, uid=4242, gid=4242, groups=())
+BUDGET = 256 << 10
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _log_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+@pytest.mark.parametrize(
+    "request_for",
+    [
+        lambda text: pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["sh", text])),
+        lambda text: pb.CheckRequest(agent="Coding Agent", file=pb.FileAccess(path=text[:4096], mode="read")),
+        lambda text: pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["sh"], resolved_path=text)),
+    ],
+    ids=["exec.argv", "file.path", "exec.resolved_path"],
+)
+def test_records_of_escaped_characters_stay_within_the_uids_budget(
+    tmp_path: Path, schemas: Any, request_for: Any
+) -> None:
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
+    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
+    assert not store.reload().snapshot.problems
+    audit = tmp_path / "audit"
+    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
+    sink.open()
+    try:
+        core = Core(
+            store,
+            sink,
+            SessionRegistry(),
+            Approvals(_now_ms, 10),
+            _now_ms,
+            agent_callers={"*": [f"uid:{CALLER.uid}"]},
+            budget=UidBudget(BUDGET, 3600.0, exempt=frozenset({0})),
+        )
+        request = request_for("\x01" * 16_000)
+        start = _log_bytes(audit)
+        core.check(request, CALLER)
+        sink.sync()
+        before = _log_bytes(audit)
+        one_record = before - start
+        decided, refused = 1, 0
+        for _ in range(200):
+            try:
+                core.check(request, CALLER)
+                decided += 1
+            except ApiError as exc:
+                assert exc.code.name == "RESOURCE_EXHAUSTED", exc
+                refused += 1
+        sink.sync()
+        grown = _log_bytes(audit) - before
+    finally:
+        sink.close()
+    assert decided and refused
+    # The budget, less the first record, plus one record that found the budget not yet spent and
+    # the record that says the uid's refusals begin (and the log's framing).
+    assert grown <= BUDGET + 16 * 1024, f"{decided} decisions wrote {grown + one_record} bytes for a budget of {BUDGET}"
