@@ -234,9 +234,7 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
-        charged = sum(request.ByteSize() for request in requests) + RECORD_BASE_BYTES * len(prepared)
-        if prepared:
-            self._charge(who, sum(request.ByteSize() for request in requests), len(prepared))
+        taken = self._charge(who, sum(request.ByteSize() for request in requests), len(prepared)) if prepared else 0
         decided: list[_Decided | ApiError] = []
         for index, one in enumerate(prepared):
             try:
@@ -245,7 +243,7 @@ class Core:
                 self._withdraw(decided, "the batch it came in failed")
                 error = exc if isinstance(exc, ApiError) else self._internal(exc)
                 raise ApiError(error.code, f"requests[{index}]: {error}; nothing in the batch was decided") from None
-        self._charge_written(who, charged, decided)
+        self._charge_written(who, taken, decided)
         return [raised(a) for a in self._record_and_answer(decided, self._response, same_error, all_or_none=True)]
 
     def decide_for(
@@ -253,9 +251,9 @@ class Core:
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
-        self._charge(who, request.ByteSize())
+        taken = self._charge(who, request.ByteSize())
         decided = [self._decide(prepared)]
-        self._charge_written(who, request.ByteSize() + RECORD_BASE_BYTES, decided)
+        self._charge_written(who, taken, decided)
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -268,25 +266,25 @@ class Core:
                 continue
             try:
                 prepared = self._prepare(request, who=who)
-                self._charge(who, request.ByteSize())
+                taken = self._charge(who, request.ByteSize())
                 decided.append(self._decide(prepared))
-                self._charge_written(who, request.ByteSize() + RECORD_BASE_BYTES, decided[-1:])
+                self._charge_written(who, taken, decided[-1:])
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
                 decided.append(self._internal(exc))
         return decided
 
-    def _charge(self, who: Caller, request_bytes: int, requests: int = 1) -> None:
-        """Take the records of `requests` decisions from the caller's audit budget, or refuse them
-        with RESOURCE_EXHAUSTED, undecided: every decision still has its record."""
+    def _charge(self, who: Caller, request_bytes: int, requests: int = 1) -> int:
+        """Take the records of `requests` decisions from the caller's audit budget (what was taken),
+        or refuse them with RESOURCE_EXHAUSTED, undecided: every decision still has its record."""
         budget = self.budget
         if budget is None:
-            return
+            return 0
         cost = request_bytes + RECORD_BASE_BYTES * requests
         fits, counted = budget.take(who.uid, time.monotonic(), cost, requests)
         if fits:
-            return
+            return cost
         self.budget_refusals += requests
         window = f"{budget.window_s:g} s"
         if counted == requests:  # the first refused in this window: the log says so at once
@@ -309,9 +307,9 @@ class Core:
             f"{window}, check_audit_bytes_per_uid): refused, not decided; try again when the window ends",
         )
 
-    def _charge_written(self, who: Caller, charged: int, decided: Sequence[_Decided | ApiError]) -> None:
-        """Charge the caller's budget what the decisions' records cost beyond `charged`, what was
-        taken for their requests: a record may repeat the request's text (in its reasons) and JSON
+    def _charge_written(self, who: Caller, taken: int, decided: Sequence[_Decided | ApiError]) -> None:
+        """Charge the caller's budget what the decisions' records cost beyond `taken` (_charge's) for
+        their requests: a record may repeat the request's text (in its reasons) and JSON
         escapes some characters at six bytes for one. The requests are decided; the uid's next
         ones are refused the sooner."""
         budget = self.budget
@@ -322,7 +320,7 @@ class Core:
             for d in decided
             if isinstance(d, _Decided)
         )
-        budget.add(who.uid, time.monotonic(), written - charged)
+        budget.add(who.uid, time.monotonic(), written - taken)
 
     def summarize(self, now: float) -> int:
         """Write the summary of each uid's requests refused over its budget in a window that has ended."""
