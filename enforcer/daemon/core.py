@@ -303,7 +303,8 @@ class Core:
         raise ApiError(
             _STATUS.RESOURCE_EXHAUSTED,
             f"uid {who.uid} has used its audit budget ({budget.capacity} bytes of decision records within "
-            f"{window}, check_audit_bytes_per_uid): refused, not decided; try again when the window ends",
+            f"{window}, check_audit_bytes_per_uid): refused, not decided; try again as its oldest records of that "
+            "time slide out of it",
         )
 
     def _charge_written(self, recorded: Sequence[_Decided], receipts: Sequence[Receipt]) -> None:
