@@ -303,8 +303,8 @@ class Core:
         raise ApiError(
             _STATUS.RESOURCE_EXHAUSTED,
             f"uid {who.uid} has used its audit budget ({budget.capacity} bytes of decision records within "
-            f"{window}, check_audit_bytes_per_uid): refused, not decided; try again as its oldest records of that "
-            "time slide out of it",
+            f"{window}, check_audit_bytes_per_uid): refused, not decided; its budget frees as its records age past "
+            f"{window}",
         )
 
     def _charge_written(self, recorded: Sequence[_Decided], receipts: Sequence[Receipt]) -> None:

@@ -50,7 +50,7 @@ class Overflow:
 
 
 class UidBudget:
-    """`capacity` units (records, or bytes) per uid and window of `window_s` seconds."""
+    """`capacity` units (records, or bytes) per uid within any `window_s` seconds."""
 
     def __init__(self, capacity: int, window_s: float, exempt: frozenset[int] = frozenset()) -> None:
         self.capacity, self.window_s, self.exempt = capacity, window_s, exempt
