@@ -84,6 +84,13 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
     }
 
 
+def explained(policy: Policy, runtime_presets: Sequence[str]) -> dict[str, Any]:
+    """The effective policy as JSON, as `adl-policy explain --json` prints it and the daemon's
+    Explain answers it: policy_summary and what the runtime presets the document enables grant
+    (`runtime_presets`: preset_details' lines, which render_policy shows as text)."""
+    return {**policy_summary(policy), "runtime_presets": list(runtime_presets)}
+
+
 def preset_details(
     catalog: presets.Catalog, names: tuple[str, ...], chosen: Sequence[presets.Preset]
 ) -> tuple[dict[str, str], list[str]]:

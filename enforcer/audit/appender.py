@@ -39,6 +39,7 @@ class Receipt(NamedTuple):
     seq: int
     hash: str
     log_id: str  # the record's id is "<log_id>.<seq>"
+    size: int = 0  # bytes of the record's line in the log: every append's receipt has it (0: not an append's)
 
 
 class Appender(Protocol):

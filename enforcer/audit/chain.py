@@ -66,7 +66,7 @@ class Chain:
             digest = hashlib.sha256(body).hexdigest()
             line = records.with_hash(body, digest)
         self.seq, self.hash, self.now = seq, digest, now
-        return line, Receipt(seq, digest, self.log_id)
+        return line, Receipt(seq, digest, self.log_id, len(line))
 
     def lines(self, entries: Sequence[Entry]) -> tuple[bytes, list[Receipt]]:
         """The entries' lines, chained. If one cannot be encoded, RecordRejected names it and the

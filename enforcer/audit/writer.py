@@ -24,6 +24,7 @@ The writer's jobs, one module each (this one ties them together and runs the flu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -114,10 +115,21 @@ class AuditWriter(Appender):
             finally:
                 self._lease.release()
         except (OSError, keys.AuditKeyError, records.RecordError) as exc:
+            self._release_all()
             raise AuditUnavailable(f"cannot open the audit log in {self.directory}: {exc}") from exc
         if self.settings.background_flush:
-            self._flusher = threading.Thread(target=self._flush_loop, name="audit-flush", daemon=True)
-            self._flusher.start()
+            flusher = threading.Thread(target=self._flush_loop, name="audit-flush", daemon=True)
+            try:
+                flusher.start()
+            except RuntimeError as exc:  # out of tasks or memory: a writer without its flusher is not kept
+                # Sealed as any writer that stops (its writer.close record, its registry entry gone);
+                # if that fails close() has still released every descriptor, and the error says why.
+                with contextlib.suppress(AuditUnavailable, OSError, records.RecordError):
+                    self.close()
+                raise AuditUnavailable(
+                    f"cannot open the audit log in {self.directory}: its flusher thread did not start ({exc})"
+                ) from exc
+            self._flusher = flusher
 
     # -- public API -------------------------------------------------------------------------------
 
@@ -193,7 +205,10 @@ class AuditWriter(Appender):
             self._acquire(self._lock)
             try:
                 self._check_usable()
-                fd, target = os.dup(self._fd), self._chain.seq
+                try:
+                    fd, target = os.dup(self._fd), self._chain.seq
+                except OSError as exc:  # EMFILE, ENFILE: nothing synced, nothing claimed durable
+                    raise AuditUnavailable(f"audit log not durable: no descriptor to sync it with: {exc}") from exc
             finally:
                 self._lock.release()
             self._sync_dup(fd, target)
@@ -242,6 +257,22 @@ class AuditWriter(Appender):
                     registry.unregister(self.directory, self.writer_id, self._registry_fd)
                 self._lease.close()
                 self._head.close()
+
+    def _release_all(self) -> None:
+        """Close whatever a constructor that failed had opened, so that a caller retrying the open
+        (the daemon does, every few seconds) does not run out of descriptors."""
+        with contextlib.suppress(OSError):
+            if self._registry_fd >= 0:
+                registry.unregister(self.directory, self.writer_id, self._registry_fd)
+        with contextlib.suppress(OSError):
+            if self._fd >= 0:
+                os.close(self._fd)
+        self._fd = self._registry_fd = -1
+        for part in ("_lease", "_head"):
+            opened = getattr(self, part, None)
+            if opened is not None:
+                with contextlib.suppress(OSError):
+                    opened.close()
 
     def __enter__(self) -> AuditWriter:
         return self
@@ -464,7 +495,11 @@ class AuditWriter(Appender):
             if self._failed is not None or self._fd < 0:
                 return
             handed = self._group_for_flusher
-            group = handed or self._idle_group()
+            try:
+                group = handed or self._idle_group()
+            except OSError as exc:  # no descriptor to sync with: appends must see the writer failed
+                self._failed = exc
+                return
             if group is not None:
                 try:
                     with self._sync_lock:

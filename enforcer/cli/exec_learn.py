@@ -104,10 +104,12 @@ class Learner:
             f"adl-exec: LEARN MODE: wrote {self.out}: {len(result.added_paths)} path(s), "
             f"{len(result.added_commands)} command(s), {len(result.added_hosts)} host(s) added "
             f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''}"
-            f"{', forks not tracked: processes that ended at once may be missing' if seen.forks_untracked else ''})",
+            f"{', forks not tracked: processes that ended at once may be missing' if seen.forks_untracked else ''}"
+            f"{f', TRUNCATED at {fanotify.MAX_PATHS} paths: incomplete' if seen.truncated else ''})",
             file=sys.stderr,
         )
-        for note in result.notes:
+        notes = [*result.notes, *bounded_notes(seen)]
+        for note in notes:
             print(f"adl-exec: LEARN MODE: {note}", file=sys.stderr)
         return {
             "decision": "allow",
@@ -116,10 +118,34 @@ class Learner:
             "added_paths": list(result.added_paths),
             "added_commands": list(result.added_commands),
             "added_hosts": list(result.added_hosts),
-            "notes": list(result.notes),
+            "notes": notes,
             "overflowed": seen.overflowed,
             "forks_untracked": seen.forks_untracked,
+            "truncated": seen.truncated,
         }
+
+
+CROWDED_NOTES = 20  # the crowded directories named one by one; the others are counted
+
+
+def bounded_notes(seen: fanotify.Observed) -> list[str]:
+    """What the observer's bounds left out (fanotify.Observed.add), for the user and the record."""
+    notes = []
+    crowded = sorted(seen.crowded.items())
+    for directory, kinds in crowded[:CROWDED_NOTES]:
+        notes.append(
+            f"{escape_non_utf8(directory)}: more than {fanotify.MAX_NAMES_PER_DIRECTORY} names "
+            f"{'/'.join(sorted(kinds))}: only the first {fanotify.MAX_NAMES_PER_DIRECTORY} were kept (review: "
+            "commands and names in a directory learn does not grant as a whole may be missing)"
+        )
+    if len(crowded) > CROWDED_NOTES:
+        notes.append(f"{len(crowded) - CROWDED_NOTES} more directories had more names than were kept")
+    if seen.truncated:
+        notes.append(
+            f"TRUNCATED: the run touched more than {fanotify.MAX_PATHS} distinct paths; the rest were not "
+            "kept and the learned policy is incomplete"
+        )
+    return notes
 
 
 def write_learned(directory: int, name: str, text: str) -> None:

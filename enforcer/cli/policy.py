@@ -22,7 +22,7 @@ from ..documents import (
     read_document,
     schema_set,
 )
-from ..explain import policy_summary, preset_details, render_policy
+from ..explain import explained, render_policy
 from ..policy import (
     CompileOptions,
     DocumentRejected,
@@ -32,7 +32,6 @@ from ..policy import (
     ProcessExec,
     ToolCall,
     decide,
-    presets,
 )
 from ..policy.aaif import PROVIDED_CAPABILITIES, capability_findings, condition_findings, validate_aaif
 from ..policy.adl import validate_adl
@@ -140,29 +139,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     adl = read_document(args.file, "adl")
     aaif = read_document(args.aaif, "aaif") if args.aaif else None
     policy = compile_documents(adl, aaif, _options(args), _now(args.now), args.spec_dir)
-    grants = _preset_grants(adl, args.presets)
+    from ..sandbox import runtime_presets  # only documents that ask for presets need the catalog
+
+    grants = runtime_presets.explain_lines(adl, args.presets)
     if args.json:
-        print(json.dumps({**policy_summary(policy), "runtime_presets": grants}, indent=2))
+        print(json.dumps(explained(policy, grants), indent=2))
     else:
         print(render_policy(policy, grants))
     return EXIT_OK
-
-
-def _preset_grants(adl: dict[str, Any], catalog_path: Path) -> list[str]:
-    """What the runtime presets the document enables add to its permissions, as adl-exec --explain
-    shows it: they grant paths and variables its permissions do not list."""
-    from ..sandbox import runtime_presets  # only documents that ask for presets need the catalog
-    from ..sandbox.plan import PlanError
-
-    try:
-        names = presets.requested(adl)
-        if not names:
-            return []
-        catalog = runtime_presets.load_catalog(catalog_path)
-        _env, details = preset_details(catalog, names, presets.select(catalog, names))
-    except (presets.PresetError, PlanError) as exc:
-        return [f"REFUSED at launch: {exc}"]
-    return details
 
 
 def _action(args: argparse.Namespace) -> Any:

@@ -80,7 +80,7 @@ class AuditSink(Appender):
         except AuditUnavailable as exc:
             self._fail(str(exc))
             raise
-        except OSError as exc:  # one the writer let through (no descriptor left for its sync): failed all the same
+        except OSError as exc:  # one the writer did not wrap as AuditUnavailable: failed all the same
             self._fail(f"audit log failed: {exc}")
             raise AuditUnavailable(f"audit log failed: {exc}") from exc
 

@@ -125,19 +125,24 @@ class Settings(EnforcerSettings):
     check_audit_bytes_per_uid: int = Field(
         default=32 << 20,
         ge=1 << 16,
-        description="decision records one caller uid (root aside) may add to the audit log per "
-        "audit_budget_window_s, in bytes (a request's size plus 1 KiB taken before it is decided, the rest of "
-        "its record's size after); beyond, its Check, CheckBatch "
+        description="decision records one caller uid (root aside) may add to the audit log within any "
+        "audit_budget_window_s seconds (sliding, by tenths of it), in bytes (a request's size plus 1 KiB taken "
+        "before it is decided, the rest of its record's size after); beyond, its Check, CheckBatch "
         "and Explain get RESOURCE_EXHAUSTED undecided, counted in a summary record when the window ends",
     )
     launch_refusals_per_uid: int = Field(
         default=100,
         ge=1,
-        description="launch refusals of one caller uid recorded in detail per audit_budget_window_s; the rest "
+        description="launch refusals of one caller uid recorded in detail within any audit_budget_window_s "
+        "seconds (sliding, by tenths of it); the rest "
         "are answered and counted in a summary record when the window ends",
     )
     audit_budget_window_s: float = Field(
-        default=60.0, gt=0, le=3600, description="the window of check_audit_bytes_per_uid and launch_refusals_per_uid"
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="the sliding window of check_audit_bytes_per_uid and launch_refusals_per_uid; "
+        "their summaries count refusals per fixed window of this length",
     )
 
     @model_validator(mode="after")

@@ -104,6 +104,8 @@ class _Decided(NamedTuple):
     approval: Approval | None
     dry_run: bool
     record: Entry
+    who: Caller  # whose audit budget its record is charged to
+    taken: int  # what _charge took from that budget for its request, before its record was written
 
 
 class Core:
@@ -234,16 +236,17 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
-        taken = self._charge(who, sum(request.ByteSize() for request in requests), len(prepared)) if prepared else 0
+        sizes = [request.ByteSize() for request in requests]
+        taken = self._charge(who, sum(sizes), len(prepared)) if prepared else 0
         decided: list[_Decided | ApiError] = []
         for index, one in enumerate(prepared):
             try:
-                decided.append(self._decide(one))
+                # The batch was taken as a whole: each request's share, as _charge takes one alone.
+                decided.append(self._decide(one, sizes[index] + RECORD_BASE_BYTES if taken else 0))
             except Exception as exc:
                 self._withdraw(decided, "the batch it came in failed")
                 error = exc if isinstance(exc, ApiError) else self._internal(exc)
                 raise ApiError(error.code, f"requests[{index}]: {error}; nothing in the batch was decided") from None
-        self._charge_written(who, taken, decided)
         return [raised(a) for a in self._record_and_answer(decided, self._response, same_error, all_or_none=True)]
 
     def decide_for(
@@ -251,9 +254,7 @@ class Core:
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
-        taken = self._charge(who, request.ByteSize())
-        decided = [self._decide(prepared)]
-        self._charge_written(who, taken, decided)
+        decided = [self._decide(prepared, self._charge(who, request.ByteSize()))]
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -266,9 +267,7 @@ class Core:
                 continue
             try:
                 prepared = self._prepare(request, who=who)
-                taken = self._charge(who, request.ByteSize())
-                decided.append(self._decide(prepared))
-                self._charge_written(who, taken, decided[-1:])
+                decided.append(self._decide(prepared, self._charge(who, request.ByteSize())))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
@@ -304,23 +303,21 @@ class Core:
         raise ApiError(
             _STATUS.RESOURCE_EXHAUSTED,
             f"uid {who.uid} has used its audit budget ({budget.capacity} bytes of decision records within "
-            f"{window}, check_audit_bytes_per_uid): refused, not decided; try again when the window ends",
+            f"{window}, check_audit_bytes_per_uid): refused, not decided; its budget frees as its records age past "
+            f"{window}",
         )
 
-    def _charge_written(self, who: Caller, taken: int, decided: Sequence[_Decided | ApiError]) -> None:
-        """Charge the caller's budget what the decisions' records cost beyond `taken` (_charge's) for
-        their requests: a record may repeat the request's text (in its reasons) and JSON
-        escapes some characters at six bytes for one. The requests are decided; the uid's next
-        ones are refused the sooner."""
+    def _charge_written(self, recorded: Sequence[_Decided], receipts: Sequence[Receipt]) -> None:
+        """Charge each caller's budget what its decisions' records took in the log (their receipts
+        say) beyond what _charge took for their requests: a record may repeat the request's text (in
+        its reasons) and JSON escapes some characters at six bytes for one. The requests are decided;
+        the uid's next ones are refused the sooner."""
         budget = self.budget
-        if budget is None or who.uid in budget.exempt:
+        if budget is None:
             return
-        written = sum(
-            len(orjson.dumps(d.record.payload)) + (len(orjson.dumps(d.record.trace)) if d.record.trace else 0)
-            for d in decided
-            if isinstance(d, _Decided)
-        )
-        budget.add(who.uid, time.monotonic(), written - taken)
+        now = time.monotonic()
+        for d, receipt in zip(recorded, receipts, strict=True):
+            budget.add(d.who.uid, now, receipt.size - d.taken)
 
     def summarize(self, now: float) -> int:
         """Write the summary of each uid's requests refused over its budget in a window that has ended."""
@@ -355,7 +352,7 @@ class Core:
         request_id = bounded_text(request.request_id, "request_id", 256)
         return _Prepared(entry, session, action, trace, request_id, dry_run, items, who)
 
-    def _decide(self, prepared: _Prepared) -> _Decided:
+    def _decide(self, prepared: _Prepared, taken: int) -> _Decided:
         entry, session, action, trace, request_id, dry_run, _, who = prepared
         started = time.perf_counter_ns()
         # The decision and the record's masking both need the arguments' PII: searched for once.
@@ -391,7 +388,7 @@ class Core:
             trace,
             "normal" if decision.verdict == "ALLOW" else "high",
         )
-        return _Decided(entry, request_id, derived, decision_id, eval_us, approval, dry_run, record)
+        return _Decided(entry, request_id, derived, decision_id, eval_us, approval, dry_run, record, who, taken)
 
     def _derive(self, entry: AgentEntry, action: Action, decision: Decision) -> _Derived:
         if not (isinstance(action, ToolCall) and entry.policy.tool_allowed.get(action.name) is decision):
@@ -421,8 +418,9 @@ class Core:
         the others are appended without it; with `all_or_none` it fails every request."""
         started = time.perf_counter_ns() if self.observers else 0
         while True:
+            recorded = [d for d in decided if isinstance(d, _Decided)]
             try:
-                receipts = self.sink.append_many([d.record for d in decided if isinstance(d, _Decided)])
+                receipts = self.sink.append_many([d.record for d in recorded])
                 break
             except RecordRejected as exc:
                 rejected = ApiError(
@@ -441,6 +439,7 @@ class Core:
                     _STATUS.UNAVAILABLE, f"audit log unavailable; nothing is decided unrecorded: {exc}"
                 )
                 return [refuse(unavailable if isinstance(d, _Decided) else d) for d in decided]
+        self._charge_written(recorded, receipts)
         if self.observers:
             self._observe(decided, receipts, (time.perf_counter_ns() - started) // 1000)
         if len(receipts) == len(decided):  # nothing refused: the usual case
@@ -510,7 +509,7 @@ class Core:
         response.decision_id = decided.decision_id
         response.eval_us = decided.eval_us
         stamp = response.receipt
-        stamp.seq, stamp.hash, stamp.log_id = receipt  # a Receipt is (seq, hash, log_id)
+        stamp.seq, stamp.hash, stamp.log_id, _ = receipt  # a Receipt is (seq, hash, log_id, size)
         if decided.approval is not None:
             response.approval_id = decided.approval.approval_id
             response.approval_expires_unix_ms = decided.approval.expires_ms

@@ -471,7 +471,9 @@ class Daemon:
             ],
         )
         limit = self.settings.max_request_bytes
-        enforcer = EnforcerService(self.core, self.status, self.settings.max_approval_waits, admin=admin)
+        enforcer = EnforcerService(
+            self.core, self.status, self.settings.max_approval_waits, admin=admin, presets_catalog=self.settings.presets
+        )
         # The generic handlers cover every method; on the API socket the inline loop takes Check and
         # CheckBatch first (the core routes a registered method's calls only to it).
         server.add_generic_rpc_handlers((handlers(enforcer, "Enforcer", limit),))

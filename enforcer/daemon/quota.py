@@ -4,13 +4,21 @@ Within each window a uid's records are written up to its budget; beyond it, what
 refused and only counted. The count goes into a summary record as soon as the window ends (the
 daemon's main loop calls `record_overflows` every tick), not with the uid's next record: a flood
 that stops is still accounted for on time. Root (the operator) may be exempt.
+
+The budget slides: it bounds what a uid is granted within any `window_s` seconds, not within each
+fixed window. Fixed windows let a uid spend its budget just before one window ended and again just
+after, twice its budget in a moment. What was granted is kept per tenth of a window (SLOTS), and a
+tenth counts whole for as long as any of it lies within the last `window_s` seconds: a uid that
+spent its budget gets more as its oldest grants slide out, a tenth at a time. The windows that
+summaries count refusals in stay fixed (each begins with the uid's first request after the last).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..audit import AuditUnavailable, Entry, records
@@ -20,12 +28,15 @@ from ..audit.events import refused_members
 # not come from the request (rules, reasons, ids, digests), about.
 RECORD_BASE_BYTES = 1024
 
+SLOTS = 10  # a window's grants are kept per tenth of it: the bound slides by tenths
+
 
 @dataclass
 class _Window:
-    start: float  # time.monotonic()
-    used: int
+    start: float  # time.monotonic(): when the window refusals are counted in began
     counted: int = 0
+    used: int = 0  # granted within the slots below: the last window_s seconds, rounded out to whole slots
+    slots: deque[list[int]] = field(default_factory=deque)  # [slot number, units granted in it], oldest first
 
 
 @dataclass(frozen=True)
@@ -39,10 +50,11 @@ class Overflow:
 
 
 class UidBudget:
-    """`capacity` units (records, or bytes) per uid and window of `window_s` seconds."""
+    """`capacity` units (records, or bytes) per uid within any `window_s` seconds."""
 
     def __init__(self, capacity: int, window_s: float, exempt: frozenset[int] = frozenset()) -> None:
         self.capacity, self.window_s, self.exempt = capacity, window_s, exempt
+        self._slot_s = window_s / SLOTS
         self._lock = threading.Lock()
         self._windows: dict[int, _Window] = {}
         self._ended: list[Overflow] = []  # windows replaced before `due` saw them
@@ -54,8 +66,9 @@ class UidBudget:
             return True, 0
         with self._lock:
             window = self._window(uid, now)
+            slot = self._slide(window, now)
             if window.used + cost <= self.capacity:
-                window.used += cost
+                self._grant(window, slot, cost)
                 return True, 0
             window.counted += requests
             return False, window.counted
@@ -67,26 +80,58 @@ class UidBudget:
         if uid in self.exempt or cost <= 0:
             return
         with self._lock:
-            self._window(uid, now).used += cost
+            window = self._window(uid, now)
+            self._grant(window, self._slide(window, now), cost)
+
+    def used(self, uid: int, now: float) -> int:
+        """What the uid was granted within the last window_s seconds (rounded out to whole slots)."""
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is None:
+                return 0
+            self._slide(window, now)
+            return window.used
 
     def _window(self, uid: int, now: float) -> _Window:
         window = self._windows.get(uid)
-        if window is None or now - window.start >= self.window_s:
-            if window is not None and window.counted:
+        if window is None:
+            window = self._windows[uid] = _Window(now)
+        elif now - window.start >= self.window_s:  # a new window to count refusals in; the grants slide on
+            if window.counted:
                 self._ended.append(Overflow(uid, window.counted, window.start, self.window_s))
-            window = self._windows[uid] = _Window(now, 0)
+            window.start, window.counted = now, 0
         return window
+
+    def _slide(self, window: _Window, now: float) -> int:
+        """Forget the slots that lie wholly before the last window_s seconds; the slot `now` is in."""
+        slot = int(now // self._slot_s)
+        slots = window.slots
+        while slots and slots[0][0] < slot - SLOTS:
+            window.used -= slots.popleft()[1]
+        return slot
+
+    @staticmethod
+    def _grant(window: _Window, slot: int, cost: int) -> None:
+        window.used += cost
+        if window.slots and window.slots[-1][0] == slot:
+            window.slots[-1][1] += cost
+        else:
+            window.slots.append([slot, cost])
 
     def due(self, now: float) -> list[Overflow]:
         """The windows that have ended with requests counted only, each returned once (give them
-        back when their summary could not be written). Ended windows are forgotten."""
+        back when their summary could not be written). A uid whose window has ended is forgotten
+        once none of its grants lie within the last window_s seconds."""
         with self._lock:
             ended, self._ended = self._ended, []
             for uid, window in list(self._windows.items()):
                 if now - window.start >= self.window_s:
-                    del self._windows[uid]
                     if window.counted:
                         ended.append(Overflow(uid, window.counted, window.start, self.window_s))
+                        window.counted = 0
+                    last = window.slots[-1][0] if window.slots else None
+                    if last is None or (last + 1 + SLOTS) * self._slot_s <= now:  # as _slide, for any `now`
+                        del self._windows[uid]
             return ended
 
     def give_back(self, overflows: list[Overflow]) -> None:

@@ -12,15 +12,19 @@ the conversion between messages and policy types is messages.py's.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 import orjson
 
-from ..explain import policy_summary
+from .. import data
+from ..explain import explained
+from ..policy import presets
 from ..v1 import enforcer_pb2 as pb
 from .approvals import Approval
 from .callers import ROOT
@@ -49,11 +53,21 @@ class EnforcerService:
     """enforcer.v1.Enforcer"""
 
     def __init__(
-        self, core: Core, status: Callable[[], pb.StatusResponse], max_waits: int = 256, *, admin: bool = False
+        self,
+        core: Core,
+        status: Callable[[], pb.StatusResponse],
+        max_waits: int = 256,
+        *,
+        admin: bool = False,
+        presets_catalog: Path = data.PRESETS,
     ) -> None:
         self.core = core
         self._status = status
         self.admin = admin  # on the admin socket (root only): every caller is root
+        self.presets_catalog = presets_catalog  # the one the daemon's launches read
+        # What each document's presets grant, by (its documents' digest, the catalog file's identity):
+        # reading the catalog takes milliseconds, and Explain is charged as one Check.
+        self._preset_lines: dict[tuple[str, tuple[int, int, int, int]], list[str]] = {}
         # The server has this many threads beyond its workers: waits never take the ones that answer.
         self._waits = threading.BoundedSemaphore(max_waits)
         self.max_waits = max_waits
@@ -80,7 +94,30 @@ class EnforcerService:
         who = self._who(context)
         entry, session = self.core.caller(request.agent, request.session, request.session_token, who)
         decision = self.core.decide_for(entry, session, request, dry_run=True, who=who)
-        return pb.ExplainResponse(decision=decision, policy_json=orjson.dumps(policy_summary(entry.policy)).decode())
+        shown = explained(entry.policy, self._presets_granted(entry.adl_document, entry.source_digest))
+        return pb.ExplainResponse(decision=decision, policy_json=orjson.dumps(shown).decode())
+
+    def _presets_granted(self, adl_document: dict[str, Any], source_digest: str) -> list[str]:
+        """The lines `adl-policy explain` shows for the runtime presets the document enables, from
+        the catalog the daemon's launches use."""
+        try:
+            if not presets.requested(adl_document):
+                return []
+        except presets.PresetError:
+            pass  # explain_lines says why a launch refuses it
+        from ..sandbox import runtime_presets  # only documents that ask for presets need the catalog
+
+        try:
+            st = os.stat(self.presets_catalog)
+        except OSError:
+            return runtime_presets.explain_lines(adl_document, self.presets_catalog)  # says why it is refused
+        key = (source_digest, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+        lines = self._preset_lines.get(key)
+        if lines is None:
+            if len(self._preset_lines) >= 256:
+                self._preset_lines.clear()
+            lines = self._preset_lines[key] = runtime_presets.explain_lines(adl_document, self.presets_catalog)
+        return lines
 
     def WaitApproval(self, request: pb.WaitApprovalRequest, context: grpc.ServicerContext) -> pb.CheckResponse:
         approval = self.core.approvals.get(request.approval_id)

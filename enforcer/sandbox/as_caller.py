@@ -10,6 +10,11 @@ without any permission check: openat2(2) with RESOLVE_NO_MAGICLINKS refuses to f
 
 `open_directory` raises `Unsupported` where this cannot be done (another architecture, a kernel
 before openat2): the caller then looks the path up in a child process instead.
+
+A lookup on a filesystem that does not answer (a hung network or FUSE mount the caller names) would
+hold the launch, and the launch's slot, for as long as the mount hangs: the wait is bounded
+(LOOKUP_TIMEOUT_S) and the launch refused. A thread cannot be stopped from outside, so the lookup
+thread is left to its hung system call; if that ever returns, the thread closes what it opened.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(_MACHINE)
 _SYS_OPENAT2 = 437  # the same on every architecture
 _RESOLVE_NO_MAGICLINKS = 0x02
 _libc = ctypes.CDLL(None, use_errno=True)
+
+LOOKUP_TIMEOUT_S = 10.0  # a working directory not found by then is on a filesystem that does not answer
 
 
 class Unsupported(Exception):
@@ -123,23 +130,40 @@ def on_proc(fd: int) -> bool:
     return ctypes.c_long.from_buffer(buffer).value == _PROC_SUPER_MAGIC
 
 
-def open_directory(path: str, uid: int, gid: int) -> int:
+def open_directory(path: str, uid: int, gid: int, timeout_s: float | None = None) -> int:
     """An O_PATH descriptor of directory `path` as found by uid/gid without supplementary groups;
-    OSError if that account cannot reach and enter it (or it is reached only through a magic link)."""
+    OSError if that account cannot reach and enter it (or it is reached only through a magic link),
+    or (ETIMEDOUT) if the lookup has not returned within `timeout_s` (LOOKUP_TIMEOUT_S)."""
+    limit = LOOKUP_TIMEOUT_S if timeout_s is None else timeout_s
     result: list[int] = []
     failure: list[BaseException] = []
+    handed = threading.Lock()  # the descriptor goes to the caller, or is closed once it has left
+    abandoned = False
 
     def lookup() -> None:
         try:
             _become(uid, gid)
-            result.append(_open(path))
+            fd = _open(path)
         except BaseException as exc:  # handed to the caller's thread
             failure.append(exc)
+            return
+        with handed:
+            if abandoned:
+                os.close(fd)
+            else:
+                result.append(fd)
 
-    # The thread ends with the lookup: its credentials are never used again.
-    thread = threading.Thread(target=lookup, name="cwd-as-caller")
+    # The thread ends with the lookup: its credentials are never used again. A daemon thread: one
+    # left in a hung lookup must not keep its process from exiting.
+    thread = threading.Thread(target=lookup, name="cwd-as-caller", daemon=True)
     thread.start()
-    thread.join()
+    thread.join(limit)
+    with handed:
+        if not result and not failure:
+            abandoned = True
+            raise OSError(
+                errno.ETIMEDOUT, f"its lookup did not return within {limit:g} s (a filesystem that does not answer)"
+            )
     if failure:
         raise failure[0]
     return result[0]

@@ -5,6 +5,11 @@ notification-class fanotify group marks every real filesystem's superblock (so t
 mounts in the agent's mount namespace are covered too) for opens, executions and writes, and keeps
 the events of processes in the session's cgroup. Needs CAP_SYS_ADMIN; Python 3.11 has no binding,
 hence ctypes. Each event carries an open descriptor of the object, which is read and closed at once.
+
+What is kept is bounded (Observed.add): the agent may create names by the million, and this
+process runs as root for the whole run. A directory keeps its first MAX_NAMES_PER_DIRECTORY names of
+each kind and is noted as crowded beyond them; past MAX_PATHS names in all, nothing more is kept and
+the observation says it is truncated.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import posixpath
 import select
 import struct
 import threading
@@ -47,6 +53,12 @@ class FanotifyUnavailable(OSError):
     pass
 
 
+# A directory's names of one kind kept before it counts as crowded: far more than learn's collapse
+# needs to grant it as a whole (policy.learn.collapse), few enough that a flood costs little.
+MAX_NAMES_PER_DIRECTORY = 256
+MAX_PATHS = 100_000  # names of every kind together; beyond, the observation is truncated
+
+
 @dataclass
 class Observed:
     read: set[str] = field(default_factory=set)
@@ -56,6 +68,27 @@ class Observed:
     overflowed: bool = False
     forks_untracked: bool = False  # no fork events: a process gone before its events are read is missed
     events: int = 0
+    crowded: dict[str, set[str]] = field(default_factory=dict)  # directory: the kinds it had too many names of
+    truncated: bool = False  # MAX_PATHS names were kept: the others were not
+    _per_directory: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    _kept: int = 0
+
+    def add(self, kind: str, path: str) -> None:
+        """Keep `path` in the set `kind` (read, written, executed, directories), within the bounds."""
+        names: set[str] = getattr(self, kind)
+        if path in names:
+            return
+        if self._kept >= MAX_PATHS:
+            self.truncated = True
+            return
+        key = (kind, posixpath.dirname(path))
+        count = self._per_directory.get(key, 0)
+        if count >= MAX_NAMES_PER_DIRECTORY:
+            self.crowded.setdefault(key[1], set()).add(kind)
+            return
+        self._per_directory[key] = count + 1
+        names.add(path)
+        self._kept += 1
 
 
 def _mount_points() -> list[str]:
@@ -230,13 +263,13 @@ class Observer:
             return
         self.observed.events += 1
         if mask & FAN_ONDIR:
-            self.observed.directories.add(path)
+            self.observed.add("directories", path)
         elif mask & FAN_OPEN_EXEC:
-            self.observed.executed.add(path)
+            self.observed.add("executed", path)
         elif mask & FAN_CLOSE_WRITE:
-            self.observed.written.add(path)
+            self.observed.add("written", path)
         else:
-            self.observed.read.add(path)
+            self.observed.add("read", path)
 
     def stop(self) -> Observed:
         os.write(self._stop_w, b"x")

@@ -39,6 +39,23 @@ def load_catalog(path: Path = data.PRESETS) -> presets.Catalog:
         raise PlanError(f"presets: {exc}") from None
 
 
+def explain_lines(adl_document: Mapping[str, Any], catalog_path: Path = data.PRESETS) -> list[str]:
+    """What the runtime presets the document enables add to its permissions (paths and variables
+    they do not list), as a launch's presets layer shows it: [] for none, one line saying the launch
+    is refused for a document whose presets cannot be had."""
+    try:
+        names = presets.requested(adl_document)
+        if not names:
+            return []
+        catalog = load_catalog(catalog_path)
+        chosen = presets.select(catalog, names)
+    except (presets.PresetError, PlanError) as exc:
+        return [f"REFUSED at launch: {exc}"]
+    from ..explain import preset_details  # only for documents with presets
+
+    return preset_details(catalog, names, chosen)[1]
+
+
 def extend(
     baseline: Baseline,
     adl_document: Mapping[str, Any],

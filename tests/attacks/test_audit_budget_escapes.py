@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from enforcer.audit import WriterSettings
@@ -16,7 +17,7 @@ from enforcer.daemon.auditsink import AuditSink
 from enforcer.daemon.callers import Caller
 from enforcer.daemon.core import Core
 from enforcer.daemon.messages import ApiError
-from enforcer.daemon.quota import UidBudget
+from enforcer.daemon.quota import RECORD_BASE_BYTES, UidBudget
 from enforcer.daemon.registry import SessionRegistry
 from enforcer.daemon.store import PolicyStore
 from enforcer.policy import CompileOptions
@@ -87,3 +88,55 @@ def test_records_of_escaped_characters_stay_within_the_uids_budget(
     # The budget, less the first record, plus one record that found the budget not yet spent and
     # the record that says the uid's refusals begin (and the log's framing).
     assert grown <= BUDGET + 16 * 1024, f"{decided} decisions wrote {grown + one_record} bytes for a budget of {BUDGET}"
+
+
+def test_the_budget_is_charged_exactly_what_the_records_took_in_the_log(tmp_path: Path, schemas: Any) -> None:
+    """Single Checks, a batch and a traced request: each decision costs the uid what _charge took
+    before deciding (its request and RECORD_BASE_BYTES) or, when larger, the bytes of its record's
+    line as written (envelope, trace and newline included): no more, no less."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
+    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
+    assert not store.reload().snapshot.problems
+    audit = tmp_path / "audit"
+    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
+    sink.open()
+    budget = UidBudget(BUDGET, 3600.0, exempt=frozenset({0}))
+    try:
+        core = Core(
+            store,
+            sink,
+            SessionRegistry(),
+            Approvals(_now_ms, 10),
+            _now_ms,
+            agent_callers={"*": [f"uid:{CALLER.uid}"]},
+            budget=budget,
+        )
+        plain = pb.CheckRequest(agent="Coding Agent", file=pb.FileAccess(path="src/\x01\u00e9.py", mode="read"))
+        traced = pb.CheckRequest(
+            agent="Coding Agent",
+            exec=pb.ProcessExec(argv=["sh", "-c", "\x02" * 300]),
+            trace=pb.TraceContext(traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01", tracestate="k=v"),
+        )
+        core.check(plain, CALLER)
+        core.check(traced, CALLER)
+        core.check_batch([plain, traced, plain], CALLER)
+        core.check(plain)  # root, exempt: charged to nobody
+        sink.sync()
+    finally:
+        sink.close()
+    ours = [
+        line
+        for f in sorted(audit.glob("audit-*.jsonl"))
+        for line in f.read_bytes().splitlines(keepends=True)
+        if orjson.loads(line)["payload"].get("caller_uid") == CALLER.uid
+    ]
+    taken = [r.ByteSize() + RECORD_BASE_BYTES for r in (plain, traced, plain, traced, plain)]
+    assert len(ours) == 5
+    assert any(len(line) > t for line, t in zip(ours, taken, strict=True)), "a record larger than its take"
+    assert any(len(line) < t for line, t in zip(ours, taken, strict=True)), "a record smaller than its take"
+    assert budget.used(CALLER.uid, time.monotonic()) == sum(
+        max(len(line), t) for line, t in zip(ours, taken, strict=True)
+    )
+    assert budget.used(0, time.monotonic()) == 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,3 +197,42 @@ def test_a_directory_whose_name_is_not_utf8_is_refused_as_such(tmp_path: Path, m
     monkeypatch.chdir("/")
     with pytest.raises(PermissionError, match="not UTF-8"):
         launching.enter_as_caller(os.fsdecode(odd), os.getuid(), os.getgid())
+
+
+def test_a_lookup_that_never_returns_refuses_the_launch_in_time_and_leaks_nothing(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A working directory on a mount that does not answer: the lookup's system call never returns.
+    The wait for it held the launch (and its slot) for as long; now it is refused after
+    LOOKUP_TIMEOUT_S, and the descriptor a late lookup opens is closed by the abandoned thread."""
+    hung, opened = threading.Event(), []
+    real_open = as_caller._open
+
+    def hanging_open(path: str) -> int:
+        hung.wait(30)  # the stand-in for a lookup blocked in the kernel, released below
+        fd = real_open(path)
+        opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(as_caller, "_open", hanging_open)
+    monkeypatch.setattr(as_caller, "LOOKUP_TIMEOUT_S", 0.3)
+    before = set(os.listdir("/proc/self/fd"))
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match=r"not reachable as uid 54321: its lookup did not return within 0.3 s"):
+        launching.enter_as_caller(str(tree / "public" / "inside"), *CALLER)
+    assert time.monotonic() - started < 5
+    (lookup,) = [t for t in threading.enumerate() if t.name == "cwd-as-caller"]
+    assert lookup.daemon, "a hung lookup must not keep its process from exiting"
+    hung.set()  # the mount answers at last
+    lookup.join(10)
+    assert not lookup.is_alive() and len(opened) == 1
+    assert set(os.listdir("/proc/self/fd")) == before, "the late descriptor was closed"
+    assert os.getcwd() != str(tree / "public" / "inside")
+
+
+def test_a_lookup_that_returns_within_the_limit_is_used(tree: Path) -> None:
+    fd = as_caller.open_directory(str(tree / "public" / "inside"), *CALLER, timeout_s=5)
+    try:
+        assert os.path.samefile(f"/proc/self/fd/{fd}", tree / "public" / "inside")
+    finally:
+        os.close(fd)

@@ -136,7 +136,7 @@ def _assert_built_as_for_each_call(core: Core, request: pb.CheckRequest, answer:
     expected = decision_payload(entry.policy, action, decide(entry.policy, action), entry.masker)
     assert payload == {**expected, **_per_call(payload)}
     prepared = core._prepare_for(entry, "", request, request.mode == pb.DRY_RUN)
-    built = core._response(core._decide(prepared), _receipt(record))
+    built = core._response(core._decide(prepared, 0), _receipt(record))
     for member in ("decision", "reasons", "obligations_json", "policy_digest", "agent", "mode"):
         assert getattr(answer, member) == getattr(built, member), member
     assert (answer.decision_id, answer.request_id) == (payload["decision_id"], request.request_id)

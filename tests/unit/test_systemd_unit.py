@@ -55,3 +55,18 @@ def test_unit_file_limit_covers_the_launch_connections_the_daemon_accepts() -> N
     assert found, "the unit must set LimitNOFILE: the default 1024 runs out under idle connections"
     waiting = Settings.model_fields["max_launch_connections"].default
     assert int(found.group(1)) >= 4 * waiting  # room for gRPC clients and sessions beside them
+
+
+def test_unit_leaves_tasks_to_each_sessions_own_limits() -> None:
+    """Sessions' cgroups are below the unit's: a finite TasksMax is one count for every session and
+    the daemon's threads, which one session at its own limits could fill (systemd/README.md)."""
+    from enforcer.daemon import spawner
+    from enforcer.daemon.config import Settings
+    from enforcer.egress_settings import EgressSettings
+
+    text = UNIT.read_text()
+    assert re.findall(r"^TasksMax=.*$", text, re.MULTILINE) == ["TasksMax=infinity"]
+    # What one session may hold with the defaults, which systemd's default TasksMax (15% of a
+    # kernel.pid_max of 32768: 4915) would not hold beside the daemon.
+    one_session = Settings.model_fields["max_pids"].default + spawner.HELPER_PIDS + 2 * EgressSettings().max_connections
+    assert one_session > 32768 * 15 // 100, one_session
