@@ -85,6 +85,14 @@ def ready(daemon: RunningDaemon, count: int = 2) -> dict[int, list[int]]:
     return waiting(daemon)
 
 
+def listed(daemon: RunningDaemon) -> pb.SessionInfo:
+    """The one running session, once the spawner has reported its supervisor."""
+    sessions = lambda: daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions  # noqa: E731
+    assert until(lambda: len(sessions()) == 1 and sessions()[0].pid > 0, 10), sessions()
+    (info,) = sessions()
+    return info
+
+
 def sleeping(daemon: RunningDaemon, session_file: Path) -> subprocess.Popen[str]:
     client = subprocess.Popen(
         daemon.exec_argv(
@@ -107,7 +115,7 @@ def test_an_order_takes_a_prepared_supervisor_whose_processes_join_its_session(d
     client = sleeping(daemon, session_file)
     try:
         session = json.loads(session_file.read_text())["session"]
-        (info,) = daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions
+        info = listed(daemon)
         assert info.session == session and info.pid in before, (info.pid, before)
         (init,) = before[info.pid]
         # The session's cgroup holds init and the agent, forked before the order, and nothing else;
@@ -139,7 +147,7 @@ def test_each_order_takes_a_prepared_supervisor_never_used_before(daemon: Runnin
         client = sleeping(daemon, session_file)
         try:
             session = json.loads(session_file.read_text())["session"]
-            (info,) = daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions
+            info = listed(daemon)
             assert info.session == session and info.pid in before, (info.pid, before)
             used.append(info.pid)
             assert daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=session)).terminated
