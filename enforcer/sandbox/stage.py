@@ -13,6 +13,8 @@ they run on the other core):
   forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
   pid 2 (pidns.py). Pid 2 waits for its `StageOrder`, applies the rest of the sandbox to itself in
   a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
+  A stage the daemon's spawner prepares before any order (`join_later`) joins no cgroup at birth:
+  once the session exists, pid 2 moves init and itself into its cgroup, before it reads the order.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)

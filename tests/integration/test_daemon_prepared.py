@@ -193,3 +193,42 @@ def test_with_none_prepared_each_order_forks_its_own_supervisor(daemon: RunningD
     result = daemon.adl_exec("python3", "-c", "pass")
     assert result.returncode == 0, result.stderr
     assert waiting(daemon) == {}
+
+
+JOIN_SCRIPT = """
+import json, sys, time
+from enforcer.sandbox import cgroups
+from enforcer.sandbox.stage import prepare
+group = cgroups.create("session-join", group=sys.argv[1])
+prepared = prepare("prepared", made_by_parent=(None, None), join_later=True)
+prepared.stage.wait_announced()
+time.sleep(0.2)
+before = group.members()
+prepared.stage.join(group.join_files())
+deadline = time.monotonic() + 10
+while len(group.members()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+after = group.members()
+print(json.dumps({"before": before, "after": after, "init": prepared.stage.pid, "agent": prepared.stage.agent_pid}))
+prepared.discard()
+group.remove(timeout=5)
+"""
+
+
+def test_a_prepared_stage_joins_no_cgroup_until_named_then_moves_init_and_itself() -> None:
+    import sys
+    import uuid
+
+    name = f"adl-test-join-{uuid.uuid4().hex[:8]}"
+    try:
+        result = subprocess.run([sys.executable, "-c", JOIN_SCRIPT, name], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["before"] == []
+        assert sorted(seen["after"]) == sorted([seen["init"], seen["agent"]]), seen
+    finally:
+        for group in cgroups.existing(group=name).values():
+            group.remove(timeout=5)
+        for base in cgroups.group_directories(group=name):
+            if base.is_dir():
+                base.rmdir()

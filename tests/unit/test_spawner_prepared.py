@@ -132,3 +132,14 @@ def test_the_number_prepared_is_checked_with_the_spawner_configuration(tmp_path:
     for wrong in (-1, 17, True, 1.0):
         with pytest.raises(OrderError, match="prepared_sessions"):
             SpawnerConfig(**members, prepared_sessions=wrong)
+
+
+def test_a_stage_outside_its_own_pid_namespace_never_moves_pid_1(tmp_path: Path) -> None:
+    """Pid "1" names the session's init only from pid 2 of the session's PID namespace; anywhere else
+    it is the host's init (or another namespace's), which must never be moved into a session."""
+    from enforcer.sandbox.stage import _join_with_init
+
+    procs = tmp_path / "cgroup.procs"
+    error = _join_with_init(os.fsencode(str(procs)))
+    assert isinstance(error, OSError) and "pid 2" in str(error)
+    assert not procs.exists()
