@@ -86,6 +86,7 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
         baseline=settings.baseline,
         cgroup_group=settings.cgroup_group,
         helper_memory_mb=settings.helper_memory_mb,
+        prepared_sessions=settings.prepared_sessions,
         egress=settings.egress(),
         presets=settings.presets,
         spec_dir=settings.spec_dir,

@@ -44,6 +44,13 @@ class Settings(EnforcerSettings):
         description="memory limit of each session's root helpers (its supervisor and egress filter), "
         "in their own cgroup <cgroup_group>.helpers",
     )
+    prepared_sessions: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="session supervisors the spawner keeps forked and waiting, with their stage, before any "
+        "launch order; 0 forks each at its order",
+    )
     workers: int = Field(default=16, ge=1, le=256, description="gRPC worker threads per socket")
     api_cpus: str = Field(
         default="one",

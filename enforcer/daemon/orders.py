@@ -222,6 +222,7 @@ class SpawnerConfig:
     presets: Path = data.PRESETS
     spec_dir: Path | None = None  # None: the package's own schemas
     kernel_audit: bool = True
+    prepared_sessions: int = 0  # supervisors forked before their order (see spawner.py); 0: none
 
     def __post_init__(self) -> None:
         checks = {
@@ -238,6 +239,7 @@ class SpawnerConfig:
             "presets": isinstance(self.presets, Path),
             "spec_dir": self.spec_dir is None or isinstance(self.spec_dir, Path),
             "kernel_audit": isinstance(self.kernel_audit, bool),
+            "prepared_sessions": _is_int(self.prepared_sessions) and 0 <= self.prepared_sessions <= 16,
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:

@@ -9,6 +9,21 @@ spawner before the fork, once per set of documents and settings, and the session
 with the supervisor's own writer on the same log. The supervisor reports SessionEnded straight
 to the caller; the spawner tells the daemon when each supervisor ends.
 
+Prepared sessions (SpawnerConfig.prepared_sessions): the spawner keeps that many supervisors forked
+before any order, each with its stage, the stage's init and the future agent forked and waiting
+(stage.prepare with join_later), so that an order finds them made: the forks leave its path. They
+hold nothing of a session: no id, no caller, no cgroup of a session (a session's cgroup is named by
+its id, which the daemon draws with the order, and nothing but running sessions may be found in the
+sessions' group); they stay in the spawner's cgroup until an order. Each order is handed whole to
+the first one waiting (the order, the caller's descriptors, the cgroups made for it), over a
+socket only the spawner and that supervisor hold, which is closed once the order is sent: no
+prepared supervisor ever gets a second order, and one whose hand-over failed is killed, never
+tried again. The supervisor then has the future agent move itself and init into the session's
+cgroup before it reads its order, and goes on as a supervisor forked at the order. Supervisors
+prepared before the spawner compiled an order's documents (which they would compile again) are
+retired when that happens; one that ends before its order is replaced after a pause that grows
+with each such end. Refills wait until orders pause.
+
 Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG). The spawner makes
 each session's cgroup before it forks the supervisor and kills and removes it when the supervisor
 ends, however it ends (a supervisor has no guardian of its own); one guardian started by the
@@ -24,12 +39,14 @@ import errno
 import json
 import logging
 import os
+import pickle
 import resource
 import select
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,13 +67,20 @@ from .orders import (
 
 if TYPE_CHECKING:
     from ..launching import Masks, PolicyDocuments, Result
-    from ..sandbox.stage import Prepared
+    from ..sandbox.stage import Prepared, Stage
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgroup_group>.helpers
 HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
 _libc = ctypes.CDLL(None, use_errno=True)
+# A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
+# the CPU the launch in progress needs.
+REFILL_PAUSE_S = 0.05
+# After a prepared supervisor ends before its order, the next is forked after this pause, doubled
+# for each such end in a row up to the second figure: a host that kills them must not see a fork loop.
+PREPARE_RETRY_S = (0.5, 60.0)
+HAND_OVER_S = 5.0  # a prepared supervisor that does not take its order in this time is killed
 
 
 def _die_with_parent(expected_parent: int) -> None:
@@ -139,6 +163,7 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     try:
         _serve_orders(sock, config, sessions)
     finally:
+        _end_waiting(sessions)
         _remove_helper_groups(config)
 
 
@@ -185,12 +210,28 @@ class _Sessions:
     groups: dict[int, Any] = field(default_factory=dict)  # supervisor pid -> its session's cgroup
     left: list[Any] = field(default_factory=list)  # sessions' cgroups still to remove
     reported: set[str] = field(default_factory=set)  # cgroups whose removal failed, said once each
+    waiting: list[_Waiting] = field(default_factory=list)  # prepared supervisors, oldest first
+    retired: set[int] = field(default_factory=set)  # prepared supervisors told to end, not reaped yet
+    prepare_at: float = 0.0  # monotonic time before which no supervisor is prepared
+    failures: int = 0  # prepared supervisors that ended before their order, in a row
+
+    def links(self) -> list[socket.socket]:
+        """The prepared supervisors' sockets: only this process may hold them."""
+        return [waiting.link for waiting in self.waiting]
 
     def remove_left(self) -> None:
         """Kill and remove what ended supervisors left, without waiting: a cgroup whose members
         are still dying is tried again at the next turn."""
         self.left = [group for group in self.left if not _removed(group, self.reported)]
         self.reported &= {str(group.directories[0]) for group in self.left}
+
+
+@dataclass
+class _Waiting:
+    """A supervisor forked before its order (see the module's docstring)."""
+
+    pid: int
+    link: socket.socket  # this process's end: the order goes here, once; closing it retires the supervisor
 
 
 def _removed(group: Any, reported: set[str]) -> bool:
@@ -262,10 +303,14 @@ def _remove_helper_groups(config: SpawnerConfig) -> None:
 
 def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Sessions) -> None:
     while True:
-        ordered = _wait(sock, sessions.pidfds.values(), 0.02 if sessions.left else 0.2)
+        timeout = 0.02 if sessions.left else 0.2
+        if len(sessions.waiting) < config.prepared_sessions:
+            timeout = min(timeout, max(0.0, sessions.prepare_at - time.monotonic()))
+        ordered = _wait(sock, sessions.pidfds.values(), timeout)
         _reap(sessions, sock, config)
         sessions.remove_left()
         if not ordered:
+            _prepare_one(sessions, sock, config)
             continue
         try:
             frame = recv_frame(sock, max_fds=4)
@@ -289,7 +334,9 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
             continue
-        _compile_ahead(order, config)
+        if _compile_ahead(order, config):
+            _retire_waiting(sessions)  # forked before these documents were compiled here
+        sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + REFILL_PAUSE_S)
         try:
             helper_group = _helpers_cgroup(order.session, config)
             joins = helper_group.join_files()
@@ -297,6 +344,10 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
             helper_group = None
             joins = [f"/nonexistent/{exc}"]  # the supervisor refuses the session: nothing runs unaccounted
         session_group = _session_cgroup(order.session, config)
+        handed_to = _hand_over(sessions, order, fds, joins, session_group)
+        if handed_to is not None:
+            _started(sessions, sock, order, fds, handed_to, helper_group, session_group)
+            continue
         # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         try:
@@ -310,30 +361,140 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
             _refuse_order(sock, data, fds, OrderError(f"no supervisor could be started: {exc}"))
             continue
         if pid == 0:
-            sock.close()
-            # Only this process may hold it: the guardian acts once every holder is gone.
-            sessions.guardian.release()
-            for pidfd in sessions.pidfds.values():
-                os.close(pidfd)
-            _die_with_parent(os.getppid())
+            _in_child(sock, sessions)
             code = 1
             try:
                 code = _supervise(order, fds, config, joins, session_group)
             finally:
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-        for fd in fds:
-            os.close(fd)
-        sessions.children[pid] = order.session
         try:
             sessions.pidfds[pid] = os.pidfd_open(pid)
         except OSError as exc:  # out of descriptors: its end is then found by the loop's next turn
             print(f"adl-enforcerd spawner: no pidfd for supervisor {pid}: {exc}", file=sys.stderr)
-        if helper_group is not None:
-            sessions.helpers[pid] = helper_group
-        if session_group[0] is not None:
-            sessions.groups[pid] = session_group[0]
-        send_frame(sock, SessionStarted(order.session, pid).to_json())
+        _started(sessions, sock, order, fds, pid, helper_group, session_group)
+
+
+def _in_child(sock: socket.socket, sessions: _Sessions) -> None:
+    """In a supervisor just forked: let go of what only the spawner may hold."""
+    sock.close()
+    # Only the spawner may hold it: the guardian acts once every holder is gone.
+    sessions.guardian.release()
+    for pidfd in sessions.pidfds.values():
+        os.close(pidfd)
+    for link in sessions.links():  # another prepared supervisor's order must never come from here
+        link.close()
+    _die_with_parent(os.getppid())
+
+
+def _started(
+    sessions: _Sessions,
+    sock: socket.socket,
+    order: LaunchOrder,
+    fds: list[int],
+    pid: int,
+    helper_group: Any,
+    session_group: tuple[Any, str | None],
+) -> None:
+    """A supervisor has the order: what it leaves behind is this process's to remove when it ends."""
+    for fd in fds:
+        os.close(fd)
+    sessions.children[pid] = order.session
+    if helper_group is not None:
+        sessions.helpers[pid] = helper_group
+    if session_group[0] is not None:
+        sessions.groups[pid] = session_group[0]
+    send_frame(sock, SessionStarted(order.session, pid).to_json())
+
+
+def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> None:
+    """Fork one more prepared supervisor when fewer wait than configured and orders have paused."""
+    if len(sessions.waiting) >= config.prepared_sessions or time.monotonic() < sessions.prepare_at:
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # Blocked until it has its order and the handler that goes with it, as in a supervisor forked
+    # at its order (a SIGUSR1 is only ever sent to a supervisor that has its order).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN under a full pids limit: each order forks its own meanwhile
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        ours.close()
+        theirs.close()
+        _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
+        return
+    if pid == 0:
+        ours.close()
+        _in_child(sock, sessions)
+        code = 1
+        try:
+            code = _await_order(theirs, config)
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    theirs.close()
+    ours.settimeout(HAND_OVER_S)
+    try:
+        sessions.pidfds[pid] = os.pidfd_open(pid)
+    except OSError as exc:  # out of descriptors: not kept, as it could not be watched
+        ours.close()  # it ends at once: end of stream before any order
+        sessions.retired.add(pid)
+        _prepare_later(sessions, f"a prepared supervisor could not be watched (no pidfd: {exc})")
+        return
+    sessions.waiting.append(_Waiting(pid, ours))
+
+
+def _prepare_later(sessions: _Sessions, why: str) -> None:
+    """A prepared supervisor failed: the next is forked after a pause that doubles each time."""
+    sessions.failures += 1
+    pause = min(PREPARE_RETRY_S[0] * 2 ** (sessions.failures - 1), PREPARE_RETRY_S[1])
+    sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + pause)
+    print(f"adl-enforcerd spawner: {why}; the next is prepared in {pause:g} s", file=sys.stderr)
+
+
+def _retire_waiting(sessions: _Sessions) -> None:
+    """End every prepared supervisor still waiting: each sees its socket's end and exits."""
+    for waiting in sessions.waiting:
+        waiting.link.close()
+        sessions.retired.add(waiting.pid)
+    sessions.waiting.clear()
+
+
+def _hand_over(
+    sessions: _Sessions, order: LaunchOrder, fds: list[int], joins: list[str], session_group: tuple[Any, str | None]
+) -> int | None:
+    """Hand the order to the oldest prepared supervisor; its pid, or None if none took it (the
+    order then forks a supervisor of its own). A supervisor that did not take it whole is killed."""
+    while sessions.waiting:
+        waiting = sessions.waiting.pop(0)
+        try:
+            send_frame(waiting.link, pickle.dumps((order.to_json(), joins, session_group)), fds)
+            sessions.failures = 0
+            return waiting.pid
+        except (OSError, FrameError) as exc:
+            print(f"adl-enforcerd spawner: a prepared supervisor did not take its order: {exc}", file=sys.stderr)
+            pidfd = sessions.pidfds.get(waiting.pid)
+            if pidfd is not None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            sessions.retired.add(waiting.pid)
+        finally:
+            waiting.link.close()  # one order per prepared supervisor, whatever happened
+    return None
+
+
+def _end_waiting(sessions: _Sessions) -> None:
+    """The spawner stops: the prepared supervisors end (the stage's init with each, by its parent
+    death signal, and the future agent with init's PID namespace), and are collected."""
+    ending = [w.pid for w in sessions.waiting] + sorted(sessions.retired)
+    _retire_waiting(sessions)
+    for pid in ending:
+        pidfd = sessions.pidfds.get(pid)
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def _wait(sock: socket.socket, pidfds: Iterable[int], timeout_s: float) -> bool:
@@ -359,19 +520,23 @@ def _session_cgroup(session: str, config: SpawnerConfig) -> tuple[Any, str | Non
         return None, str(exc)
 
 
-def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> None:
+def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> bool:
     """Compile the order's documents here, unless already compiled (launching.PolicyDocuments
     remembers them), so that the supervisor forked next finds them compiled: one compilation per
     set of documents and settings instead of one per session. What fails here is left to the
-    supervisor, which compiles the documents itself and refuses the session with the reason."""
+    supervisor, which compiles the documents itself and refuses the session with the reason.
+    Whether something was compiled (supervisors forked before it would compile it again)."""
+    from .. import launching
     from ..policy.errors import Refusal
 
+    before = [id(entry) for entry in launching._COMPILED.values()]
     try:
         policy_documents(order, config).load()
     except (Refusal, OSError):
         pass
     except Exception as exc:  # never the spawner's end: the supervisor meets it too and refuses
         print(f"adl-enforcerd spawner: compiling ahead failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return [id(entry) for entry in launching._COMPILED.values()] != before
 
 
 def policy_documents(order: LaunchOrder, config: SpawnerConfig) -> PolicyDocuments:
@@ -445,6 +610,15 @@ def _reap(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> No
         pidfd = sessions.pidfds.pop(pid, None)
         if pidfd is not None:
             os.close(pidfd)
+        if pid in sessions.retired:
+            sessions.retired.discard(pid)
+            continue
+        ended = [waiting for waiting in sessions.waiting if waiting.pid == pid]
+        if ended:  # a prepared supervisor ended before its order (its stage died, or it was killed)
+            sessions.waiting.remove(ended[0])
+            ended[0].link.close()
+            _prepare_later(sessions, f"a prepared supervisor ended before its order ({status:#x})")
+            continue
         session_group = sessions.groups.pop(pid, None)
         if session_group is not None:  # gone already unless the supervisor died before removing it
             sessions.left.append(session_group)
@@ -470,16 +644,61 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
     return Masks((config.audit_dir,), (config.audit_key,), "daemon_files", detail)
 
 
+def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
+    """A prepared supervisor: fork the stage (its init and future agent), wait for one order on
+    `link`, then supervise that session. It ends without one when the spawner closes `link`, or
+    when its stage is gone (the spawner then prepares another)."""
+    from ..sandbox.stage import StageError, prepare
+
+    try:
+        ahead = prepare("prepared", cgroup_group=config.cgroup_group, made_by_parent=(None, None), join_later=True)
+    except OSError as exc:
+        print(f"adl-enforcerd spawner: a prepared supervisor's stage could not be started: {exc}", file=sys.stderr)
+        return 1
+    handed = False
+    try:
+        ahead.stage.wait_announced()
+        poller = select.poll()
+        poller.register(link.fileno(), select.POLLIN)
+        poller.register(ahead.stage.fileno(), select.POLLIN)  # readable before the order: the stage is gone
+        if link.fileno() not in {fd for fd, _events in poller.poll()}:
+            return 1
+        frame = recv_frame(link, max_fds=4)
+        if frame is None:  # retired
+            return 0
+        data, fds = frame
+        link.close()
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            return 1
+        # A stage gone meanwhile is met by the launch, which then refuses and records the session.
+        order_json, helper_joins, session_group = pickle.loads(data)
+        order = read_order(order_json)
+        if not isinstance(order, LaunchOrder):
+            raise OrderError("a prepared supervisor takes a launch order only")
+        handed = True
+        return _supervise(order, fds, config, helper_joins, session_group, ahead=ahead.stage)
+    except (StageError, OSError, FrameError, OrderError) as exc:
+        print(f"adl-enforcerd spawner: a prepared supervisor ended: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if not handed:
+            ahead.discard()
+
+
 def _supervise(
     order: LaunchOrder,
     fds: list[int],
     config: SpawnerConfig,
     helper_joins: list[str],
     session_group: tuple[Any, str | None],
+    ahead: Stage | None = None,
 ) -> int:
     """One session, in its own process: compile, plan, audit, run, report to the caller.
-    `session_group`: its cgroup as the spawner made it (or why there is none)."""
-    from ..sandbox.stage import prepare
+    `session_group`: its cgroup as the spawner made it (or why there is none). `ahead`: the stage
+    of a prepared supervisor, which joins the session's cgroup now."""
+    from ..sandbox.stage import ParentWatches, Prepared, prepare
 
     session = order.session
     stdin, stdout, stderr, client_fd = fds
@@ -503,10 +722,16 @@ def _supervise(
     # The session's cgroup and stage first: the stage's cgroup join (an RCU grace period on v1)
     # then overlaps opening the audit log below. Only then does this process move into its helpers'
     # cgroup: the session's is made below this process's own.
-    try:
-        prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
-    except OSError as exc:  # EAGAIN under a full pids limit: this session is refused, never lost unrecorded
-        return _refuse_unstarted(order, config, client, f"the session's stage could not be started: {exc}")
+    if ahead is not None:
+        group, error = session_group
+        prepared = Prepared(session, ahead, ParentWatches(), group, error)
+        if group is not None:  # without one the launch is refused before any order reaches the stage
+            ahead.join(group.join_files())
+    else:
+        try:
+            prepared = prepare(session, cgroup_group=config.cgroup_group, made_by_parent=session_group)
+        except OSError as exc:  # EAGAIN under a full pids limit: this session is refused, never lost unrecorded
+            return _refuse_unstarted(order, config, client, f"the session's stage could not be started: {exc}")
     made.append(_Made(prepared))
     try:
         # The move (an RCU grace period on v1) overlaps opening the audit log, planning and the launch

@@ -13,6 +13,8 @@ they run on the other core):
   forks the init of the session's PID namespace and exits; init, adopted by the launcher, forks
   pid 2 (pidns.py). Pid 2 waits for its `StageOrder`, applies the rest of the sandbox to itself in
   a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
+  A stage the daemon's spawner prepares before any order (`join_later`) joins no cgroup at birth:
+  once the session exists, pid 2 moves init and itself into its cgroup, before it reads the order.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
@@ -147,13 +149,38 @@ class Stage:
         self.send(order, netns_fd, report_fd)
         self.go()
 
+    def wait_announced(self) -> None:
+        """Return once init and the future agent have announced themselves; StageError if the
+        stage is gone before."""
+        try:
+            self._adopt_init()
+            self._learn_agent_pid()
+        except OSError as exc:
+            raise StageError(f"the launch stage is gone: {exc}") from exc
+        self._collect_stage()  # it exits once it has announced init
+
+    def join(self, join_files: list[str]) -> None:
+        """A stage prepared with join_later: its init and future agent move into the session's
+        cgroup (`join_files`, its cgroup.procs files) before they read the order. Sent at once, so
+        the move runs while the order is made; one that fails is reported when the order comes.
+        A stage that cannot be told is ended (its socket closed): send() then fails."""
+        try:
+            send_frame(self._sock, os.fsencode("\0".join(join_files)))
+        except (OSError, FrameError, ValueError):
+            self._sock.close()
+
+    def fileno(self) -> int:
+        """The order socket: readable before the order only if the stage is gone."""
+        return self._sock.fileno()
+
     def send(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order: it sets the sandbox up, then waits for go() before the exec
         (what must precede the agent's start, its launch record, is done meanwhile)."""
         fds = [0, 1, 2, *(fd for fd in (netns_fd, report_fd) if fd is not None)]
         try:
             self._adopt_init()
-            self._learn_agent_pid()
+            if not self._started:
+                self._learn_agent_pid()
             send_frame(self._sock, pickle.dumps(order, pickle.HIGHEST_PROTOCOL), fds)
         except (OSError, FrameError) as exc:
             self._sock.close()
@@ -320,12 +347,15 @@ def prepare(
     *,
     ahead: bool = True,
     made_by_parent: tuple[cgroups.Cgroup | None, str | None] | None = None,
+    join_later: bool = False,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
     builds its one program before forking instead). `made_by_parent`: the session's cgroup (or why
     there is none) as the daemon's spawner made it, which watches it (see ParentWatches): no
-    guardian is forked."""
+    guardian is forked. `join_later`: a stage prepared before its session exists (the daemon's
+    prepared sessions): it joins no cgroup at birth, and its init and future agent move into the
+    session's when Stage.join() names it, which must precede the order."""
     watcher: Guardian | ParentWatches
     group, error = None, None
     if made_by_parent is not None:
@@ -341,7 +371,9 @@ def prepare(
     join_files = group.join_files() if group is not None else []
     pidns.LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
     status_read, status_write = os.pipe2(os.O_CLOEXEC)
-    main = functools.partial(_stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write)
+    main = functools.partial(
+        _stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write, join_later=join_later
+    )
     pid, sock = _fork(main)
     os.close(status_write)
     return Prepared(session, Stage(pid, sock, status_read), watcher, group, error)
@@ -378,7 +410,9 @@ def _exec_guardian(sock: socket.socket) -> None:
     os.execv(sys.executable, [sys.executable, "-S", "-I", "-c", GUARDIAN_CODE, str(fd)])
 
 
-def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int) -> None:
+def _stage_main(
+    sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int, join_later: bool = False
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
@@ -406,6 +440,14 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
         sock.sendall(pidns.PID.pack(agent_pid))
     if compile_ahead:
         _compile_while_idle(sock)
+    if join_later:
+        try:
+            named = recv_frame(sock)
+        except (OSError, FrameError):
+            return
+        if named is None:
+            return  # discarded before its session existed
+        join_error = join_error or _join_with_init(named[0])
     try:
         frame = recv_frame(sock, max_fds=5)
     except (OSError, FrameError):
@@ -445,6 +487,26 @@ def _stage_main(sock: socket.socket, join_files: list[str], compile_ahead: bool,
         _report_failure(sock, exc.step, exc.__cause__)
     except BaseException as exc:  # reported to the launcher, then the stage exits
         _report_failure(sock, step, exc)
+
+
+def _join_with_init(named: bytes) -> OSError | None:
+    """Move init, then this process (the future agent), into the session's cgroup: the
+    cgroup.procs files in `named`, NUL-separated. Each process is named by its pid in this PID
+    namespace, where init is 1 for as long as the namespace lives: no pid of the host's, which could
+    name another process by then, is written. The error, if any, fails the order."""
+    paths = [path for path in os.fsdecode(named).split("\0") if path]
+    if os.getpid() != 2:  # 1 names init only in the session's own namespace
+        return OSError(errno.ESRCH, "the future agent is not pid 2 of the session's PID namespace")
+    if not paths:
+        return OSError(errno.ENOENT, "no session cgroup was named to join")
+    try:
+        for path in paths:
+            for pid in ("1", "0"):
+                with open(path, "w") as f:
+                    f.write(pid)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _compile_while_idle(sock: socket.socket) -> None:
