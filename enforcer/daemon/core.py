@@ -62,6 +62,9 @@ class _Derived(NamedTuple):
     encoded: dict[bool, bytes]
 
 
+# A request taken for at least this much has its record's payload measured as it is decided
+# (_charge_payload); a smaller one's record cannot outgrow its take by more than a few KiB.
+_MEASURED_FROM_BYTES = 2 * RECORD_BASE_BYTES
 _DERIVED_MAX = 4096  # memo entries; reloads and removed agents leave old ones, all dropped at the bound
 
 
@@ -267,7 +270,8 @@ class Core:
                 continue
             try:
                 prepared = self._prepare(request, who=who)
-                decided.append(self._decide(prepared, self._charge(who, request.ByteSize())))
+                one = self._decide(prepared, self._charge(who, request.ByteSize()))
+                decided.append(self._charge_payload(one))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
@@ -306,6 +310,22 @@ class Core:
             f"{window}, check_audit_bytes_per_uid): refused, not decided; its budget frees as its records age past "
             f"{window}",
         )
+
+    def _charge_payload(self, decided: _Decided) -> _Decided:
+        """Charge the caller's budget its record's payload beyond what _charge took, before the next
+        request decided with this one is taken: those are all taken before any record is written, and
+        each would find the budget unspent by the others (a batch of requests whose records are many
+        times their size). The payload is part of the record's line, so this never charges more than
+        _charge_written would; it charges the rest. Small requests are left to _charge_written: their
+        records cannot outgrow what was taken by much."""
+        budget = self.budget
+        if budget is None or decided.taken < _MEASURED_FROM_BYTES:
+            return decided
+        extra = len(orjson.dumps(decided.record.payload)) - decided.taken
+        if extra <= 0:
+            return decided
+        budget.add(decided.who.uid, time.monotonic(), extra)
+        return decided._replace(taken=decided.taken + extra)
 
     def _charge_written(self, recorded: Sequence[_Decided], receipts: Sequence[Receipt]) -> None:
         """Charge each caller's budget what its decisions' records took in the log (their receipts
