@@ -245,7 +245,9 @@ class Core:
         for index, one in enumerate(prepared):
             try:
                 # The batch was taken as a whole: each request's share, as _charge takes one alone.
-                decided.append(self._decide(one, sizes[index] + RECORD_BASE_BYTES if taken else 0))
+                decided.append(
+                    self._charge_payload(self._decide(one, sizes[index] + RECORD_BASE_BYTES if taken else 0))
+                )
             except Exception as exc:
                 self._withdraw(decided, "the batch it came in failed")
                 error = exc if isinstance(exc, ApiError) else self._internal(exc)
@@ -257,7 +259,7 @@ class Core:
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
-        decided = [self._decide(prepared, self._charge(who, request.ByteSize()))]
+        decided = [self._charge_payload(self._decide(prepared, self._charge(who, request.ByteSize())))]
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -315,7 +317,8 @@ class Core:
         """Charge the caller's budget its record's payload beyond what _charge took, before the next
         request decided with this one is taken: those are all taken before any record is written, and
         each would find the budget unspent by the others (a batch of requests whose records are many
-        times their size). The payload is part of the record's line, so this never charges more than
+        times their size). Other threads deciding for the same uid see it before this record is
+        written too. The payload is part of the record's line, so this never charges more than
         _charge_written would; it charges the rest. Small requests are left to _charge_written: their
         records cannot outgrow what was taken by much."""
         budget = self.budget
