@@ -22,6 +22,8 @@ from enforcer.daemon.orders import SpawnerConfig
 from enforcer.egress_values import EgressValues
 from enforcer.sandbox import cgroups
 
+from ..helpers.daemon import RunningDaemon
+
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root"),
     pytest.mark.skipif(cgroups.detect() == "none", reason="no usable cgroup hierarchy"),
@@ -118,3 +120,58 @@ def test_sessions_at_their_own_limits_are_bounded_together(tmp_path: Path, monke
     # sessions' share; the helpers have a share of their own.
     assert first + 1 + second + 1 <= agents_total, (first, second, agents_total)
     assert helper_children + 1 <= int(HOST_TASKS * spawner.HELPERS_TASKS_SHARE)
+
+
+SESSION_PIDS = 48  # the agent's memory limit (64 MiB) holds this many Pythons
+BOMB = """
+import os, time
+started = 0
+while True:
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    started += 1
+print(started, flush=True)
+time.sleep(3)
+"""
+
+
+def _pids_directory(pid: int) -> Path:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
+    raise AssertionError(f"pid {pid} is in no v1 pids cgroup")
+
+
+@pytest.mark.daemon
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/pids/cgroup.procs").exists(), reason="reads the v1 pids hierarchy")
+def test_a_sessions_fork_bomb_stops_at_its_limit_within_the_sessions_bound(daemon: RunningDaemon) -> None:
+    """Measured through the daemon: the agent's fork bomb stops at the session's pids_max, and the
+    directories holding all sessions' groups and all helpers' groups carry the bounds together."""
+    assert daemon.proc is not None
+    argv = daemon.exec_argv("python3", "-c", BOMB, options=("--pids-max", str(SESSION_PIDS)))
+    session = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout is not None
+        line = session.stdout.readline()
+        base = _pids_directory(daemon.proc.pid)
+        agents, helpers = base / daemon.group, base / f"{daemon.group}{spawner.HELPERS_SUFFIX}"
+        figures = {
+            "agents": (agents / "pids.current").read_text().strip(),
+            "helpers": (helpers / "pids.current").read_text().strip(),
+            "agents_max": (agents / "pids.max").read_text().strip(),
+            "helpers_max": (helpers / "pids.max").read_text().strip(),
+        }
+    finally:
+        _, err = session.communicate(timeout=60)
+    print(f"forks started: {line.strip()}; {figures}")
+    assert line.strip().isdigit(), (session.returncode, err)
+    assert int(line) < SESSION_PIDS <= int(figures["agents"]) + 1
+    assert figures["agents_max"] == str(int(cgroups.host_tasks() * spawner.AGENTS_TASKS_SHARE))
+    assert figures["helpers_max"] == str(int(cgroups.host_tasks() * spawner.HELPERS_TASKS_SHARE))
+    assert int(figures["helpers"]) <= spawner.HELPER_PIDS + 2 * EgressValues().max_connections
