@@ -44,7 +44,7 @@ from .messages import (
     same_error,
     to_action_counted,
 )
-from .quota import RECORD_BASE_BYTES, UidBudget, record_overflows
+from .quota import RECORD_BASE_BYTES, UidBudget, record_bytes, record_overflows
 from .registry import SessionRecord, SessionRegistry
 from .store import AgentEntry, PolicyStore
 
@@ -239,7 +239,7 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
-        sizes = [request.ByteSize() for request in requests]
+        sizes = [self._record_bytes(who, request) for request in requests]
         taken = self._charge(who, sum(sizes), len(prepared)) if prepared else 0
         decided: list[_Decided | ApiError] = []
         for index, one in enumerate(prepared):
@@ -259,7 +259,7 @@ class Core:
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
-        decided = [self._charge_payload(self._decide(prepared, self._charge(who, request.ByteSize())))]
+        decided = [self._charge_payload(self._decide(prepared, self._charge(who, self._record_bytes(who, request))))]
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -272,13 +272,21 @@ class Core:
                 continue
             try:
                 prepared = self._prepare(request, who=who)
-                one = self._decide(prepared, self._charge(who, request.ByteSize()))
+                one = self._decide(prepared, self._charge(who, self._record_bytes(who, request)))
                 decided.append(self._charge_payload(one))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
                 decided.append(self._internal(exc))
         return decided
+
+    def _record_bytes(self, who: Caller, request: pb.CheckRequest) -> int:
+        """What _charge takes for the request: its strings as its record will hold them (escaped),
+        counted only for a caller the budget bounds."""
+        budget = self.budget
+        if budget is None or who.uid in budget.exempt:
+            return request.ByteSize()
+        return record_bytes(request)
 
     def _charge(self, who: Caller, request_bytes: int, requests: int = 1) -> int:
         """Take the records of `requests` decisions from the caller's audit budget (what was taken),
