@@ -330,7 +330,7 @@ class Core:
         _charge_written would; it charges the rest. Small requests are left to _charge_written: their
         records cannot outgrow what was taken by much."""
         budget = self.budget
-        if budget is None or decided.taken < _MEASURED_FROM_BYTES:
+        if budget is None or decided.taken < _MEASURED_FROM_BYTES or decided.who.uid in budget.exempt:
             return decided
         extra = len(orjson.dumps(decided.record.payload)) - decided.taken
         if extra <= 0:
