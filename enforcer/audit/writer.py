@@ -211,7 +211,11 @@ class AuditWriter(Appender):
                     raise AuditUnavailable(f"audit log not durable: no descriptor to sync it with: {exc}") from exc
             finally:
                 self._lock.release()
-            self._sync_dup(fd, target)
+            try:
+                self._sync_dup(fd, target)
+            except AuditUnavailable as exc:
+                self._fail_and_give_back(self._failed or exc)
+                raise
             with self._lock:
                 self._unsynced = max(self._chain.seq - self._durable_seq, 0)
                 self._last_sync_ns = self._clock()
@@ -498,13 +502,14 @@ class AuditWriter(Appender):
             try:
                 group = handed or self._idle_group()
             except OSError as exc:  # no descriptor to sync with: appends must see the writer failed
-                self._failed = exc
+                self._fail_and_give_back(exc)
                 return
             if group is not None:
                 try:
                     with self._sync_lock:
                         self._sync_dup(*group)
-                except AuditUnavailable:
+                except AuditUnavailable as exc:
+                    self._fail_and_give_back(self._failed or exc)
                     return
                 finally:
                     if handed is not None:
@@ -515,10 +520,21 @@ class AuditWriter(Appender):
                 try:
                     self._head.write(head)
                 except OSError as exc:
-                    self._failed = exc
+                    self._fail_and_give_back(exc)
                     return
                 if self._pending_head is head:
                     self._pending_head = None
+
+    def _fail_and_give_back(self, exc: Exception) -> None:
+        """Fail the writer (from the flusher, or a sync outside the lock) and give the append lease
+        back: every other writer on the log waits for it, and a failed writer appends nothing more.
+        An append holding the lock now gives it back itself once it sees the failure."""
+        self._failed = exc
+        if self._lock.acquire(blocking=False):
+            try:
+                self._lease.release()
+            finally:
+                self._lock.release()
 
     def _idle_group(self) -> tuple[int, int] | None:
         """When appends have paused: the unsynced tail, and the flock lease given back so other

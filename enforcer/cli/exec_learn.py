@@ -105,7 +105,7 @@ class Learner:
             f"{len(result.added_commands)} command(s), {len(result.added_hosts)} host(s) added "
             f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''}"
             f"{', forks not tracked: processes that ended at once may be missing' if seen.forks_untracked else ''}"
-            f"{f', TRUNCATED at {fanotify.MAX_PATHS} paths: incomplete' if seen.truncated else ''})",
+            f"{', TRUNCATED (the observer kept what its bounds allow): incomplete' if seen.truncated else ''})",
             file=sys.stderr,
         )
         notes = [*result.notes, *bounded_notes(seen)]
@@ -142,8 +142,9 @@ def bounded_notes(seen: fanotify.Observed) -> list[str]:
         notes.append(f"{len(crowded) - CROWDED_NOTES} more directories had more names than were kept")
     if seen.truncated:
         notes.append(
-            f"TRUNCATED: the run touched more than {fanotify.MAX_PATHS} distinct paths; the rest were not "
-            "kept and the learned policy is incomplete"
+            f"TRUNCATED: the run touched more than {fanotify.MAX_PATHS} distinct paths (or "
+            f"{fanotify.MAX_PATH_CHARACTERS} characters of them); the rest were not kept and the learned policy "
+            "is incomplete"
         )
     return notes
 

@@ -133,9 +133,10 @@ class Settings(EnforcerSettings):
         default=32 << 20,
         ge=1 << 16,
         description="decision records one caller uid (root aside) may add to the audit log within any "
-        "audit_budget_window_s seconds (sliding, by tenths of it), in bytes (a request's size plus 1 KiB taken "
-        "before it is decided, the rest of its record's size after); beyond, its Check, CheckBatch "
-        "and Explain get RESOURCE_EXHAUSTED undecided, counted in a summary record when the window ends",
+        "audit_budget_window_s seconds (sliding, by tenths of it), in bytes (a request's size, its strings "
+        "as its record escapes them, plus 1 KiB taken before it is decided, the rest of its record's size "
+        "after); beyond, its Check, CheckBatch and Explain get RESOURCE_EXHAUSTED undecided, counted in a "
+        "summary record when the window ends",
     )
     launch_refusals_per_uid: int = Field(
         default=100,

@@ -44,7 +44,7 @@ from .messages import (
     same_error,
     to_action_counted,
 )
-from .quota import RECORD_BASE_BYTES, UidBudget, record_overflows
+from .quota import RECORD_BASE_BYTES, UidBudget, record_bytes, record_overflows
 from .registry import SessionRecord, SessionRegistry
 from .store import AgentEntry, PolicyStore
 
@@ -62,6 +62,9 @@ class _Derived(NamedTuple):
     encoded: dict[bool, bytes]
 
 
+# A request taken for at least this much has its record's payload measured as it is decided
+# (_charge_payload); a smaller one's record cannot outgrow its take by more than a few KiB.
+_MEASURED_FROM_BYTES = 2 * RECORD_BASE_BYTES
 _DERIVED_MAX = 4096  # memo entries; reloads and removed agents leave old ones, all dropped at the bound
 
 
@@ -236,13 +239,15 @@ class Core:
                 prepared.append(one)
             except ApiError as exc:
                 raise ApiError(exc.code, f"requests[{index}]: {exc}; nothing in the batch was decided") from None
-        sizes = [request.ByteSize() for request in requests]
+        sizes = [self._record_bytes(who, request) for request in requests]
         taken = self._charge(who, sum(sizes), len(prepared)) if prepared else 0
         decided: list[_Decided | ApiError] = []
         for index, one in enumerate(prepared):
             try:
                 # The batch was taken as a whole: each request's share, as _charge takes one alone.
-                decided.append(self._decide(one, sizes[index] + RECORD_BASE_BYTES if taken else 0))
+                decided.append(
+                    self._charge_payload(self._decide(one, sizes[index] + RECORD_BASE_BYTES if taken else 0))
+                )
             except Exception as exc:
                 self._withdraw(decided, "the batch it came in failed")
                 error = exc if isinstance(exc, ApiError) else self._internal(exc)
@@ -254,7 +259,7 @@ class Core:
     ) -> pb.CheckResponse:
         """Decide for an identified caller, record the decision, and answer."""
         prepared = self._prepare_for(entry, session, request, dry_run, who=who)
-        decided = [self._decide(prepared, self._charge(who, request.ByteSize()))]
+        decided = [self._charge_payload(self._decide(prepared, self._charge(who, self._record_bytes(who, request))))]
         return raised(self._record_and_answer(decided, self._response, same_error)[0])
 
     def _decide_all(
@@ -267,12 +272,21 @@ class Core:
                 continue
             try:
                 prepared = self._prepare(request, who=who)
-                decided.append(self._decide(prepared, self._charge(who, request.ByteSize())))
+                one = self._decide(prepared, self._charge(who, self._record_bytes(who, request)))
+                decided.append(self._charge_payload(one))
             except ApiError as exc:
                 decided.append(exc)
             except Exception as exc:  # fails this request alone, never the others decided with it
                 decided.append(self._internal(exc))
         return decided
+
+    def _record_bytes(self, who: Caller, request: pb.CheckRequest) -> int:
+        """What _charge takes for the request: its strings as its record will hold them (escaped),
+        counted only for a caller the budget bounds."""
+        budget = self.budget
+        if budget is None or who.uid in budget.exempt:
+            return request.ByteSize()
+        return record_bytes(request)
 
     def _charge(self, who: Caller, request_bytes: int, requests: int = 1) -> int:
         """Take the records of `requests` decisions from the caller's audit budget (what was taken),
@@ -306,6 +320,23 @@ class Core:
             f"{window}, check_audit_bytes_per_uid): refused, not decided; its budget frees as its records age past "
             f"{window}",
         )
+
+    def _charge_payload(self, decided: _Decided) -> _Decided:
+        """Charge the caller's budget its record's payload beyond what _charge took, before the next
+        request decided with this one is taken: those are all taken before any record is written, and
+        each would find the budget unspent by the others (a batch of requests whose records are many
+        times their size). Other threads deciding for the same uid see it before this record is
+        written too. The payload is part of the record's line, so this never charges more than
+        _charge_written would; it charges the rest. Small requests are left to _charge_written: their
+        records cannot outgrow what was taken by much."""
+        budget = self.budget
+        if budget is None or decided.taken < _MEASURED_FROM_BYTES or decided.who.uid in budget.exempt:
+            return decided
+        extra = len(orjson.dumps(decided.record.payload)) - decided.taken
+        if extra <= 0:
+            return decided
+        budget.add(decided.who.uid, time.monotonic(), extra)
+        return decided._replace(taken=decided.taken + extra)
 
     def _charge_written(self, recorded: Sequence[_Decided], receipts: Sequence[Receipt]) -> None:
         """Charge each caller's budget what its decisions' records took in the log (their receipts

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,34 @@ from ..audit.events import refused_members
 RECORD_BASE_BYTES = 1024
 
 SLOTS = 10  # a window's grants are kept per tenth of it: the bound slides by tenths
+
+# A request this large is taken for what JSON escaping adds to its strings in its record too: one
+# uid's requests decided at once (a batch, concurrent threads) are each taken before any record is
+# charged, so the take must hold what the record will. A smaller one cannot add more than a few KiB.
+ESCAPES_COUNTED_FROM_BYTES = 2048
+_SHORT_ESCAPES = b'\x08\t\n\x0c\r"\\'  # written as two bytes: one more than in the request
+_NOT_ESCAPED = bytes(b for b in range(256) if b >= 0x20 and b not in b'"\\')
+
+
+def record_bytes(request: Any) -> int:
+    """What a Check request's strings take in its decision record: its size, and for a large one
+    what JSON escaping adds (five bytes more for a control character written as \\u00XX, one for
+    the others). Its tool arguments are JSON already, and the record holds them parsed and written
+    again: no longer."""
+    size = int(request.ByteSize())
+    return size if size < ESCAPES_COUNTED_FROM_BYTES else size + _escaped_growth(request)
+
+
+def _escaped_growth(message: Any) -> int:
+    grown = 0
+    for member, value in message.ListFields():
+        values = value if isinstance(value, Sequence) and not isinstance(value, str) else (value,)
+        if member.type == member.TYPE_MESSAGE:
+            grown += sum(_escaped_growth(one) for one in values)
+        elif member.type == member.TYPE_STRING and member.name != "arguments_json":
+            escaped = "".join(values).encode(errors="surrogatepass").translate(None, _NOT_ESCAPED)
+            grown += len(escaped) + 4 * len(escaped.translate(None, _SHORT_ESCAPES))
+    return grown
 
 
 @dataclass

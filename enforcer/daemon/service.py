@@ -67,7 +67,7 @@ class EnforcerService:
         self.presets_catalog = presets_catalog  # the one the daemon's launches read
         # What each document's presets grant, by (its documents' digest, the catalog file's identity):
         # reading the catalog takes milliseconds, and Explain is charged as one Check.
-        self._preset_lines: dict[tuple[str, tuple[int, int, int, int]], list[str]] = {}
+        self._preset_lines: dict[tuple[str, tuple[int, int, int, int, int]], list[str]] = {}
         # The server has this many threads beyond its workers: waits never take the ones that answer.
         self._waits = threading.BoundedSemaphore(max_waits)
         self.max_waits = max_waits
@@ -111,7 +111,9 @@ class EnforcerService:
             st = os.stat(self.presets_catalog)
         except OSError:
             return runtime_presets.explain_lines(adl_document, self.presets_catalog)  # says why it is refused
-        key = (source_digest, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+        # ctime too: a file rewritten in place to its old size with its mtime put back (cp -p,
+        # touch -r) keeps every other member, and no one can set ctime back.
+        key = (source_digest, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
         lines = self._preset_lines.get(key)
         if lines is None:
             if len(self._preset_lines) >= 256:

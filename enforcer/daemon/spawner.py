@@ -72,6 +72,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
 HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgroup_group>.helpers
+# The tasks of all sessions together, as shares of the host's (cgroups.host_tasks): the unit sets
+# no TasksMax, so without them sessions at their own limits, as many as callers start, could take
+# every pid of the host. Agents and root helpers apart: one kind's flood leaves the other its share.
+AGENTS_TASKS_SHARE = 0.4
+HELPERS_TASKS_SHARE = 0.2
 HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
 _libc = ctypes.CDLL(None, use_errno=True)
 # A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
@@ -515,9 +520,16 @@ def _session_cgroup(session: str, config: SpawnerConfig) -> tuple[Any, str | Non
     from ..sandbox import cgroups
 
     try:
-        return cgroups.create(session, group=config.cgroup_group), None
+        group = cgroups.create(session, group=config.cgroup_group)
     except OSError as exc:
         return None, str(exc)
+    try:
+        cgroups.bound_siblings(group, int(cgroups.host_tasks() * AGENTS_TASKS_SHARE))
+    except OSError as exc:  # never a session that all sessions' bound does not hold
+        with contextlib.suppress(OSError):
+            group.remove(timeout=1)
+        return None, f"the sessions' tasks cannot be bounded together: {exc}"
+    return group, None
 
 
 def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> bool:
@@ -588,6 +600,7 @@ def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
         # The egress filter runs two threads per open connection.
         pids = HELPER_PIDS + 2 * config.egress.max_connections
         group.apply(cgroups.Limits(memory_bytes=config.helper_memory_mb << 20, pids_max=pids))
+        cgroups.bound_siblings(group, int(cgroups.host_tasks() * HELPERS_TASKS_SHARE))
     except OSError:
         group.remove(timeout=1)
         raise

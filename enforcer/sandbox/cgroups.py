@@ -20,6 +20,7 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import cast
 
 from ..quick_dataclass import dataclass
 
@@ -216,6 +217,18 @@ class CgroupV1(Cgroup):
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def host_tasks() -> int:
+    """The tasks the host can have at once: kernel.pid_max or kernel.threads-max, the lower."""
+    return min(int(Path(f"/proc/sys/kernel/{name}").read_text()) for name in ("pid_max", "threads-max"))
+
+
+def bound_siblings(group: Cgroup, tasks: int) -> None:
+    """Bound the tasks of `group` and every group beside it together (pids.max of the directory
+    that holds them): each session's own limit bounds one session, not how many run."""
+    holder = group.path.parent if isinstance(group, CgroupV2) else cast(CgroupV1, group).pids.parent
+    _write(holder / "pids.max", str(tasks))
 
 
 def detect(root: Path = Path("/sys/fs/cgroup")) -> str:

@@ -8,8 +8,8 @@ hence ctypes. Each event carries an open descriptor of the object, which is read
 
 What is kept is bounded (Observed.add): the agent may create names by the million, and this
 process runs as root for the whole run. A directory keeps its first MAX_NAMES_PER_DIRECTORY names of
-each kind and is noted as crowded beyond them; past MAX_PATHS names in all, nothing more is kept and
-the observation says it is truncated.
+each kind and is noted as crowded beyond them; past MAX_PATHS names (or MAX_PATH_CHARACTERS of them)
+in all, nothing more is kept and the observation says it is truncated.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ class FanotifyUnavailable(OSError):
 # needs to grant it as a whole (policy.learn.collapse), few enough that a flood costs little.
 MAX_NAMES_PER_DIRECTORY = 256
 MAX_PATHS = 100_000  # names of every kind together; beyond, the observation is truncated
+# Their characters together (the directories the bounds count by included): a name may be PATH_MAX
+# long, and as many long names would hold hundreds of megabytes in this root process.
+MAX_PATH_CHARACTERS = 16 << 20
 
 
 @dataclass
@@ -69,9 +72,10 @@ class Observed:
     forks_untracked: bool = False  # no fork events: a process gone before its events are read is missed
     events: int = 0
     crowded: dict[str, set[str]] = field(default_factory=dict)  # directory: the kinds it had too many names of
-    truncated: bool = False  # MAX_PATHS names were kept: the others were not
+    truncated: bool = False  # MAX_PATHS names (or MAX_PATH_CHARACTERS) were kept: the others were not
     _per_directory: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
     _kept: int = 0
+    _characters: int = 0
 
     def add(self, kind: str, path: str) -> None:
         """Keep `path` in the set `kind` (read, written, executed, directories), within the bounds."""
@@ -86,9 +90,14 @@ class Observed:
         if count >= MAX_NAMES_PER_DIRECTORY:
             self.crowded.setdefault(key[1], set()).add(kind)
             return
+        characters = len(path) + (0 if count else len(key[1]))  # a new directory is kept as a key too
+        if self._characters + characters > MAX_PATH_CHARACTERS:
+            self.truncated = True
+            return
         self._per_directory[key] = count + 1
         names.add(path)
         self._kept += 1
+        self._characters += characters
 
 
 def _mount_points() -> list[str]:

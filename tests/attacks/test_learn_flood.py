@@ -100,3 +100,22 @@ def test_an_agent_creating_thousands_of_names_is_observed_within_the_bounds(
     assert "written" in seen.crowded[flat]
     kept = len(seen.read) + len(seen.written) + len(seen.executed) + len(seen.directories)
     assert kept <= 1_000 and seen.truncated, (kept, seen.truncated, seen.overflowed)
+
+
+def test_long_names_are_bounded_in_characters_not_only_in_count() -> None:
+    """Names up to PATH_MAX long, a few per directory in many deep directories: within the bounds on
+    names, the observer would keep MAX_PATHS names of 4,000 characters (and as many directory names),
+    hundreds of megabytes in a process that runs as root. The observation is truncated first."""
+    seen = fanotify.Observed()
+    deep = "/srv/" + "/".join(["d" * 250] * 15)  # 3,769 characters of directories
+    added = 0
+    for d in range(fanotify.MAX_PATHS):
+        for kind in ("read", "written"):
+            seen.add(kind, f"{deep}/{d:06}/{'n' * 200}")
+            added += 1
+        if seen.truncated or added * len(deep) > 64 << 20:
+            break
+    kept = [*seen.read, *seen.written]
+    assert seen.truncated, f"{len(kept)} names of {len(kept[0])} characters kept and counting"
+    assert sum(len(p) for p in kept) <= fanotify.MAX_PATH_CHARACTERS
+    assert bounded_notes(seen)[-1].startswith("TRUNCATED: ")

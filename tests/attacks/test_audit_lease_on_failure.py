@@ -1,0 +1,70 @@
+"""A writer that failed must not keep the append lease: every writer on the log (the daemon's, each
+session's supervisor's and egress filter's) waits for it, so a daemon writer failed out of
+descriptors would hold every session's audit records, and the sessions with them, until the
+daemon closes it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
+from enforcer.audit.registry import APPEND_LOCK
+
+from ..unit.test_audit_writer_limits import no_descriptor_left
+
+
+def _lease_free(directory: Path) -> bool:
+    fd = os.open(directory / APPEND_LOCK, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # the flock goes with its only descriptor
+    return True
+
+
+def test_a_writer_whose_flusher_failed_gives_the_lease_back(tmp_path: Path) -> None:
+    directory = tmp_path / "audit"
+    writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=300))
+    try:
+        writer.append(records.DECISION, {"decision": "allow"})
+        with no_descriptor_left():
+            deadline = time.monotonic() + 10
+            while writer.failed is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert isinstance(writer.failed, OSError), writer.failed
+        assert writer._flusher is not None
+        writer._flusher.join(timeout=5)
+        with pytest.raises(AuditUnavailable, match="failed earlier"):
+            writer.append(records.DECISION, {"decision": "deny"})
+        assert _lease_free(directory), "the failed writer still holds the append lease"
+    finally:
+        writer.close()
+
+
+def test_a_writer_whose_sync_failed_gives_the_lease_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fdatasync failing (EIO from a failing disk) in a caller's sync, with the lease kept between
+    appends for the flusher."""
+    directory = tmp_path / "audit"
+    writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=1000))
+    try:
+        writer.append(records.DECISION, {"decision": "allow"})
+        assert not _lease_free(directory)  # kept for the next append while the flusher runs
+
+        def failing(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", failing)
+        with pytest.raises(AuditUnavailable, match="Input/output error"):
+            writer.sync()
+        monkeypatch.undo()
+        assert isinstance(writer.failed, OSError)
+        assert _lease_free(directory), "the failed writer still holds the append lease"
+    finally:
+        writer.close()
