@@ -663,8 +663,18 @@ def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
     when its stage is gone (the spawner then prepares another)."""
     from ..sandbox.stage import StageError, prepare
 
+    # SIGUSR1 stays blocked here until the order's handler is set (see _prepare_one), but not in
+    # the stage: the agent would inherit the mask (a supervisor forked at its order has unblocked
+    # it before it forks the stage).
+    mask = frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, set()) - {signal.SIGUSR1})
     try:
-        ahead = prepare("prepared", cgroup_group=config.cgroup_group, made_by_parent=(None, None), join_later=True)
+        ahead = prepare(
+            "prepared",
+            cgroup_group=config.cgroup_group,
+            made_by_parent=(None, None),
+            join_later=True,
+            signal_mask=mask,
+        )
     except OSError as exc:
         print(f"adl-enforcerd spawner: a prepared supervisor's stage could not be started: {exc}", file=sys.stderr)
         return 1
