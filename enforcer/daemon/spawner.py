@@ -416,7 +416,11 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
     """Fork one more prepared supervisor when fewer wait than configured and orders have paused."""
     if len(sessions.waiting) >= config.prepared_sessions or time.monotonic() < sessions.prepare_at:
         return
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except OSError as exc:  # out of descriptors (or memory): the spawner's end would be every session's
+        _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
+        return
     # Blocked until it has its order and the handler that goes with it, as in a supervisor forked
     # at its order (a SIGUSR1 is only ever sent to a supervisor that has its order).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
