@@ -688,11 +688,14 @@ def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
         poller = select.poll()
         poller.register(link.fileno(), select.POLLIN)
         poller.register(ahead.stage.fileno(), select.POLLIN)  # readable before the order: the stage is gone
-        if link.fileno() not in {fd for fd, _events in poller.poll()}:
-            return 1
+        stage_gone = link.fileno() not in {fd for fd, _events in poller.poll()}
+        if stage_gone:
+            # From now on a hand-over fails (EPIPE) and the spawner forks a supervisor of its own
+            # for that order; one sent before is taken, and its launch refuses and records it.
+            link.shutdown(socket.SHUT_RD)
         frame = recv_frame(link, max_fds=4)
-        if frame is None:  # retired
-            return 0
+        if frame is None:  # retired, or the stage gone before any order
+            return 1 if stage_gone else 0
         data, fds = frame
         link.close()
         if len(fds) != 4:
