@@ -1,6 +1,7 @@
 """Daemon sessions prepared before their order, attacked for what the prepared processes carry
 from the spawner that a supervisor forked at its order did not pass on: its signal mask, its
-stdio held by the session's init, and its processes left when the daemon is killed."""
+stdio held by the session's init, the policy compiled before a reload, and its processes left
+when the daemon or the spawner is killed or stopped."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import signal
 
 import pytest
 
+from enforcer.v1 import enforcer_pb2 as pb
+
 from ..helpers.daemon import RunningDaemon
-from ..integration.test_daemon_prepared import children, gone, ready, until
+from ..integration.test_daemon_prepared import children, gone, ready, spawner_of, until, waiting
 
 pytestmark = [
     pytest.mark.daemon,
@@ -80,7 +83,24 @@ def test_an_agent_cannot_reach_the_daemon_stdio_its_prepared_init_holds(daemon: 
     assert daemon.log.read_text().count("reached") == 0
 
 
-def test_a_killed_daemon_leaves_no_prepared_process(daemon: RunningDaemon) -> None:
+_GRAB = "b = bytearray(48 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('survived', flush=True)"
+
+
+def test_a_policy_made_stricter_after_preparation_holds_the_next_agent(daemon: RunningDaemon) -> None:
+    # Prepared under a 64 MiB limit; the operator lowers it to 24 MiB and reloads before the order.
+    ready(daemon)
+    before = daemon.adl_exec("python3", "-c", _GRAB)
+    assert before.returncode == 0 and "survived" in before.stdout, before.stderr
+    assert until(lambda: len(waiting(daemon)) == 2 and all(len(c) == 1 for c in waiting(daemon).values()), 15)
+    limits = {**daemon.box.permissions["resource_limits"], "max_memory_mb": 24, "max_concurrent": 1}
+    daemon.write_adl("sandboxed", "Sandboxed", {**daemon.box.permissions, "resource_limits": limits})
+    reply = daemon.admin_stub().ReloadPolicies(pb.ReloadRequest())
+    assert not reply.problems and reply.changed, reply
+    after = daemon.adl_exec("python3", "-c", _GRAB)
+    assert "survived" not in after.stdout and after.returncode != 0, (after.returncode, after.stderr)
+
+
+def _prepared_pids(daemon: RunningDaemon) -> list[int]:
     prepared = ready(daemon)
     pids = [
         *prepared,
@@ -88,5 +108,22 @@ def test_a_killed_daemon_leaves_no_prepared_process(daemon: RunningDaemon) -> No
         *(agent for inits in prepared.values() for init in inits for agent in children(init)),
     ]
     assert len(pids) == 6, prepared  # two supervisors, each with its init and future agent
+    return pids
+
+
+def test_a_killed_daemon_leaves_no_prepared_process(daemon: RunningDaemon) -> None:
+    pids = _prepared_pids(daemon)
     daemon.kill()
+    assert until(lambda: all(gone(pid) for pid in pids), 10), [pid for pid in pids if not gone(pid)]
+
+
+def test_a_killed_spawner_leaves_no_prepared_process(daemon: RunningDaemon) -> None:
+    pids = _prepared_pids(daemon)
+    os.kill(spawner_of(daemon), signal.SIGKILL)
+    assert until(lambda: all(gone(pid) for pid in pids), 10), [pid for pid in pids if not gone(pid)]
+
+
+def test_a_stopped_daemon_leaves_no_prepared_process(daemon: RunningDaemon) -> None:
+    pids = _prepared_pids(daemon)
+    assert daemon.stop() == 0, daemon.log.read_text()[-2000:]
     assert until(lambda: all(gone(pid) for pid in pids), 10), [pid for pid in pids if not gone(pid)]
