@@ -339,8 +339,11 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
             continue
-        if _compile_ahead(order, config):
+        if _compile_ahead(order, config) and sessions.waiting:
             _retire_waiting(sessions)  # forked before these documents were compiled here
+            # Paced as failures are: orders that each compile (a caller cycling through more agents
+            # than a process remembers compiled) must not make every refill a waste.
+            _prepare_later(sessions, "supervisors prepared before these documents were compiled were retired")
         sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + REFILL_PAUSE_S)
         try:
             helper_group = _helpers_cgroup(order.session, config)
@@ -454,7 +457,8 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
 
 
 def _prepare_later(sessions: _Sessions, why: str) -> None:
-    """A prepared supervisor failed: the next is forked after a pause that doubles each time."""
+    """A prepared supervisor failed, or those waiting were retired: the next is forked after a pause
+    that doubles each time in a row (a hand-over resets it)."""
     sessions.failures += 1
     pause = min(PREPARE_RETRY_S[0] * 2 ** (sessions.failures - 1), PREPARE_RETRY_S[1])
     sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + pause)

@@ -101,14 +101,16 @@ def test_a_policy_made_stricter_after_preparation_holds_the_next_agent(daemon: R
 
 
 def _prepared_pids(daemon: RunningDaemon) -> list[int]:
-    prepared = ready(daemon)
-    pids = [
-        *prepared,
-        *(init for inits in prepared.values() for init in inits),
-        *(agent for inits in prepared.values() for init in inits for agent in children(init)),
-    ]
-    assert len(pids) == 6, prepared  # two supervisors, each with its init and future agent
-    return pids
+    """Two prepared supervisors, each with its init and future agent (forked by init just after)."""
+
+    def pids() -> list[int]:
+        prepared = waiting(daemon)
+        inits = [init for each in prepared.values() for init in each]
+        return [*prepared, *inits, *(agent for init in inits for agent in children(init))]
+
+    ready(daemon)
+    assert until(lambda: len(pids()) == 6, 10), pids()
+    return pids()
 
 
 def test_a_killed_daemon_leaves_no_prepared_process(daemon: RunningDaemon) -> None:
