@@ -21,8 +21,8 @@ prepared supervisor ever gets a second order, and one whose hand-over failed is 
 tried again. The supervisor then has the future agent move itself and init into the session's
 cgroup before it reads its order, and goes on as a supervisor forked at the order. Supervisors
 prepared before the spawner compiled an order's documents (which they would compile again) are
-retired when that happens; one that ends before its order is replaced after a pause that grows
-with each such end. Refills wait until orders pause.
+retired when that happens; they, or one that ends before its order, are replaced after a pause
+that grows with each such retirement or end in a row. Refills wait until orders pause.
 
 Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG). The spawner makes
 each session's cgroup before it forks the supervisor and kills and removes it when the supervisor
