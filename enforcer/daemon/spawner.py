@@ -668,13 +668,16 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
 def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
     """A prepared supervisor: fork the stage (its init and future agent), wait for one order on
     `link`, then supervise that session. It ends without one when the spawner closes `link`, or
-    when its stage is gone (the spawner then prepares another)."""
+    when its stage failed or is gone (the spawner then prepares another); an order the spawner
+    managed to send is taken all the same, never lost unrecorded."""
     from ..sandbox.stage import StageError, prepare
 
     # SIGUSR1 stays blocked here until the order's handler is set (see _prepare_one), but not in
     # the stage: the agent would inherit the mask (a supervisor forked at its order has unblocked
     # it before it forks the stage).
     mask = frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, set()) - {signal.SIGUSR1})
+    ahead: Prepared | None = None
+    failed = True
     try:
         ahead = prepare(
             "prepared",
@@ -683,23 +686,24 @@ def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
             join_later=True,
             signal_mask=mask,
         )
-    except OSError as exc:
-        print(f"adl-enforcerd spawner: a prepared supervisor's stage could not be started: {exc}", file=sys.stderr)
-        return 1
-    handed = False
-    try:
         ahead.stage.wait_announced()
         poller = select.poll()
         poller.register(link.fileno(), select.POLLIN)
         poller.register(ahead.stage.fileno(), select.POLLIN)  # readable before the order: the stage is gone
-        stage_gone = link.fileno() not in {fd for fd, _events in poller.poll()}
-        if stage_gone:
-            # From now on a hand-over fails (EPIPE) and the spawner forks a supervisor of its own
-            # for that order; one sent before is taken, and its launch refuses and records it.
+        failed = link.fileno() not in {fd for fd, _events in poller.poll()}
+    except (StageError, OSError) as exc:
+        print(f"adl-enforcerd spawner: a prepared supervisor's stage failed: {exc}", file=sys.stderr)
+    if failed:
+        # From now on a hand-over fails (EPIPE) and the spawner forks a supervisor of its own for
+        # that order. One sent before is taken: its launch meets the stage's end, and refuses and
+        # records the session (a stage that could not be forked at all is forked again for it).
+        with contextlib.suppress(OSError):
             link.shutdown(socket.SHUT_RD)
+    handed = False
+    try:
         frame = recv_frame(link, max_fds=4)
-        if frame is None:  # retired, or the stage gone before any order
-            return 1 if stage_gone else 0
+        if frame is None:  # retired, or the stage failed before any order
+            return 1 if failed else 0
         data, fds = frame
         link.close()
         if len(fds) != 4:
@@ -712,12 +716,13 @@ def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
         if not isinstance(order, LaunchOrder):
             raise OrderError("a prepared supervisor takes a launch order only")
         handed = True
-        return _supervise(order, fds, config, helper_joins, session_group, ahead=ahead.stage)
+        stage = None if ahead is None else ahead.stage
+        return _supervise(order, fds, config, helper_joins, session_group, ahead=stage)
     except (StageError, OSError, FrameError, OrderError) as exc:
         print(f"adl-enforcerd spawner: a prepared supervisor ended: {exc}", file=sys.stderr)
         return 1
     finally:
-        if not handed:
+        if not handed and ahead is not None:
             ahead.discard()
 
 
