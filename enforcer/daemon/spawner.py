@@ -21,8 +21,8 @@ prepared supervisor ever gets a second order, and one whose hand-over failed is 
 tried again. The supervisor then has the future agent move itself and init into the session's
 cgroup before it reads its order, and goes on as a supervisor forked at the order. Supervisors
 prepared before the spawner compiled an order's documents (which they would compile again) are
-retired when that happens; one that ends before its order is replaced after a pause that grows
-with each such end. Refills wait until orders pause.
+retired when that happens; they, or one that ends before its order, are replaced after a pause
+that grows with each such retirement or end in a row. Refills wait until orders pause.
 
 Both the spawner and each supervisor die with their parent (PR_SET_PDEATHSIG). The spawner makes
 each session's cgroup before it forks the supervisor and kills and removes it when the supervisor
@@ -339,8 +339,11 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGUSR1)
             continue
-        if _compile_ahead(order, config):
+        if _compile_ahead(order, config) and sessions.waiting:
             _retire_waiting(sessions)  # forked before these documents were compiled here
+            # Paced as failures are: orders that each compile (a caller cycling through more agents
+            # than a process remembers compiled) must not make every refill a waste.
+            _prepare_later(sessions, "supervisors prepared before these documents were compiled were retired")
         sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + REFILL_PAUSE_S)
         try:
             helper_group = _helpers_cgroup(order.session, config)
@@ -416,7 +419,11 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
     """Fork one more prepared supervisor when fewer wait than configured and orders have paused."""
     if len(sessions.waiting) >= config.prepared_sessions or time.monotonic() < sessions.prepare_at:
         return
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except OSError as exc:  # out of descriptors (or memory): the spawner's end would be every session's
+        _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
+        return
     # Blocked until it has its order and the handler that goes with it, as in a supervisor forked
     # at its order (a SIGUSR1 is only ever sent to a supervisor that has its order).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
@@ -450,7 +457,8 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
 
 
 def _prepare_later(sessions: _Sessions, why: str) -> None:
-    """A prepared supervisor failed: the next is forked after a pause that doubles each time."""
+    """A prepared supervisor failed, or those waiting were retired: the next is forked after a pause
+    that doubles each time in a row (a hand-over resets it)."""
     sessions.failures += 1
     pause = min(PREPARE_RETRY_S[0] * 2 ** (sessions.failures - 1), PREPARE_RETRY_S[1])
     sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + pause)
@@ -660,25 +668,42 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
 def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
     """A prepared supervisor: fork the stage (its init and future agent), wait for one order on
     `link`, then supervise that session. It ends without one when the spawner closes `link`, or
-    when its stage is gone (the spawner then prepares another)."""
+    when its stage failed or is gone (the spawner then prepares another); an order the spawner
+    managed to send is taken all the same, never lost unrecorded."""
     from ..sandbox.stage import StageError, prepare
 
+    # SIGUSR1 stays blocked here until the order's handler is set (see _prepare_one), but not in
+    # the stage: the agent would inherit the mask (a supervisor forked at its order has unblocked
+    # it before it forks the stage).
+    mask = frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, set()) - {signal.SIGUSR1})
+    ahead: Prepared | None = None
+    failed = True
     try:
-        ahead = prepare("prepared", cgroup_group=config.cgroup_group, made_by_parent=(None, None), join_later=True)
-    except OSError as exc:
-        print(f"adl-enforcerd spawner: a prepared supervisor's stage could not be started: {exc}", file=sys.stderr)
-        return 1
-    handed = False
-    try:
+        ahead = prepare(
+            "prepared",
+            cgroup_group=config.cgroup_group,
+            made_by_parent=(None, None),
+            join_later=True,
+            signal_mask=mask,
+        )
         ahead.stage.wait_announced()
         poller = select.poll()
         poller.register(link.fileno(), select.POLLIN)
         poller.register(ahead.stage.fileno(), select.POLLIN)  # readable before the order: the stage is gone
-        if link.fileno() not in {fd for fd, _events in poller.poll()}:
-            return 1
+        failed = link.fileno() not in {fd for fd, _events in poller.poll()}
+    except (StageError, OSError) as exc:
+        print(f"adl-enforcerd spawner: a prepared supervisor's stage failed: {exc}", file=sys.stderr)
+    if failed:
+        # From now on a hand-over fails (EPIPE) and the spawner forks a supervisor of its own for
+        # that order. One sent before is taken: its launch meets the stage's end, and refuses and
+        # records the session (a stage that could not be forked at all is forked again for it).
+        with contextlib.suppress(OSError):
+            link.shutdown(socket.SHUT_RD)
+    handed = False
+    try:
         frame = recv_frame(link, max_fds=4)
-        if frame is None:  # retired
-            return 0
+        if frame is None:  # retired, or the stage failed before any order
+            return 1 if failed else 0
         data, fds = frame
         link.close()
         if len(fds) != 4:
@@ -691,12 +716,13 @@ def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
         if not isinstance(order, LaunchOrder):
             raise OrderError("a prepared supervisor takes a launch order only")
         handed = True
-        return _supervise(order, fds, config, helper_joins, session_group, ahead=ahead.stage)
+        stage = None if ahead is None else ahead.stage
+        return _supervise(order, fds, config, helper_joins, session_group, ahead=stage)
     except (StageError, OSError, FrameError, OrderError) as exc:
         print(f"adl-enforcerd spawner: a prepared supervisor ended: {exc}", file=sys.stderr)
         return 1
     finally:
-        if not handed:
+        if not handed and ahead is not None:
             ahead.discard()
 
 

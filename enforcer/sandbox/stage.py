@@ -348,6 +348,7 @@ def prepare(
     ahead: bool = True,
     made_by_parent: tuple[cgroups.Cgroup | None, str | None] | None = None,
     join_later: bool = False,
+    signal_mask: frozenset[int] | None = None,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
@@ -355,7 +356,9 @@ def prepare(
     there is none) as the daemon's spawner made it, which watches it (see ParentWatches): no
     guardian is forked. `join_later`: a stage prepared before its session exists (the daemon's
     prepared sessions): it joins no cgroup at birth, and its init and future agent move into the
-    session's when Stage.join() names it, which must precede the order."""
+    session's when Stage.join() names it, which must precede the order. `signal_mask`: the signals
+    the stage, init and the agent start blocked with, when the caller blocks some only for itself
+    (a mask survives exec: the agent would start with them blocked); None: the caller's."""
     watcher: Guardian | ParentWatches
     group, error = None, None
     if made_by_parent is not None:
@@ -372,7 +375,12 @@ def prepare(
     pidns.LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # init outlives the stage: ours to wait for
     status_read, status_write = os.pipe2(os.O_CLOEXEC)
     main = functools.partial(
-        _stage_main, join_files=join_files, compile_ahead=ahead, status_fd=status_write, join_later=join_later
+        _stage_main,
+        join_files=join_files,
+        compile_ahead=ahead,
+        status_fd=status_write,
+        join_later=join_later,
+        signal_mask=signal_mask,
     )
     pid, sock = _fork(main)
     os.close(status_write)
@@ -411,9 +419,16 @@ def _exec_guardian(sock: socket.socket) -> None:
 
 
 def _stage_main(
-    sock: socket.socket, join_files: list[str], compile_ahead: bool, status_fd: int, join_later: bool = False
+    sock: socket.socket,
+    join_files: list[str],
+    compile_ahead: bool,
+    status_fd: int,
+    join_later: bool = False,
+    signal_mask: frozenset[int] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if signal_mask is not None:  # before init and the future agent are forked: they inherit it
+        signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     import traceback  # noqa: F401 - for failure reports, which may come after Landlock is applied

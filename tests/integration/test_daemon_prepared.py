@@ -79,10 +79,24 @@ def ready(daemon: RunningDaemon, count: int = 2) -> dict[int, list[int]]:
     a first launch compiles them."""
     if not any(r["intent"].endswith(".launch") for r in daemon.records()):
         assert daemon.adl_exec("python3", "-c", "pass").returncode == 0
-    assert until(lambda: len(waiting(daemon)) == count and all(len(c) == 1 for c in waiting(daemon).values()), 15), (
-        waiting(daemon)
-    )
+
+    def prepared() -> bool:
+        # The one child must be init, not the stage before its exit (its only child too for a while).
+        found = waiting(daemon)
+        return len(found) == count and all(len(c) == 1 and _is_init(c[0]) for c in found.values())
+
+    assert until(prepared, 15), waiting(daemon)
     return waiting(daemon)
+
+
+def _is_init(pid: int) -> bool:
+    """Whether `pid` is pid 1 of a PID namespace of its own."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+    return len(nspid) >= 2 and nspid[-1] == "1"
 
 
 def listed(daemon: RunningDaemon) -> pb.SessionInfo:
