@@ -317,3 +317,33 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(entry))
     return out
+
+
+def test_the_agent_cannot_signal_or_read_its_init(sandbox: Sandbox) -> None:
+    """Init is pid 1 of the agent's namespace and stays root: no signal reaches it from the agent,
+    its /proc entry is hidden, and the session still ends with the agent's own status."""
+    code = (
+        "import errno, os, resource, signal\n"
+        "for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP, signal.SIGINT):\n"
+        "    try:\n"
+        "        os.kill(1, sig)\n"
+        "        print('ESCAPED kill', sig)\n"
+        "    except OSError as exc:\n"
+        "        print('BLOCKED kill', errno.errorcode[exc.errno])\n"
+        "for path in ('/proc/1/cmdline', '/proc/1/environ', '/proc/1/status'):\n"
+        "    try:\n"
+        "        open(path, 'rb').read()\n"
+        "        print('ESCAPED read', path)\n"
+        "    except OSError as exc:\n"
+        "        print('BLOCKED read', errno.errorcode[exc.errno])\n"
+        "try:\n"
+        "    resource.prlimit(1, resource.RLIMIT_NOFILE, (1, 1))\n"
+        "    print('ESCAPED prlimit')\n"
+        "except OSError as exc:\n"
+        "    print('BLOCKED prlimit', errno.errorcode[exc.errno])\n"
+        "raise SystemExit(5)\n"
+    )
+    r = sandbox.python(code)
+    assert r.code == 5 and "ESCAPED" not in r.out, (r.out, r.err)
+    assert r.out.count("BLOCKED") == 8, r.out
+    assert r.record("exit")["payload"]["reason"] == "exit"
