@@ -17,9 +17,9 @@ launcher's pages for the whole session. That init and pid 2 join the session's c
 (the stage does not), init once its interpreter has started, which is not charged to the session.
 
 When init exits the kernel kills everything left in the namespace, so nothing outlives the
-session's main process. Init stays root, which an agent
-of another uid cannot signal, trace or prlimit; the agent mounts its own /proc
-(namespaces.mount_proc), where neither init nor any host process appears.
+session's main process. Init stays root, which an agent of another uid cannot signal, trace or
+prlimit; the agent mounts its own /proc (namespaces.mount_proc), where neither init nor any host
+process appears.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ they run on the other core):
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
-     and fork into a new PID namespace  (at birth too; pid 2 carries on below)
+     and fork into a new PID namespace  (at birth too; pid 2 carries on below; with a small
+                                        init, pidns.py's, pid 2 and init join instead of the stage)
   2. unshare mount, IPC and network    (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks, (needs the new mount namespace)
