@@ -347,3 +347,61 @@ def test_the_agent_cannot_signal_or_read_its_init(sandbox: Sandbox) -> None:
     assert r.code == 5 and "ESCAPED" not in r.out, (r.out, r.err)
     assert r.out.count("BLOCKED") == 8, r.out
     assert r.record("exit")["payload"]["reason"] == "exit"
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.02, 0.05, 0.1])
+def test_adl_exec_killed_while_init_starts_leaves_no_process(sandbox: Sandbox, delay_s: float) -> None:
+    """Init and pid 2 join the session's cgroup only after their forks (init once its interpreter
+    runs), so the guardian's kill may miss them: killed in that window, adl-exec must still leave
+    no process of the session (pid 2 ends at the end of its order socket, init when pid 2 ends)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--adl",
+            str(sandbox.policy()),
+            "--user",
+            sandbox.user or "",
+            "--",
+            "python3",
+            "-c",
+            "pass",
+        ],
+        env=sandbox.environ(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    marks = (sandbox.group.encode(), str(sandbox.root).encode())
+    try:
+        deadline = time.monotonic() + 20
+        while not session_cgroups(sandbox.group):
+            assert proc.poll() is None and time.monotonic() < deadline, "no session cgroup appeared"
+            time.sleep(0.002)
+        time.sleep(delay_s)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while (_holding(marks) or session_cgroups(sandbox.group)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _holding(marks) == [] and session_cgroups(sandbox.group) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _holding(marks):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _holding(marks: tuple[bytes, ...]) -> list[int]:
+    """Live processes whose command line names this sandbox (its cgroup group or its directory)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(mark in cmdline for mark in marks) and _alive(int(entry)):
+                found.append(int(entry))
+    return found
