@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 
 from ..quick_dataclass import dataclass
-from . import cgroups, seccomp
-from .stage import GuardOrder, Prepared, StageError, StageOrder, prepare
+from . import cgroups, idle_pages, seccomp
+from .stage import Guardian, GuardOrder, Prepared, StageError, StageOrder, prepare
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -127,7 +127,11 @@ def run(
         finally:
             if guarded:
                 os.close(report_write)
-        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status)
+        # Only where no other process maps them (idle_pages.py): an egress filter is a fork of this
+        # process, and a daemon session's supervisor (watched by its parent) one of the spawner, so
+        # releasing them here would only leave them to the other process.
+        release = netns_fd is None and isinstance(prepared.guardian, Guardian)
+        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status, release)
         if guarded:
             outcome = _with_guard_report(outcome, report_read)
     finally:
@@ -147,16 +151,27 @@ def run(
 
 
 def _wait(
-    pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: float, agent_status: Callable[[], int | None]
+    pid: int,
+    group: cgroups.Cgroup,
+    timeout_s: float | None,
+    started: float,
+    agent_status: Callable[[], int | None],
+    release: bool = False,
 ) -> Outcome:
     """Wait for the session's init (`pid`); the outcome is the agent's status as init reported it,
-    or init's own when it was killed first (a timeout, an OOM kill)."""
+    or init's own when it was killed first (a timeout, an OOM kill). `release`: drop the pages of
+    extension modules once the session has run a while (idle_pages.py)."""
     forward = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for sig in forward:
         signal.signal(sig, lambda signum, _frame: _signal_child(pid, signum))
     timed_out = False
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        if not _exited_within(pid, timeout_s):
+        # A session still running after a while: from now on this process waits (idle_pages.py).
+        early = deadline is None or time.monotonic() + idle_pages.RELEASE_AFTER_S < deadline
+        if release and early and not _exited_within(pid, idle_pages.RELEASE_AFTER_S):
+            idle_pages.release()
+        if not _exited_within(pid, _left(deadline)):
             timed_out = True
             group.kill_all()
         waited = os.waitpid(pid, 0)[1]
@@ -182,6 +197,11 @@ def _wait(
     else:
         reason = "exit"
     return Outcome(reason, code, killed_by, duration, pid)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (None: no deadline)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def _exited_within(pid: int, timeout_s: float | None) -> bool:
