@@ -2,7 +2,7 @@
 
 A launcher waits for its session for the session's whole life, still mapping every page of the
 extension modules its launch path touched: cryptography's Rust module (the audit key, signatures)
-alone maps several MiB of its file that no other process maps. Once a session has run for a while
+alone maps much of its large file, which no other process maps. Once a session has run for a while
 (RELEASE_AFTER_S), `release()` drops this process's mappings of those pages (madvise
 MADV_DONTNEED): a later access faults each back in from the page cache (the session's end signs its
 evidence), as after the kernel reclaimed it.
