@@ -23,7 +23,7 @@ import orjson
 
 from ..quick_dataclass import dataclass
 from . import cgroups, idle_pages, seccomp
-from .stage import Guardian, GuardOrder, Prepared, StageError, StageOrder, prepare
+from .stage import Guardian, GuardOrder, ParentWatches, Prepared, StageError, StageOrder, prepare
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -127,10 +127,7 @@ def run(
         finally:
             if guarded:
                 os.close(report_write)
-        # Only where no other process maps them (idle_pages.py): an egress filter is a fork of this
-        # process, and a daemon session's supervisor (watched by its parent) one of the spawner, so
-        # releasing them here would only leave them to the other process.
-        release = netns_fd is None and isinstance(prepared.guardian, Guardian)
+        release = releases_idle_pages(prepared.guardian, netns_fd)
         outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status, release)
         if guarded:
             outcome = _with_guard_report(outcome, report_read)
@@ -148,6 +145,14 @@ def run(
                 prepared.discard()
             _reap_orphans()
     return dataclasses.replace(outcome, cleanup_error=cleanup_error) if cleanup_error else outcome
+
+
+def releases_idle_pages(guardian: Guardian | ParentWatches, netns_fd: int | None) -> bool:
+    """Whether the launcher drops its extension modules' pages while it waits (idle_pages.py): only
+    where no other process maps them. An egress filter (`netns_fd`) is a fork of this process, and
+    a daemon session's supervisor (watched by its parent) one of the spawner: releasing them there
+    would only leave them to the other process."""
+    return netns_fd is None and isinstance(guardian, Guardian)
 
 
 def _wait(

@@ -159,3 +159,21 @@ def test_the_release_does_not_move_the_sessions_deadline(sandbox: Sandbox) -> No
     exit_record = r.record("exit")["payload"]
     assert exit_record["reason"] == "timeout", r.err
     assert limit * 1000 <= exit_record["duration_ms"] < limit * 1000 + 500, exit_record
+
+
+def test_only_an_embedded_launch_without_egress_releases() -> None:
+    """An egress filter (a fork of adl-exec) and a daemon session's supervisor (a fork of the
+    spawner) share these pages: releasing them there would leave them to the other process."""
+    import socket
+
+    from enforcer.sandbox import launcher
+    from enforcer.sandbox.stage import Guardian, ParentWatches
+
+    ours, theirs = socket.socketpair()
+    try:
+        assert launcher.releases_idle_pages(Guardian(0, ours), None)
+        assert not launcher.releases_idle_pages(Guardian(0, ours), theirs.fileno())
+        assert not launcher.releases_idle_pages(ParentWatches(), None)
+    finally:
+        ours.close()
+        theirs.close()
