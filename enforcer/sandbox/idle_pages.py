@@ -58,10 +58,14 @@ def releasable(smaps: str, files: set[str]) -> list[tuple[int, int]]:
 
 def release() -> int:
     """Drop this process's mappings of its extension modules' clean read-only pages (see above);
-    returns the bytes of the mappings released. A mapping the kernel refuses (locked) stays as is."""
+    returns the bytes of the mappings released. Memory only: what cannot be read or released (no
+    /proc, no descriptor left, locked pages) stays as it is, and the session goes on."""
     files = extension_files()
-    with open("/proc/self/smaps", encoding="utf-8", errors="surrogateescape") as f:
-        mappings = releasable(f.read(), files)
+    try:
+        with open("/proc/self/smaps", encoding="utf-8", errors="surrogateescape") as f:
+            mappings = releasable(f.read(), files)
+    except OSError:
+        return 0
     released = 0
     for start, length in mappings:
         if LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_DONTNEED) == 0:

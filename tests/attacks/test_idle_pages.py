@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from enforcer.audit import keys
 from enforcer.audit.evidence import evidence_problem
 from enforcer.audit.verify import verify_directory
@@ -177,3 +179,19 @@ def test_only_an_embedded_launch_without_egress_releases() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_release_that_cannot_read_its_mappings_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors (or without /proc) while the session runs: the session is not failed for
+    a memory saving."""
+    import builtins
+
+    real_open = builtins.open
+
+    def no_smaps(path: object, *args: object, **kw: object) -> object:
+        if path == "/proc/self/smaps":
+            raise OSError(24, "Too many open files")
+        return real_open(path, *args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", no_smaps)
+    assert idle_pages.release() == 0
