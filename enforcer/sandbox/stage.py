@@ -15,6 +15,8 @@ they run on the other core):
   a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
   A stage the daemon's spawner prepares before any order (`join_later`) joins no cgroup at birth:
   once the session exists, pid 2 moves init and itself into its cgroup, before it reads the order.
+  Nor does one forked ahead by adl-exec, whose init is a small interpreter (pidns.py): pid 2 joins
+  at once, init once its interpreter runs, and pid 2 checks that both did before the order's steps.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
