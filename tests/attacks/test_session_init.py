@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from enforcer.sandbox import pidns, pidns_init
+from enforcer.sandbox import cgroups, pidns, pidns_init
 
 from ..helpers.sandbox import Sandbox, needs_root, session_cgroups
 
@@ -350,10 +350,13 @@ def test_the_agent_cannot_signal_or_read_its_init(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.02, 0.05, 0.1])
-def test_adl_exec_killed_while_init_starts_leaves_no_process(sandbox: Sandbox, delay_s: float) -> None:
+@pytest.mark.parametrize("after", ["cgroup", "stage"])
+def test_adl_exec_killed_while_init_starts_leaves_no_process(sandbox: Sandbox, after: str, delay_s: float) -> None:
     """Init and pid 2 join the session's cgroup only after their forks (init once its interpreter
-    runs), so the guardian's kill may miss them: killed in that window, adl-exec must still leave
-    no process of the session (pid 2 ends at the end of its order socket, init when pid 2 ends)."""
+    runs), so the guardian's kill may miss them: killed in that window, adl-exec must still leave no
+    process of the session (pid 2 ends at the end of its order socket, init when pid 2 ends), and no
+    cgroup once the guardian was told it (from the stage's fork on: adl-exec killed between making
+    the cgroup and telling the guardian leaves the empty cgroup, with or without a small init)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -375,22 +378,33 @@ def test_adl_exec_killed_while_init_starts_leaves_no_process(sandbox: Sandbox, d
     marks = (sandbox.group.encode(), str(sandbox.root).encode())
     try:
         deadline = time.monotonic() + 20
-        while not session_cgroups(sandbox.group):
-            assert proc.poll() is None and time.monotonic() < deadline, "no session cgroup appeared"
-            time.sleep(0.002)
+        while not session_cgroups(sandbox.group) or (after == "stage" and len(_children(proc.pid)) < 2):
+            assert proc.poll() is None and time.monotonic() < deadline, f"no session cgroup or {after} appeared"
+            time.sleep(0.001)
         time.sleep(delay_s)
         proc.kill()
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while (_holding(marks) or session_cgroups(sandbox.group)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _holding(marks) == [] and session_cgroups(sandbox.group) == []
+        # Until nothing is left for a while: a process is not found while it execs (its command
+        # line reads empty then), and a small init ends only after pid 2 did.
+        deadline, quiet_since = time.monotonic() + 10, None
+        while time.monotonic() < deadline:
+            busy = _holding(marks) or (after == "stage" and session_cgroups(sandbox.group))
+            quiet_since = None if busy else quiet_since or time.monotonic()
+            if quiet_since is not None and time.monotonic() - quiet_since > 0.5:
+                break
+            time.sleep(0.02)
+        assert _holding(marks) == []
+        if after == "stage":
+            assert session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
         proc.wait()
         for pid in _holding(marks):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if after == "cgroup":
+            for session in cgroups.existing(group=sandbox.group).values():
+                session.remove(timeout=5)
 
 
 def _holding(marks: tuple[bytes, ...]) -> list[int]:
