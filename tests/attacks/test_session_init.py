@@ -103,8 +103,9 @@ def test_a_signal_sent_while_init_starts_reaches_the_agent(subreaper: None, tmp_
     """SIGTERM to init as soon as pid 2 exists, while init waits for the stage or execs its small
     interpreter (a pid 1 without a handler drops it): it is passed on once init runs."""
     join = tmp_path / "cgroup.procs"
-    with _stage([str(join)], "joined()\ntime.sleep(30)\n") as (_stage_pid, status_read, _report, init):
+    with _stage([str(join)], "joined()\ntime.sleep(30)\n") as (stage_pid, status_read, _report, init):
         os.kill(init, signal.SIGTERM)
+        os.waitpid(stage_pid, 0)  # then init is this process's child (a subreaper's)
         os.waitpid(init, 0)
         status = pidns.read_status(status_read)
     assert status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
