@@ -84,7 +84,7 @@ def _start_small_init(stage: int, status_fd: int, joined: tuple[int, int], join_
     joined_read, joined_write = joined
     # Blocked, not handled, until the small init has its handlers: blocked signals stay pending
     # across the exec, where a pid 1 without a handler would lose them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    stage_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     agent = os.fork()
     if agent:
         os.close(joined_read)
@@ -102,7 +102,7 @@ def _start_small_init(stage: int, status_fd: int, joined: tuple[int, int], join_
     os.close(joined_write)
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # the agent inherits the mask
+    signal.pthread_sigmask(signal.SIG_SETMASK, stage_mask)  # the stage's again: the agent inherits it
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # init gone: the session goes
     try:
         for path in join_files:
