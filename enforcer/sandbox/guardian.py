@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import struct
 import sys
 import time
+
+TYPE_CHECKING = False  # typing is not loaded either
+if TYPE_CHECKING:
+    import signal
+else:  # the built-in module under `signal`, which builds enums of its constants: most of what this
+    import _signal as signal  # process would otherwise hold in memory for the session's life
 
 READY = b"R"
 _HEADER = struct.Struct("!I")

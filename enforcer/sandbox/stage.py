@@ -15,10 +15,13 @@ they run on the other core):
   a fixed order and execs the agent: it *becomes* the agent, so no fork is left on the launch path.
   A stage the daemon's spawner prepares before any order (`join_later`) joins no cgroup at birth:
   once the session exists, pid 2 moves init and itself into its cgroup, before it reads the order.
+  Nor does one forked ahead by adl-exec, whose init is a small interpreter (pidns.py): pid 2 joins
+  at once, init once its interpreter runs, and pid 2 checks that both did before the order's steps.
 
 Stage order (each step needs the privileges the next one removes):
   1. join the session cgroup            (at birth; its limits are set before the order is sent)
-     and fork into a new PID namespace  (at birth too; pid 2 carries on below)
+     and fork into a new PID namespace  (at birth too; pid 2 carries on below; with a small
+                                        init, pidns.py's, pid 2 and init join instead of the stage)
   2. unshare mount, IPC and network    (needs CAP_SYS_ADMIN); with an egress filter, join the
      network namespace it prepared instead of a new empty one
   3. private mounts, denied-path masks, (needs the new mount namespace)
@@ -349,6 +352,7 @@ def prepare(
     made_by_parent: tuple[cgroups.Cgroup | None, str | None] | None = None,
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
+    small_init: bool | None = None,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
@@ -358,7 +362,15 @@ def prepare(
     prepared sessions): it joins no cgroup at birth, and its init and future agent move into the
     session's when Stage.join() names it, which must precede the order. `signal_mask`: the signals
     the stage, init and the agent start blocked with, when the caller blocks some only for itself
-    (a mask survives exec: the agent would start with them blocked); None: the caller's."""
+    (a mask survives exec: the agent would start with them blocked); None: the caller's.
+    `small_init`: the session's init is exec'd as a small interpreter of its own (pidns.py) rather
+    than staying a fork of the stage; by default for a stage forked ahead by a launcher of its own
+    (its start-up then overlaps the launcher's; a daemon session's init is a fork of a supervisor
+    that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself."""
+    if small_init is None:
+        small_init = ahead and made_by_parent is None and not join_later
+    if small_init and join_later:
+        raise ValueError("a small init joins the session's cgroup at birth: not with join_later")
     watcher: Guardian | ParentWatches
     group, error = None, None
     if made_by_parent is not None:
@@ -381,6 +393,7 @@ def prepare(
         status_fd=status_write,
         join_later=join_later,
         signal_mask=signal_mask,
+        small_init=small_init,
     )
     pid, sock = _fork(main)
     os.close(status_write)
@@ -425,6 +438,7 @@ def _stage_main(
     status_fd: int,
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
+    small_init: bool = False,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if signal_mask is not None:  # before init and the future agent are forked: they inherit it
@@ -437,13 +451,16 @@ def _stage_main(
 
     join_error = None
     try:
-        for path in join_files:
-            with open(path, "w") as f:
-                f.write("0")
+        if not small_init:  # else pid 2 and the small init join (pidns.fork_init)
+            for path in join_files:
+                with open(path, "w") as f:
+                    f.write("0")
     except OSError as exc:
         join_error = exc  # reported when the order comes: nothing runs outside the session's cgroup
+    joined = _joined_already
     try:
-        pidns.fork_init(status_fd)  # ahead of the order; returns in the future agent
+        # Ahead of the order; returns in the future agent.
+        joined = pidns.fork_init(status_fd, join_files if small_init else None)
     except OSError as exc:
         pidns.announce(status_fd, os.getpid())  # no namespace: the launcher waits for this process
         join_error = join_error or exc
@@ -474,6 +491,7 @@ def _stage_main(
     try:
         if join_error is not None:
             raise join_error
+        joined()
         step = "start"
         order: StageOrder = pickle.loads(data)
         step = "descriptors"
@@ -521,6 +539,10 @@ def _join_with_init(named: bytes) -> OSError | None:
                     f.write(pid)
     except OSError as exc:
         return exc
+    return None
+
+
+def _joined_already() -> None:
     return None
 
 

@@ -57,6 +57,24 @@ def test_the_guardian_imports_nothing_of_the_project() -> None:
     assert imported and not any(name.startswith(("enforcer", "contextlib", "site")) for name in imported), imported
 
 
+def test_the_guardian_holds_no_enum_module() -> None:
+    """It lives as long as the session: `signal` (which builds enums of its constants, loading
+    `enum`) is most of what it would otherwise add to a bare interpreter's private memory."""
+    ours, theirs = socket.socketpair()
+    ours.close()
+    run = subprocess.run(
+        [sys.executable, "-S", "-I", "-X", "importtime", "-c", stage.GUARDIAN_CODE, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    theirs.close()
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.count("|") == 2}
+    assert imported and not {"signal", "enum", "typing", "functools"} & imported, imported
+
+
 @needs_cgroups
 def test_a_session_cgroup_is_removed_with_its_members_when_the_launcher_goes() -> None:
     """As stage.prepare() makes it: forked, exec'd, told the group; then the launcher's end closes
