@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Literal
 import orjson
 
 from ..quick_dataclass import dataclass
-from . import cgroups, idle_pages, seccomp
-from .stage import Guardian, GuardOrder, ParentWatches, Prepared, StageError, StageOrder, prepare
+from . import cgroups, seccomp
+from .stage import GuardOrder, Prepared, StageError, StageOrder, prepare
 
 if TYPE_CHECKING:
     from .plan import LaunchPlan
@@ -127,8 +127,7 @@ def run(
         finally:
             if guarded:
                 os.close(report_write)
-        release = releases_idle_pages(prepared.guardian, netns_fd)
-        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status, release)
+        outcome = _wait(prepared.stage.pid, group, plan.timeout_s, started, prepared.stage.agent_status)
         if guarded:
             outcome = _with_guard_report(outcome, report_read)
     finally:
@@ -147,36 +146,17 @@ def run(
     return dataclasses.replace(outcome, cleanup_error=cleanup_error) if cleanup_error else outcome
 
 
-def releases_idle_pages(guardian: Guardian | ParentWatches, netns_fd: int | None) -> bool:
-    """Whether the launcher drops its extension modules' pages while it waits (idle_pages.py): only
-    where no other process maps them. An egress filter (`netns_fd`) is a fork of this process, and
-    a daemon session's supervisor (watched by its parent) one of the spawner: releasing them there
-    would only leave them to the other process."""
-    return netns_fd is None and isinstance(guardian, Guardian)
-
-
 def _wait(
-    pid: int,
-    group: cgroups.Cgroup,
-    timeout_s: float | None,
-    started: float,
-    agent_status: Callable[[], int | None],
-    release: bool = False,
+    pid: int, group: cgroups.Cgroup, timeout_s: float | None, started: float, agent_status: Callable[[], int | None]
 ) -> Outcome:
     """Wait for the session's init (`pid`); the outcome is the agent's status as init reported it,
-    or init's own when it was killed first (a timeout, an OOM kill). `release`: drop the pages of
-    extension modules once the session has run a while (idle_pages.py)."""
+    or init's own when it was killed first (a timeout, an OOM kill)."""
     forward = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     for sig in forward:
         signal.signal(sig, lambda signum, _frame: _signal_child(pid, signum))
     timed_out = False
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        # A session still running after a while: from now on this process waits (idle_pages.py).
-        early = deadline is None or time.monotonic() + idle_pages.RELEASE_AFTER_S < deadline
-        if release and early and not _exited_within(pid, idle_pages.RELEASE_AFTER_S):
-            idle_pages.release()
-        if not _exited_within(pid, _left(deadline)):
+        if not _exited_within(pid, timeout_s):
             timed_out = True
             group.kill_all()
         waited = os.waitpid(pid, 0)[1]
@@ -202,11 +182,6 @@ def _wait(
     else:
         reason = "exit"
     return Outcome(reason, code, killed_by, duration, pid)
-
-
-def _left(deadline: float | None) -> float | None:
-    """Seconds until `deadline` (None: no deadline)."""
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def _exited_within(pid: int, timeout_s: float | None) -> bool:
