@@ -37,7 +37,9 @@ median and range of its per-round ratio to `python -c pass` and to bwrap timed i
   adl-exec, refused            a command the policy does not allow (validation cached)
 and firejail and Codex's sandbox when installed (see other_sandboxes()), then the USS (private memory)
 and PSS summed over the sandbox's own processes while a session runs `sleep`: adl-exec without and
-with the egress filter, and each other sandbox.
+with the egress filter, and each other sandbox. This process imports the enforcer, so pages of the
+libraries it maps too (cryptography's module) count as shared here, as they are beside any other
+enforcer process; `bench/session_smaps.py` counts a session whose files nothing else maps.
 """
 
 from __future__ import annotations
