@@ -13,8 +13,10 @@ each connection's totals when it ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import itertools
+import os
 import select
 import socket
 import struct
@@ -29,7 +31,8 @@ from ..audit.events import one_rule
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import pump, relay, relay_here
+from .loop import Loop, Timer
+from .relay import Relay, pump, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -40,8 +43,9 @@ from .sniff import (
     head_end,
     is_websocket,
     protocol_name,
+    sniff,
 )
-from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_first
+from .stream import READ_SIZE, ClientGone, ClientReader, forward_body, may_change, read_head, sniff_first
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 _OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
@@ -105,6 +109,47 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
+class _Flow:
+    """One connection's state while the loop steps it (and, once handed over, its pool thread)."""
+
+    __slots__ = (
+        "client",
+        "conn_id",
+        "done",
+        "event",
+        "host",
+        "name",
+        "port",
+        "reader",
+        "relay",
+        "sniffed",
+        "started",
+        "target",
+        "timer",
+        "upstream",
+        "verdict",
+        "watching",
+    )
+
+    def __init__(self, client: socket.socket, conn_id: int, started: float) -> None:
+        self.client = client
+        self.conn_id = conn_id
+        self.started = started
+        self.reader = ClientReader(client)
+        self.event: dict[str, Any] = {}
+        self.target: IPAddress | None = None
+        self.port = 0
+        self.host = ""
+        self.name: str | None = None
+        self.sniffed: Sniffed | None = None  # while sniffing: what the bytes so far say
+        self.timer: Timer | None = None
+        self.watching: dict[int, int] = {}  # descriptor -> events the loop waits for
+        self.upstream: socket.socket | None = None
+        self.verdict: Verdict | None = None
+        self.relay: Relay | None = None
+        self.done = False
+
+
 class ConnectionFilter:
     def __init__(
         self,
@@ -134,41 +179,356 @@ class ConnectionFilter:
         self._decisions: dict[NetworkConnect, Decision] = {}
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
+        # The loop that steps connections (attach()), what handle() tells when one is over, and how
+        # connections the loop holds (read and written on its thread only).
+        self.loop: Loop | None = None
+        self.ended: Callable[[], None] = _nothing
+        self.flows: set[_Flow] = set()
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
-    # -- per connection, in its own thread
+    # -- per connection, on the loop
+
+    def attach(self, loop: Loop | None, ended: Callable[[], None]) -> None:
+        """Handle connections on `loop` from now on; `ended` is called once for each connection
+        handle() took, when it is over (on whichever thread ends it)."""
+        self.loop = loop
+        self.ended = ended
 
     def handle(self, client: socket.socket) -> None:
-        started = time.monotonic()
-        conn_id = next(self._ids)
+        """Take a new connection, on the loop's thread. Its original destination, its first message
+        and the decision on it, the dial and the relay of a TLS or opaque connection are stepped by
+        the loop as its sockets become ready; a plain-HTTP connection (read head by head), one
+        through the filter as a proxy, or a silent one continue on a pool thread once the loop has
+        sniffed them. Nothing here waits: a slow or silent peer holds only its own connection."""
+        assert self.loop is not None, "handle() runs on the connection loop"
+        flow = _Flow(client, next(self._ids), time.monotonic())
         with self._lock:
             self.stats["connections"] += 1
             self.active.add(client)
+        self.flows.add(flow)
+        self._step(flow, self._begin)
+
+    def _step(self, flow: _Flow, step: Callable[..., None], *args: Any) -> None:
+        """Run one step of a connection on the loop: an exception (a bug, an I/O error, a record
+        that cannot be written) refuses the connection, and that is audited, as on a pool thread."""
+        if flow.done:
+            return
+        try:
+            step(flow, *args)
+        except Exception as exc:
+            self._fail(flow, f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, flow: _Flow, why: str) -> None:
+        reset(flow.client)
+        with contextlib.suppress(Exception):
+            self.record("net.connect", {"connection": flow.conn_id, **one_rule("deny", "net.filter_error", why)})
+        self._end(flow)
+
+    def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:
+        assert self.loop is not None
+        if flow.watching.get(fd) == mask:
+            return
+        flow.watching[fd] = mask
+        self.loop.watch(fd, mask, lambda _events: self._step(flow, step, *args))
+
+    def _forget(self, flow: _Flow, fd: int) -> None:
+        assert self.loop is not None
+        if flow.watching.pop(fd, None) is not None:
+            self.loop.forget(fd)
+
+    def _set_timer(self, flow: _Flow, delay_s: float, step: Callable[..., None], *args: Any) -> None:
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = self.loop.call_at(time.monotonic() + delay_s, lambda: self._step(flow, step, *args))
+
+    def _begin(self, flow: _Flow) -> None:
+        client = flow.client
+        try:
+            target, port = original_destination(client)
+        except OSError:
+            target, port = None, 0
+        flow.event = {"connection": flow.conn_id, "port": port, "destination": str(target)}
+        if target is None:
+            self._refuse_here(flow, Verdict("deny", "net.not_captured", "no original destination"))
+            return
+        flow.target, flow.port = target, port
+        client.setblocking(False)
+        with contextlib.suppress(OSError):  # a response's head and body are separate writes
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if target.is_loopback and port == self.listen_port:
+            self._hand_over(flow)  # the agent asked for us as its HTTPS proxy: its CONNECT is read there
+            return
+        flow.name = self.synthetic.name_for(target)  # None: a literal address
+        flow.host = flow.name or str(target)
+        flow.event["host"] = flow.host
+        # Until the first byte: silent after sniff_timeout_s; from it, the message within message_timeout_s.
+        self._set_timer(flow, self.sniff_timeout_s, self._sniff_expired)
+        self._watch(flow, client.fileno(), select.EPOLLIN, self._sniff_more)
+        self._sniff_more(flow)  # what has arrived already is read without waiting for the loop
+
+    def _sniff_more(self, flow: _Flow) -> None:
+        """Read what the agent sent so far and sniff it (as sniff_first does, without waiting)."""
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._sniff_gone(flow, str(exc))
+            return
+        if not data:
+            self._sniff_gone(flow, "closed")
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        if flow.sniffed is None:
+            self._set_timer(flow, self.message_timeout_s, self._sniff_expired)
+            flow.sniffed = sniff(bytes(reader.buffer))
+        elif may_change(flow.sniffed, reader.buffer, before):
+            flow.sniffed = sniff(bytes(reader.buffer))
+        if flow.sniffed.complete or flow.sniffed.malformed:
+            self._sniffed(flow, flow.sniffed)
+
+    def _sniff_gone(self, flow: _Flow, why: str) -> None:
+        if flow.sniffed is None:
+            self._sniffed(flow, Sniffed("tcp", malformed=f"client went away before sending anything ({why})"))
+        else:
+            self._sniffed(flow, Sniffed(flow.sniffed.protocol, malformed=f"client went away mid-message ({why})"))
+
+    def _sniff_expired(self, flow: _Flow) -> None:
+        if flow.sniffed is None:
+            self._sniffed(flow, Sniffed("tcp", silent=True))
+            return
+        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.sniffed.protocol, "first message")
+        self._sniffed(
+            flow,
+            Sniffed(
+                flow.sniffed.protocol,
+                malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
+            ),
+        )
+
+    def _sniffed(self, flow: _Flow, sniffed: Sniffed) -> None:
+        """The first message is read (or will not be): a TLS or opaque one is decided here, the rest
+        go on on a pool thread."""
+        assert self.loop is not None and flow.target is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        flow.sniffed = sniffed
+        if sniffed.silent or sniffed.protocol == "http":
+            self._hand_over(flow)
+            return
+        self._forget(flow, flow.client.fileno())  # what it sends next waits in the kernel until relayed
+        protocol = protocol_name(sniffed, flow.port)
+        flow.event["protocol"] = protocol
+        _record_names(flow.event, sniffed)
+        candidates: list[IPAddress] | None = [flow.target]
+        if flow.name is not None and _name_problem(sniffed, flow.host, flow.name) is None:
+            candidates = self.resolver.cached_addresses(flow.name)
+        if candidates is None:
+            # Resolving may wait for the upstream resolver: done on a pool thread.
+            host, name, port, target = flow.host, flow.name, flow.port, flow.target
+            self._off_loop(flow, lambda: self._verdict(host, name, port, protocol, sniffed, target), self._decided)
+            return
+        self._decided(flow, self._verdict(flow.host, flow.name, flow.port, protocol, sniffed, flow.target, candidates))
+
+    def _off_loop(self, flow: _Flow, work: Callable[[], Any], then: Callable[[_Flow, Any], None]) -> None:
+        """Run `work` on a pool thread and `then(flow, its result)` back on the loop."""
+        loop = self.loop
+        assert loop is not None
+
+        def run() -> None:
+            try:
+                result = work()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                loop.post(lambda: self._step(flow, self._fail, failure))
+                return
+            loop.post(lambda: self._step(flow, then, result))
+
+        try:
+            self.workers.submit(run)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            self._fail(flow, f"no thread to handle the connection: {exc}")
+
+    def _decided(self, flow: _Flow, verdict: Verdict) -> None:
+        assert self.loop is not None
+        if verdict.address is not None:
+            flow.event["address"] = str(verdict.address)
+        if verdict.decision == "deny":
+            self._refuse_here(flow, verdict)
+            return
+        assert verdict.address is not None
+        flow.verdict = verdict
+        family = socket.AF_INET6 if verdict.address.version == 6 else socket.AF_INET
+        try:
+            upstream = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        except OSError as exc:
+            self._dial_failed(flow, exc)
+            return
+        flow.upstream = upstream
+        # Exactly the address that was checked; the handshake starts only now, after the decision.
+        error = upstream.connect_ex((str(verdict.address), flow.port))
+        if error == 0:
+            self._dialled(flow)
+        elif error != errno.EINPROGRESS:
+            self._dial_failed(flow, OSError(error, os.strerror(error)))
+        else:
+            late = TimeoutError(f"no connection within {self.connect_timeout_s:g} s")
+            self._set_timer(flow, self.connect_timeout_s, self._dial_failed, late)
+            self._watch(flow, upstream.fileno(), select.EPOLLOUT, self._dial_ready)
+
+    def _dial_ready(self, flow: _Flow) -> None:
+        assert flow.upstream is not None
+        error = flow.upstream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            self._dial_failed(flow, OSError(error, os.strerror(error)))
+            return
+        try:
+            flow.upstream.getpeername()
+        except OSError:
+            return  # not connected yet: a wake meant for a descriptor closed in the same round
+        self._dialled(flow)
+
+    def _dial_failed(self, flow: _Flow, exc: BaseException) -> None:
+        assert flow.verdict is not None or flow.upstream is None
+        address = flow.verdict.address if flow.verdict is not None else None
+        if flow.upstream is not None:
+            self._forget(flow, flow.upstream.fileno())
+            flow.upstream.close()
+            flow.upstream = None
+        self._refuse_here(flow, Verdict("deny", "net.dial_failed", f"{address} port {flow.port}: {exc}"))
+
+    def _dialled(self, flow: _Flow) -> None:
+        assert self.loop is not None and flow.upstream is not None and flow.verdict is not None
+        upstream = flow.upstream
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        self._forget(flow, upstream.fileno())
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        with self._lock:
+            self.active.add(upstream)
+        self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
+        with self._lock:
+            self.stats["allowed"] += 1
+        # The ClientHello, or opaque bytes, checked whole: every later byte is spliced, both ways.
+        flow.relay = Relay(flow.client, upstream, flow.reader.take(len(flow.reader.buffer)))
+        self._relay_step(flow, None)
+
+    def _relay_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        assert flow.relay is not None
+        try:
+            flow.relay.step(ready)
+        except OSError:
+            self._relayed(flow)  # one side reset: both are ended
+            return
+        wanted = flow.relay.wanted()
+        if not wanted:
+            self._relayed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in wanted]:
+            self._forget(flow, fd)
+        for fd, mask in wanted.items():
+            self._watch(flow, fd, mask, self._relay_step, {fd})
+
+    def _relayed(self, flow: _Flow) -> None:
+        assert flow.relay is not None and flow.verdict is not None
+        sent, received = flow.relay.moved
+        with self._lock:
+            self.stats["bytes_out"] += sent
+            self.stats["bytes_in"] += received
+        self.record(
+            "net.close",
+            {
+                "connection": flow.conn_id,
+                "host": flow.host,
+                "port": flow.port,
+                "address": str(flow.verdict.address),
+                "bytes_out": sent,
+                "bytes_in": received,
+                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+            },
+        )
+        self._end(flow)
+
+    def _refuse_here(self, flow: _Flow, verdict: Verdict) -> None:
+        """Refused on the loop (never plain HTTP, whose refusal is an answer written on a pool thread)."""
+        self._deny(flow.client, flow.event, verdict)
+        self._end(flow)
+
+    def _end(self, flow: _Flow) -> None:
+        """The connection is over on the loop: stop watching, close, count it out. Once only."""
+        if flow.done:
+            return
+        flow.done = True
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        for fd in list(flow.watching):
+            self._forget(flow, fd)
+        with self._lock:
+            self.active.discard(flow.client)
+            if flow.upstream is not None:
+                self.active.discard(flow.upstream)
+        try:
+            if flow.relay is not None:
+                flow.relay.close()
+        finally:
+            for sock in (flow.client, flow.upstream):
+                if sock is not None:
+                    sock.close()
+            self.flows.discard(flow)
+            self.ended()
+
+    def _hand_over(self, flow: _Flow) -> None:
+        """Continue the connection on a pool thread, blocking, from where the loop left it."""
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        self._forget(flow, flow.client.fileno())
+        flow.client.setblocking(True)  # blocking for good: see stream.py
+        try:
+            self.workers.submit(self._handle_blocking, flow)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            self._fail(flow, f"no thread to handle the connection: {exc}")
+            return
+        flow.done = True  # the pool thread's from here on
+        self.flows.discard(flow)
+
+    def abandon(self) -> None:
+        """The loop is ending before its connections did (stop gave up waiting): close them. Those
+        handed to pool threads are theirs to close."""
+        for flow in list(self.flows):
+            flow.done = True
+            with self._lock:
+                self.active.discard(flow.client)
+                if flow.upstream is not None:
+                    self.active.discard(flow.upstream)
+            if flow.relay is not None:
+                flow.relay.close()
+            for sock in (flow.client, flow.upstream):
+                if sock is not None:
+                    sock.close()
+        self.flows.clear()
+
+    # -- per connection, on a pool thread
+
+    def _handle_blocking(self, flow: _Flow) -> None:
+        client, reader, event = flow.client, flow.reader, flow.event
+        conn_id, started, port, target = flow.conn_id, flow.started, flow.port, flow.target
+        assert target is not None
         upstream: socket.socket | None = None
         try:
-            try:
-                target, port = original_destination(client)
-            except OSError:
-                target, port = None, 0
-            event: dict[str, Any] = {"connection": conn_id, "port": port, "destination": str(target)}
-            if target is None:
-                self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
-                return
-            if client.gettimeout() is not None:
-                client.settimeout(None)  # blocking for good: see stream.py
-            with contextlib.suppress(OSError):  # a response's head and body are separate writes
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            reader = ClientReader(client)
-            if target.is_loopback and port == self.listen_port:
-                tunnel = self._connect_request(reader, event)  # the agent asked for us as its HTTPS proxy
+            if flow.sniffed is None:  # through the filter as a proxy: nothing was read yet
+                tunnel = self._connect_request(reader, event)
                 if tunnel is None:
                     return
                 host, name, port, target = tunnel
+                event["host"] = host
+                sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
             else:
-                name = self.synthetic.name_for(target)  # None: a literal address
-                host = name or str(target)
-            event["host"] = host
-            sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
+                host, name, sniffed = flow.host, flow.name, flow.sniffed
             if sniffed.silent and self._opaque_refused(host, port):
                 # tcp would be refused anyway: give a slow client time to say what it speaks
                 sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
@@ -254,6 +614,7 @@ class ConnectionFilter:
             for sock in (client, upstream):
                 if sock is not None:
                     sock.close()
+            self.ended()
 
     def _connect_request(
         self, reader: ClientReader, event: dict[str, Any]
@@ -430,16 +791,26 @@ class ConnectionFilter:
         return answer
 
     def _verdict(
-        self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
+        self,
+        host: str,
+        name: str | None,
+        port: int,
+        protocol: str,
+        sniffed: Sniffed,
+        target: IPAddress,
+        resolved: list[IPAddress] | None = None,
     ) -> Verdict:
+        """The decision on a connection's first message; `resolved`: the name's addresses, already
+        known (else resolved here, which may wait for the upstream resolver)."""
         problem = _name_problem(sniffed, host, name)
         if problem is not None:
             return problem
+        candidates: list[IPAddress]
         if name is None:
-            candidates: list[IPAddress] = [target]  # a literal address: decided as itself, dialled as itself
+            candidates = [target]  # a literal address: decided as itself, dialled as itself
         else:
             try:
-                candidates = self.resolver.addresses(name)
+                candidates = resolved if resolved is not None else self.resolver.addresses(name)
             except ResolveError as exc:
                 return Verdict("deny", "net.resolve_failed", str(exc))
             if not candidates:
@@ -491,6 +862,10 @@ class ConnectionFilter:
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:

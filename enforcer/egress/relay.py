@@ -208,30 +208,71 @@ def _give_back(read_end: int, write_end: int, drained: bool) -> None:
     os.close(write_end)
 
 
-def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
-    """Relay both directions on the calling thread until both are done: each socket non-blocking,
-    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
-    direction. No second thread is woken for the way back. `first`: the agent's bytes already read
-    and checked, sent before anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
-    ways: list[_Way] = []
-    try:
-        ways.append(_Way(client, upstream, first))
-        ways.append(_Way(upstream, client))
+class Relay:
+    """Both directions of a connection whose every byte is spliced, stepped by whoever waits on its
+    sockets (relay_here's poll, or the filter's loop): `wanted()` says which descriptors to wait on
+    for what, `step()` moves what the ready ones allow. Both sockets are made non-blocking.
+    `first`: the agent's bytes already read and checked, sent before anything else."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket, first: bytes = b"") -> None:
+        self.client, self.upstream = client, upstream
+        self.ways: list[_Way] = []
+        try:
+            self.ways.append(_Way(client, upstream, first))
+            self.ways.append(_Way(upstream, client))
+        except BaseException:
+            self.close()
+            raise
         for sock in (client, upstream):
             sock.setblocking(False)
-        poller = select.poll()
-        registered: dict[int, int] = {}
-        ready: set[int] | None = None  # None: the first round, where only `first` has anything to do
-        while True:
-            for way in ways:
+
+    def step(self, ready: set[int] | None) -> None:
+        """Step each direction whose descriptor is ready (`ready` None: the first round, where only
+        the checked first bytes have anything to do). OSError: a side reset (both are then ended)."""
+        try:
+            for way in self.ways:
                 want = way.wants()
                 if want is not None and (want[0] in ready if ready is not None else bool(way.head)):
                     way.step()
-            wanted: dict[int, int] = {}
-            for way in ways:
-                want = way.wants()
-                if want is not None:
-                    wanted[want[0]] = wanted.get(want[0], 0) | want[1]
+        except OSError:
+            _end_both(self.client, self.upstream)
+            raise
+
+    def wanted(self) -> dict[int, int]:
+        """Descriptor -> poll events to wait for; empty once both directions are done. A reset or
+        hang-up shows as an event too: the step it causes reads it."""
+        wanted: dict[int, int] = {}
+        for way in self.ways:
+            want = way.wants()
+            if want is not None:
+                wanted[want[0]] = wanted.get(want[0], 0) | want[1]
+        return wanted
+
+    @property
+    def moved(self) -> tuple[int, int]:
+        """(bytes agent -> upstream, upstream -> agent)."""
+        return (self.ways[0].moved if self.ways else 0), (self.ways[1].moved if len(self.ways) > 1 else 0)
+
+    def close(self) -> None:
+        """Give back (or close) the pipes; the sockets are the caller's."""
+        for way in self.ways:
+            way.close()
+
+
+def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
+    """Relay both directions on the calling thread until both are done: each socket non-blocking,
+    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
+    direction. `first`: the agent's bytes already read and checked, sent before anything else.
+    Returns (bytes agent -> upstream, upstream -> agent)."""
+    relayed: Relay | None = None
+    try:
+        relayed = Relay(client, upstream, first)
+        poller = select.poll()
+        registered: dict[int, int] = {}
+        ready: set[int] | None = None
+        while True:
+            relayed.step(ready)
+            wanted = relayed.wanted()
             if not wanted:
                 break
             for fd in registered.keys() - wanted.keys():
@@ -240,14 +281,13 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
                 if registered.get(fd) != mask:
                     poller.register(fd, mask)  # registers, or modifies a registered fd
             registered = wanted
-            # A reset or hang-up shows as an event too: the step it causes reads it.
             ready = {fd for fd, _ in poller.poll()}
     except OSError:
         _end_both(client, upstream)  # one side reset, as _pump does
     finally:
-        for way in ways:
-            way.close()
-    return (ways[0].moved if ways else 0), (ways[1].moved if len(ways) > 1 else 0)
+        if relayed is not None:
+            relayed.close()
+    return relayed.moved if relayed is not None else (0, 0)
 
 
 def _end_both(client: socket.socket, upstream: socket.socket) -> None:

@@ -115,11 +115,11 @@ def sniff_first(reader: ClientReader, first_byte_s: float | None, message_s: flo
             )
         except ClientGone as exc:
             return Sniffed(result.protocol, malformed=f"client went away mid-message ({exc})")
-        if _may_change(result, reader.buffer, before):
+        if may_change(result, reader.buffer, before):
             result = sniff(bytes(reader.buffer))
 
 
-def _may_change(result: Sniffed, buffer: bytearray, before: int) -> bool:
+def may_change(result: Sniffed, buffer: bytearray, before: int) -> bool:
     """Whether the bytes just read can change an incomplete answer: a client writing one byte at a
     time must not make the filter re-read its whole message for every byte."""
     if result.protocol == "tls":
