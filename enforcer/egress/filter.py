@@ -405,7 +405,6 @@ class ConnectionFilter:
         upstream = flow.upstream
         self.loop.cancel(flow.timer)
         flow.timer = None
-        self._forget(flow, upstream.fileno())
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
         with self._lock:
