@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import socket
 import threading
 import time
@@ -277,6 +278,40 @@ def test_half_close_and_urgent_data_on_the_loop(loopside: Loopside) -> None:
     assert loopside.upstream.received == [b"PING\nlast words"]  # type: ignore[attr-defined]
     closing = [r for r in records(loopside) if r["kind"] == "net.close"]
     assert len(closing) == 1 and closing[0]["bytes_out"] == len(b"PING\nlast words")
+
+
+def test_out_of_descriptors_at_the_dial_refuses_that_connection_and_the_loop_serves_on(loopside: Loopside) -> None:
+    """The agent's connections take the filter's last descriptors: the one whose upstream socket
+    cannot be made is refused and recorded (never relayed unrecorded, never the loop's end), and
+    the next one, once descriptors are free, is relayed."""
+    first = loopside.connect(GOOD)
+    assert ping(first) == b"PONG\n"
+    first.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    starved = loopside.connect(GOOD)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        os.close(held.pop())  # one for the accepted connection: none for its upstream socket
+        starved.sendall(b"PING\n")
+        with pytest.raises(ConnectionResetError):
+            starved.recv(1)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        starved.close()
+    with loopside.connect(GOOD) as later:
+        assert ping(later) == b"PONG\n"
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    summary = loopside.stop()
+    assert summary["connections"] == {**summary["connections"], "connections": 3, "allowed": 2, "denied": 1}
+    [refused] = [r for r in records(loopside) if r.get("decision") == "deny"]
+    assert refused["rules"] == ["net.dial_failed"] and "Too many open files" in refused["reasons"][0]["text"]
 
 
 def _pool_cpu(loopside: Loopside) -> float:
