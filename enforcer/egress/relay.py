@@ -1,8 +1,9 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
 bytes never enter Python (the GIL is released inside splice). Only what the filter must read passes
 through Python: a connection's first message and plain-HTTP heads. A connection whose every later
-byte is spliced (TLS, opaque TCP) is relayed both ways by the thread that handles it (relay_here);
-plain HTTP, whose requests are read one by one, has a thread per direction (relay)."""
+byte is spliced (TLS, opaque TCP) is relayed both ways by one Relay, stepped by the connection loop
+as its sockets become ready (or by relay_here's own poll on a handling thread); plain HTTP, whose
+requests are read one by one, has a thread per direction (relay)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ kernel queues what the agent sends meanwhile. Here the filter opens its own audi
 `net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
 The connection filter and its thread pool are made at the first TCP connection, and dnspython is
 loaded at the first name to resolve or query to parse (dns.py): a session that never uses the
-network loads neither. From then on TCP connections are accepted on the pool's threads, one at a
-time, each by the thread that then handles it: no hand-off between accepting and handling.
+network loads neither. The first TCP connection also starts the connection loop (loop.py) on a pool
+thread: from then on it accepts the TCP connections and steps each one (filter.py), and serve()
+watches only DNS and the launcher.
 """
 
 from __future__ import annotations
