@@ -32,7 +32,7 @@ from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
 from .loop import Loop, Timer
-from .relay import Relay, pump, relay, relay_here
+from .relay import Relay, Way, end_both, pump, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -45,7 +45,16 @@ from .sniff import (
     protocol_name,
     sniff,
 )
-from .stream import READ_SIZE, ClientGone, ClientReader, forward_body, may_change, read_head, sniff_first
+from .stream import (
+    READ_SIZE,
+    ClientGone,
+    ClientReader,
+    Outbound,
+    forward_body,
+    may_change,
+    read_head,
+    sniff_first,
+)
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 _OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
@@ -53,6 +62,7 @@ Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when i
 # decide() answers kept per filter; the agent chooses the questions (hosts, ports, addresses), so
 # the memory is bounded: past this many, it starts again empty.
 MAX_KEPT_DECISIONS = 4096
+FAREWELL_S = 1.0  # a refused HTTP client's time to read its 403 and close
 
 
 @dataclass
@@ -113,14 +123,18 @@ class _Flow:
     """One connection's state while the loop steps it (and, once handed over, its pool thread)."""
 
     __slots__ = (
+        "back",
         "client",
         "conn_id",
         "done",
         "event",
+        "farewell",
         "host",
         "name",
+        "out",
         "port",
         "reader",
+        "refused",
         "relay",
         "sniffed",
         "started",
@@ -147,6 +161,12 @@ class _Flow:
         self.upstream: socket.socket | None = None
         self.verdict: Verdict | None = None
         self.relay: Relay | None = None
+        # Plain HTTP: the agent's requests moved one by one, the way back spliced, and what was
+        # refused after the connection was allowed.
+        self.out: Outbound | None = None
+        self.back: Way | None = None
+        self.refused: list[Verdict] = []
+        self.farewell = b""  # a refused HTTP client's 403, not yet written
         self.done = False
 
 
@@ -316,8 +336,8 @@ class ConnectionFilter:
         self.loop.cancel(flow.timer)
         flow.timer = None
         flow.sniffed = sniffed
-        if sniffed.silent or sniffed.protocol == "http":
-            self._hand_over(flow)
+        if sniffed.silent or (sniffed.head is not None and is_websocket(sniffed.head)):
+            self._hand_over(flow)  # its first bytes, or the server's answer to the switch, may come much later
             return
         self._forget(flow, flow.client.fileno())  # what it sends next waits in the kernel until relayed
         protocol = protocol_name(sniffed, flow.port)
@@ -412,9 +432,93 @@ class ConnectionFilter:
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
         with self._lock:
             self.stats["allowed"] += 1
+        head = flow.sniffed.head if flow.sniffed is not None else None
+        if head is not None:
+            # Plain HTTP: each request head read, checked and forwarded; the answers spliced back.
+            host, name = flow.host, flow.name
+            flow.reader.take(head.size)
+            flow.back = Way(upstream, flow.client)
+            flow.out = Outbound(
+                flow.reader,
+                upstream,
+                head,
+                lambda following: _request_problem(following, host, name, first=False),
+                self.message_timeout_s,
+            )
+            self._http_step(flow, None)
+            return
         # The ClientHello, or opaque bytes, checked whole: every later byte is spliced, both ways.
         flow.relay = Relay(flow.client, upstream, flow.reader.take(len(flow.reader.buffer)))
         self._relay_step(flow, None)
+
+    def _http_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        """Step a plain-HTTP connection: the way back where its socket is ready, the agent's
+        requests where theirs is (None: both, the first time)."""
+        out, back, loop = flow.out, flow.back, self.loop
+        assert out is not None and back is not None and flow.upstream is not None and loop is not None
+        moving = not out.done
+        try:
+            want = back.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                back.step()
+            want = out.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                out.step()
+        except OSError:
+            end_both(flow.client, flow.upstream)  # one side reset
+            out.state = "done"
+        if out.refusal is not None and not flow.refused:
+            named, problem = out.refusal
+            verdict = problem if isinstance(problem, Verdict) else Verdict("deny", "net.unreadable", str(problem))
+            self._refuse_later(flow.reader, flow.upstream, flow.event, named, verdict, flow.refused, out.requests + 1)
+        if moving and out.done:
+            with contextlib.suppress(OSError):
+                flow.upstream.shutdown(socket.SHUT_WR)  # the agent's requests are over
+        deadline = None if out.done else out.deadline
+        if deadline is None or flow.timer is None or flow.timer.when != deadline:
+            loop.cancel(flow.timer)
+            flow.timer = None
+            if deadline is not None:
+                flow.timer = loop.call_at(deadline, lambda: self._step(flow, self._http_expired))
+        wanted: dict[int, int] = {}
+        for way_wants in (out.wants(), back.wants()):
+            if way_wants is not None:
+                wanted[way_wants[0]] = wanted.get(way_wants[0], 0) | way_wants[1]
+        if not wanted:
+            self._http_closed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in wanted]:
+            self._forget(flow, fd)
+        for fd, mask in wanted.items():
+            self._watch(flow, fd, mask, self._http_step, {fd})
+
+    def _http_expired(self, flow: _Flow) -> None:
+        assert flow.out is not None
+        flow.timer = None
+        flow.out.expired()
+        self._http_step(flow, set())
+
+    def _http_closed(self, flow: _Flow) -> None:
+        assert flow.out is not None and flow.back is not None and flow.verdict is not None
+        if flow.refused:
+            reset(flow.client)  # earlier responses may still be in flight: no answer can follow them
+        sent, received = flow.out.sent, flow.back.moved
+        with self._lock:
+            self.stats["bytes_out"] += sent
+            self.stats["bytes_in"] += received
+        closing: dict[str, Any] = {
+            "connection": flow.conn_id,
+            "host": flow.host,
+            "port": flow.port,
+            "address": str(flow.verdict.address),
+            "bytes_out": sent,
+            "bytes_in": received,
+            "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+        }
+        if flow.out.requests:
+            closing["requests"] = flow.out.requests
+        self.record("net.close", closing)
+        self._end(flow)
 
     def _relay_step(self, flow: _Flow, ready: set[int] | None) -> None:
         assert flow.relay is not None
@@ -453,9 +557,41 @@ class ConnectionFilter:
         self._end(flow)
 
     def _refuse_here(self, flow: _Flow, verdict: Verdict) -> None:
-        """Refused on the loop (never plain HTTP, whose refusal is an answer written on a pool thread)."""
-        self._deny(flow.client, flow.event, verdict)
-        self._end(flow)
+        """Refused on the loop: audited, then a plain-HTTP client gets a readable answer, anything
+        else a reset."""
+        assert flow.sniffed is not None or flow.target is None
+        if flow.sniffed is None or flow.sniffed.protocol != "http":
+            self._deny(flow.client, flow.event, verdict)
+            self._end(flow)
+            return
+        with self._lock:
+            self.stats["denied"] += 1
+        self._emit("net.connect", flow.event, verdict)
+        flow.farewell = _refusal_answer(verdict)
+        with contextlib.suppress(OSError):
+            flow.client.recv(65536)  # consume the request: closing over unread bytes resets
+        self._forget(flow, flow.client.fileno())
+        self._set_timer(flow, FAREWELL_S, self._end)  # whatever the client does, it is closed then
+        self._farewell(flow)
+
+    def _farewell(self, flow: _Flow) -> None:
+        """Write the 403, end our side, and read until the client closes (or the timer ends it)."""
+        client = flow.client
+        try:
+            while flow.farewell:
+                flow.farewell = flow.farewell[client.send(flow.farewell) :]
+                if not flow.farewell:
+                    client.shutdown(socket.SHUT_WR)
+            for _ in range(16):  # then back to the loop: a client that keeps sending holds no more
+                if not client.recv(65536):
+                    self._end(flow)
+                    return
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._end(flow)
+            return
+        self._watch(flow, client.fileno(), select.EPOLLOUT if flow.farewell else select.EPOLLIN, self._farewell)
 
     def _end(self, flow: _Flow) -> None:
         """The connection is over on the loop: stop watching, close, count it out. Once only."""
@@ -471,8 +607,9 @@ class ConnectionFilter:
             if flow.upstream is not None:
                 self.active.discard(flow.upstream)
         try:
-            if flow.relay is not None:
-                flow.relay.close()
+            for moving in (flow.relay, flow.out, flow.back):
+                if moving is not None:
+                    moving.close()
         finally:
             for sock in (flow.client, flow.upstream):
                 if sock is not None:
@@ -504,8 +641,9 @@ class ConnectionFilter:
                 self.active.discard(flow.client)
                 if flow.upstream is not None:
                     self.active.discard(flow.upstream)
-            if flow.relay is not None:
-                flow.relay.close()
+            for moving in (flow.relay, flow.out, flow.back):
+                if moving is not None:
+                    moving.close()
             for sock in (flow.client, flow.upstream):
                 if sock is not None:
                     sock.close()
@@ -999,18 +1137,23 @@ def _from_decision(decision: Decision, address: IPAddress) -> Verdict:
     )
 
 
-def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
-    """A plain-HTTP client gets a readable answer instead of a bare reset."""
+def _refusal_answer(verdict: Verdict) -> bytes:
     body = f"adl-enforcer: connection denied ({verdict.rule}): {verdict.text}\n".encode()
     head = (
         "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
         f"X-ADL-Enforcer-Rule: {verdict.rule}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
+    return head + body
+
+
+def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
+    """A plain-HTTP client gets a readable answer instead of a bare reset."""
+    answer = _refusal_answer(verdict)
     with contextlib.suppress(OSError):
         client.recv(65536, socket.MSG_DONTWAIT)  # consume the request: closing over unread bytes resets
     with contextlib.suppress(OSError):
         client.settimeout(1.0)
-        client.sendall(head + body)
+        client.sendall(answer)
         client.shutdown(socket.SHUT_WR)
         while client.recv(65536):  # until the client closes (bounded by the timeout)
             pass

@@ -98,8 +98,8 @@ def relay(
     return counts[0], counts[1]
 
 
-class _Way:
-    """One direction of relay_here: `head` (bytes already read) sent first, then src spliced into a
+class Way:
+    """One direction of a spliced relay: `head` (bytes already read) sent first, then src spliced into a
     pipe and the pipe into dst."""
 
     def __init__(self, src: socket.socket, dst: socket.socket, head: bytes = b"") -> None:
@@ -168,6 +168,26 @@ class _Way:
         _give_back(self.read_end, self.write_end, self.in_pipe == 0)
 
 
+def nonblocking_splice(src_fd: int, dst_fd: int, size: int) -> int:
+    """One splice(2) that does not wait (BlockingIOError: nothing to move now)."""
+    return os.splice(src_fd, dst_fd, size, flags=_NONBLOCK)
+
+
+def at_urgent_mark(sock: socket.socket) -> bool:
+    return _at_urgent_mark(sock)
+
+
+def take_pipe() -> tuple[int, int]:
+    """An empty pipe for a relay: a kept one, else a new one."""
+    return _take_pipe()
+
+
+def give_back(read_end: int, write_end: int, drained: bool) -> None:
+    """Keep the pipe for a next connection when it is drained and fewer than MAX_KEPT_PIPES are
+    kept; else close it."""
+    _give_back(read_end, write_end, drained)
+
+
 def _at_urgent_mark(sock: socket.socket) -> bool:
     try:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCATMARK, b"\0\0\0\0"))[0] == 1
@@ -217,10 +237,10 @@ class Relay:
 
     def __init__(self, client: socket.socket, upstream: socket.socket, first: bytes = b"") -> None:
         self.client, self.upstream = client, upstream
-        self.ways: list[_Way] = []
+        self.ways: list[Way] = []
         try:
-            self.ways.append(_Way(client, upstream, first))
-            self.ways.append(_Way(upstream, client))
+            self.ways.append(Way(client, upstream, first))
+            self.ways.append(Way(upstream, client))
         except BaseException:
             self.close()
             raise
@@ -289,6 +309,11 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
         if relayed is not None:
             relayed.close()
     return relayed.moved if relayed is not None else (0, 0)
+
+
+def end_both(client: socket.socket, upstream: socket.socket) -> None:
+    """End both directions of a relayed connection."""
+    _end_both(client, upstream)
 
 
 def _end_both(client: socket.socket, upstream: socket.socket) -> None:
