@@ -30,12 +30,12 @@ from enforcer.egress.netns import AgentNamespace
 from ..helpers.documents import base_adl, compile_doc
 from ..unit.test_egress_process import RecordingListener, Setup, audit_records, wait_for
 
-GOOD, STALLED = "api.example.test", "slow.example.test"
+GOOD, STALLED, WEB = "api.example.test", "slow.example.test", "web.example.test"
 PORT = 443
 
 
 class Upstream:
-    """A server on a loopback address of its own: answers b"PONG\\n" to a line, then echoes
+    """A server on a loopback address of its own: answers b"PONG\n" to a line, then echoes
     whatever follows until the client's end, then closes."""
 
     def __init__(self) -> None:
@@ -80,6 +80,22 @@ class Upstream:
         self._accepting.join(5)
 
 
+class HttpUpstream(Upstream):
+    """Keeps every byte it receives; answers each request line it sees with a short 200."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        got = b""
+        answered = 0
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(10)
+            while chunk := conn.recv(65536):
+                got += chunk
+                while got.count(b" HTTP/1.1\r\n") > answered:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    answered += 1
+        self.received.append(got)
+
+
 class Stalled:
     """A listener whose accept queue is full and never taken from: a SYN to it goes unanswered, as
     from a host that drops the filter's handshake."""
@@ -105,16 +121,22 @@ class Stalled:
 class Loopside:
     """A filter server whose listener the test's clients connect to, serving until stop()."""
 
-    def __init__(self, setup: Setup, monkeypatch: pytest.MonkeyPatch, upstream: Upstream, stalled: Stalled) -> None:
+    def __init__(
+        self, setup: Setup, monkeypatch: pytest.MonkeyPatch, upstream: Upstream, stalled: Stalled, web: Upstream
+    ) -> None:
         self.setup = setup
         connections = setup.connections
         connections.policy = compile_doc(
             setup.schemas,
-            base_adl(permissions={"network": {"allowed_hosts": [GOOD, STALLED], "allowed_ports": [PORT]}}),
+            base_adl(permissions={"network": {"allowed_hosts": [GOOD, STALLED, WEB], "allowed_ports": [PORT]}}),
             public_test_ranges=["127.0.0.0/8"],
         )
-        connections.resolver.zone = {GOOD: [upstream.address], STALLED: [stalled.address]}  # type: ignore[attr-defined]
-        self.synthetic = {name: connections.synthetic.address_for(name, 4) for name in (GOOD, STALLED)}
+        connections.resolver.zone = {  # type: ignore[attr-defined]
+            GOOD: [upstream.address],
+            STALLED: [stalled.address],
+            WEB: [web.address],
+        }
+        self.synthetic = {name: connections.synthetic.address_for(name, 4) for name in (GOOD, STALLED, WEB)}
         self.meant: dict[int, str] = {}  # the agent's port -> the name it connected to
 
         def destination(sock: socket.socket) -> tuple[Any, int]:
@@ -165,15 +187,17 @@ class Loopside:
 def loopside(schemas: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loopside]:
     setup = Setup(schemas, tmp_path, max_connections=256)
     setup.schemas = schemas  # type: ignore[attr-defined]
-    upstream, stalled = Upstream(), Stalled()
-    made = Loopside(setup, monkeypatch, upstream, stalled)
+    upstream, stalled, web = Upstream(), Stalled(), HttpUpstream()
+    made = Loopside(setup, monkeypatch, upstream, stalled, web)
     made.upstream = upstream  # type: ignore[attr-defined]
+    made.web = web  # type: ignore[attr-defined]
     try:
         yield made
     finally:
         made.close()
         upstream.close()
         stalled.close()
+        web.close()
         setup.close()
 
 
@@ -359,3 +383,89 @@ def test_timers_set_and_cancelled_by_connections_stay_bounded() -> None:
         assert fired == [1]
     finally:
         loop.close()
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One short answer of the HTTP upstream (its head and 2-byte body)."""
+    got = b""
+    while not (b"\r\n\r\n" in got and got.endswith(b"ok")):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def test_every_request_on_a_kept_alive_connection_is_checked_on_the_loop(loopside: Loopside) -> None:
+    """Plain HTTP on the loop: a head written a byte at a time is read whole; a body by its length
+    (part of it in the head's segment, the rest later) and a chunked one with trailers are forwarded
+    as framed; each head goes upstream re-serialised; a later head naming another host is refused
+    with its request number, cuts the connection, and never reaches the server."""
+    client = loopside.connect(WEB)
+    try:
+        for byte in b"GET /one HTTP/1.1\nHost: web.example.test\n\n":
+            client.send(bytes([byte]))
+        assert read_answer(client).startswith(b"HTTP/1.1 200 OK")
+        client.sendall(b"POST /two HTTP/1.1\r\nHost: web.example.test\r\nContent-Length: 10\r\n\r\n01234")
+        time.sleep(0.1)
+        client.sendall(b"56789")
+        assert read_answer(client).startswith(b"HTTP/1.1 200 OK")
+        client.sendall(
+            b"POST /three HTTP/1.1\r\nHost: web.example.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5;x=y\r\nhello\r\n0\r\nTrailer-One: 1\r\n\r\n"
+        )
+        assert read_answer(client).startswith(b"HTTP/1.1 200 OK")
+        client.sendall(b"GET /four HTTP/1.1\r\nHost: evil.example.test\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):
+            assert client.recv(4096) == b""
+    finally:
+        client.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    web: HttpUpstream = loopside.web  # type: ignore[attr-defined]
+    wait_for(lambda: len(web.received) == 1)
+    assert web.received[0] == (
+        b"GET /one HTTP/1.1\r\nHost: web.example.test\r\n\r\n"
+        b"POST /two HTTP/1.1\r\nHost: web.example.test\r\nContent-Length: 10\r\n\r\n0123456789"
+        b"POST /three HTTP/1.1\r\nHost: web.example.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nTrailer-One: 1\r\n\r\n"
+    )
+    written = records(loopside)
+    [refused] = [r for r in written if r.get("decision") == "deny"]
+    assert refused["rules"] == ["net.host_mismatch"] and refused["request"] == 4
+    assert refused["http_host"] == "evil.example.test"
+    [closing] = [r for r in written if r["kind"] == "net.close"]
+    assert closing["requests"] == 3 and closing["bytes_out"] == len(web.received[0])
+
+
+def test_a_refused_first_request_is_answered_403_and_a_stalled_head_is_cut(loopside: Loopside) -> None:
+    """A first request naming another host gets a readable 403 from the loop; a later head begun
+    and never finished is refused at its deadline (message_timeout_s, 1 s) while other connections
+    are served; both are recorded."""
+    refused = loopside.connect(WEB)
+    stalling = loopside.connect(WEB)
+    try:
+        refused.sendall(b"GET / HTTP/1.1\r\nHost: evil.example.test\r\n\r\n")
+        answer = b""
+        while chunk := refused.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden") and b"X-ADL-Enforcer-Rule: net.host_mismatch" in answer
+        stalling.sendall(b"GET / HTTP/1.1\r\nHost: web.example.test\r\n\r\n")
+        assert read_answer(stalling).startswith(b"HTTP/1.1 200 OK")
+        stalling.sendall(b"GET /next HTTP/1.1\r\nHost: web.exa")
+        started = time.monotonic()
+        with loopside.connect(GOOD) as quick:
+            assert ping(quick) == b"PONG\n"
+        assert time.monotonic() - started < 0.5
+        with contextlib.suppress(ConnectionResetError):
+            assert stalling.recv(4096) == b""
+        assert 0.5 < time.monotonic() - started < 3
+    finally:
+        refused.close()
+        stalling.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    denials = {r["rules"][0]: r for r in records(loopside) if r.get("decision") == "deny"}
+    assert set(denials) == {"net.host_mismatch", "net.unreadable"}
+    assert "incomplete HTTP request head after 1 s" in denials["net.unreadable"]["reasons"][0]["text"]
+    assert denials["net.unreadable"]["request"] == 2
