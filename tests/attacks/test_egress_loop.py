@@ -311,16 +311,17 @@ def test_out_of_descriptors_at_the_dial_refuses_that_connection_and_the_loop_ser
     first = loopside.connect(GOOD)
     assert ping(first) == b"PONG\n"
     first.close()
-    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    upstream: Upstream = loopside.upstream  # type: ignore[attr-defined]
+    wait_for(lambda: loopside.setup.server.handlers.value == 0 and len(upstream.received) == 1)  # all closed
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held: list[int] = []
     starved = loopside.connect(GOOD)
     try:
+        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
         with contextlib.suppress(OSError):
-            while True:
+            while True:  # none left for its upstream socket
                 held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-        os.close(held.pop())  # one for the accepted connection: none for its upstream socket
         starved.sendall(b"PING\n")
         with pytest.raises(ConnectionResetError):
             starved.recv(1)
