@@ -32,6 +32,9 @@ from .sniff import (
 )
 
 READ_SIZE = 16384
+# Reads from the agent one Outbound.step() makes before it returns to the loop: a client streaming
+# requests must not keep the loop from the other connections (what is left is read at the next wake).
+READS_PER_STEP = 16
 _LINE_OR_BINARY = re.compile(rb"[\x00-\x1f\x7f-\xff]")  # a line end, or a byte no request line has
 
 
@@ -244,6 +247,7 @@ class Outbound:
         self.requests = 0
         self.sent = 0
         self.refusal: tuple[Sniffed, object] | None = None
+        self._reads = 0
 
     @property
     def done(self) -> bool:
@@ -269,6 +273,7 @@ class Outbound:
             self.pipe = None
 
     def step(self) -> None:
+        self._reads = 0
         try:
             while not self.done and self._flushed() and self._advance():
                 pass
@@ -360,6 +365,8 @@ class Outbound:
             self.remaining -= len(data)
             self.sent += len(data)
             return True
+        if self._spent():
+            return False
         if self.pipe is None:
             self.pipe = take_pipe()
         try:
@@ -388,8 +395,16 @@ class Outbound:
         self.sent += moved
         return True
 
+    def _spent(self) -> bool:
+        """Whether this step has read its share; the socket stays readable, so the loop comes back."""
+        self._reads += 1
+        return self._reads > READS_PER_STEP
+
     def _fill(self) -> bool:
-        """Read more of the agent's bytes into the buffer; False when none have arrived yet."""
+        """Read more of the agent's bytes into the buffer; False when none have arrived yet (or this
+        step has read its share)."""
+        if self._spent():
+            return False
         try:
             data = self.reader.sock.recv(READ_SIZE)
         except BlockingIOError:

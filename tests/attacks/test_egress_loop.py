@@ -32,6 +32,7 @@ from ..unit.test_egress_process import RecordingListener, Setup, audit_records, 
 
 GOOD, STALLED, WEB = "api.example.test", "slow.example.test", "web.example.test"
 PORT = 443
+SO_SNDBUFFORCE = 32  # asm-generic/socket.h: a send buffer past wmem_max (root)
 
 
 class Upstream:
@@ -470,3 +471,50 @@ def test_a_refused_first_request_is_answered_403_and_a_stalled_head_is_cut(loops
     assert set(denials) == {"net.host_mismatch", "net.unreadable"}
     assert "incomplete HTTP request head after 1 s" in denials["net.unreadable"]["reasons"][0]["text"]
     assert denials["net.unreadable"]["request"] == 2
+
+
+def test_a_client_streaming_requests_gets_a_bounded_share_of_each_step() -> None:
+    """An agent that keeps the filter's socket full of requests: one step of its connection reads
+    a bounded share (READS_PER_STEP reads) and returns to the loop, which comes back while the
+    socket stays readable; every request still goes through, each checked."""
+    from enforcer.egress.sniff import parse_head
+    from enforcer.egress.stream import READ_SIZE, READS_PER_STEP, ClientReader, Outbound
+
+    agent, filter_side = socket.socketpair()
+    upstream, server = socket.socketpair()
+    pad = b"x" * (READ_SIZE - 100)
+    heads = [b"GET /%d HTTP/1.1\r\nHost: web.example.test\r\nX-Pad: %s\r\n\r\n" % (n, pad) for n in range(48)]
+    received: list[bytes] = []
+    draining = threading.Thread(target=lambda: received.extend(iter(lambda: server.recv(1 << 20), b"")))
+    draining.start()
+    agent.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, 4 << 20)  # all of it waits in the socket at once
+    agent.sendall(b"".join(heads[1:]))  # the first was sniffed
+    checked: list[str] = []
+    try:
+        for sock in (filter_side, upstream):
+            sock.setblocking(False)
+        first = parse_head(heads[0])
+        assert first is not None
+        reader = ClientReader(filter_side)
+        reader.buffer += heads[0]
+        reader.take(first.size)
+
+        def check(head: Any) -> None:
+            checked.append(head.target)
+
+        out = Outbound(reader, upstream, first, check, 5.0)
+        steps = 0
+        while out.requests < len(heads) and steps < 1000:
+            before = out.requests
+            out.step()
+            assert out.requests - before <= READS_PER_STEP + 1  # a head a read (and the sniffed one): a share
+            steps += 1
+            time.sleep(0.001)
+        assert out.requests == len(heads) and steps > 2 and out.refusal is None
+        assert checked == [f"/{n}" for n in range(1, len(heads))]
+    finally:
+        for sock in (agent, filter_side, upstream):
+            sock.close()
+        draining.join(5)
+        server.close()
+    assert b"".join(received) == b"".join(heads)  # already canonical: forwarded as sent
