@@ -42,6 +42,7 @@ from .sniff import (
     fields,
     head_end,
     is_websocket,
+    parse_head,
     protocol_name,
     sniff,
 )
@@ -215,10 +216,10 @@ class ConnectionFilter:
         self.ended = ended
 
     def handle(self, client: socket.socket) -> None:
-        """Take a new connection, on the loop's thread. Its original destination, its first message
-        and the decision on it, the dial and the relay of a TLS or opaque connection are stepped by
-        the loop as its sockets become ready; a plain-HTTP connection (read head by head), one
-        through the filter as a proxy, or a silent one continue on a pool thread once the loop has
+        """Take a new connection, on the loop's thread. Its original destination (or its CONNECT,
+        through the filter as a proxy), its first message and the decision on it, the dial and the
+        relay (spliced, or plain HTTP head by head) are stepped by the loop as its sockets become
+        ready; a WebSocket handshake or a silent client continue on a pool thread once the loop has
         sniffed them. Nothing here waits: a slow or silent peer holds only its own connection."""
         assert self.loop is not None, "handle() runs on the connection loop"
         flow = _Flow(client, next(self._ids), time.monotonic())
@@ -276,15 +277,85 @@ class ConnectionFilter:
         with contextlib.suppress(OSError):  # a response's head and body are separate writes
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if target.is_loopback and port == self.listen_port:
-            self._hand_over(flow)  # the agent asked for us as its HTTPS proxy: its CONNECT is read there
+            # The agent asked for us as its HTTPS proxy: its CONNECT head first, within message_timeout_s
+            # for its first byte and again from it.
+            flow.event["via"] = "connect"
+            self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
+            self._watch(flow, client.fileno(), select.EPOLLIN, self._proxy_more)
+            self._proxy_more(flow)
             return
         flow.name = self.synthetic.name_for(target)  # None: a literal address
         flow.host = flow.name or str(target)
         flow.event["host"] = flow.host
+        self._start_sniff(flow)
+
+    def _start_sniff(self, flow: _Flow) -> None:
         # Until the first byte: silent after sniff_timeout_s; from it, the message within message_timeout_s.
         self._set_timer(flow, self.sniff_timeout_s, self._sniff_expired)
-        self._watch(flow, client.fileno(), select.EPOLLIN, self._sniff_more)
-        self._sniff_more(flow)  # what has arrived already is read without waiting for the loop
+        self._watch(flow, flow.client.fileno(), select.EPOLLIN, self._sniff_more)
+        if flow.reader.buffer:  # sent right behind the proxy request
+            self._sniff_read(flow, 0)
+        else:
+            self._sniff_more(flow)  # what has arrived already is read without waiting for the loop
+
+    def _proxy_more(self, flow: _Flow) -> None:
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if reader.buffer.strip(b"\r\n"):
+                self._proxy_answered(flow, Malformed("client went away mid-head"))
+            else:
+                self._proxy_answered(flow, None)
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        if not before:
+            self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
+        if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
+            try:
+                head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
+            except Malformed as exc:
+                self._proxy_answered(flow, exc)
+                return
+            if head is not None:
+                self._proxy_answered(flow, head)
+
+    def _proxy_expired(self, flow: _Flow) -> None:
+        s = self.message_timeout_s
+        if flow.reader.buffer:
+            self._proxy_answered(flow, Malformed(f"incomplete HTTP request head after {s:g} s"))
+        else:
+            self._proxy_answered(flow, Malformed(f"no HTTP request head within {s:g} s"))
+
+    def _proxy_answered(self, flow: _Flow, head: RequestHead | Malformed | None) -> None:
+        """The proxy request is read (or will not be): refused with a 403, or tunnelled: what
+        follows it is sniffed and decided as a captured connection's first message."""
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        self._forget(flow, flow.client.fileno())
+        if isinstance(head, Malformed):
+            verdict = Verdict("deny", "net.proxy_request", f"unreadable proxy request: {head}")
+            self._refuse_here(flow, verdict, http=True)
+            return
+        if head is not None:
+            flow.reader.take(head.size)
+        tunnel = self._proxy_target(head, flow.event)
+        if isinstance(tunnel, Verdict):
+            self._refuse_here(flow, tunnel, http=True)
+            return
+        flow.host, flow.name, flow.port, flow.target = tunnel
+        flow.event["host"] = flow.host
+        established = b"HTTP/1.1 200 Connection Established\r\n\r\n"
+        with contextlib.suppress(OSError):  # a fresh socket's buffer takes it whole, or the client is gone
+            flow.client.send(established)
+        self._start_sniff(flow)
 
     def _sniff_more(self, flow: _Flow) -> None:
         """Read what the agent sent so far and sniff it (as sniff_first does, without waiting)."""
@@ -302,6 +373,11 @@ class ConnectionFilter:
             return
         reader.received += len(data)
         reader.buffer += data
+        self._sniff_read(flow, before)
+
+    def _sniff_read(self, flow: _Flow, before: int) -> None:
+        """Sniff the buffer again once what was read past `before` can change the answer."""
+        reader = flow.reader
         if flow.sniffed is None:
             self._set_timer(flow, self.message_timeout_s, self._sniff_expired)
             flow.sniffed = sniff(bytes(reader.buffer))
@@ -556,11 +632,12 @@ class ConnectionFilter:
         )
         self._end(flow)
 
-    def _refuse_here(self, flow: _Flow, verdict: Verdict) -> None:
-        """Refused on the loop: audited, then a plain-HTTP client gets a readable answer, anything
-        else a reset."""
-        assert flow.sniffed is not None or flow.target is None
-        if flow.sniffed is None or flow.sniffed.protocol != "http":
+    def _refuse_here(self, flow: _Flow, verdict: Verdict, *, http: bool | None = None) -> None:
+        """Refused on the loop: audited, then a plain-HTTP client (or one that asked us as its proxy)
+        gets a readable answer, anything else a reset."""
+        if http is None:
+            http = flow.sniffed is not None and flow.sniffed.protocol == "http"
+        if not http:
             self._deny(flow.client, flow.event, verdict)
             self._end(flow)
             return
@@ -657,15 +734,8 @@ class ConnectionFilter:
         assert target is not None
         upstream: socket.socket | None = None
         try:
-            if flow.sniffed is None:  # through the filter as a proxy: nothing was read yet
-                tunnel = self._connect_request(reader, event)
-                if tunnel is None:
-                    return
-                host, name, port, target = tunnel
-                event["host"] = host
-                sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
-            else:
-                host, name, sniffed = flow.host, flow.name, flow.sniffed
+            assert flow.sniffed is not None
+            host, name, sniffed = flow.host, flow.name, flow.sniffed
             if sniffed.silent and self._opaque_refused(host, port):
                 # tcp would be refused anyway: give a slow client time to say what it speaks
                 sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
@@ -753,33 +823,17 @@ class ConnectionFilter:
                     sock.close()
             self.ended()
 
-    def _connect_request(
-        self, reader: ClientReader, event: dict[str, Any]
-    ) -> tuple[str, str | None, int, IPAddress] | None:
+    def _proxy_target(
+        self, head: RequestHead | None, event: dict[str, Any]
+    ) -> tuple[str, str | None, int, IPAddress] | Verdict:
         """A client that uses the filter as its proxy (HTTPS_PROXY=http://127.0.0.1:15001) sends
         'CONNECT host:port'. The named host is then the intended host, checked like a captured
-        connection (the tunnelled SNI must match it). Returns None when it was refused."""
-        event["via"] = "connect"
-        client = reader.sock
-        try:
-            head = read_head(reader, self.message_timeout_s, idle=False)
-        except Malformed as exc:
-            self._deny(
-                client, event, Verdict("deny", "net.proxy_request", f"unreadable proxy request: {exc}"), http=True
-            )
-            return None
+        connection (the tunnelled SNI must match it): (host, name, port, address), or why not."""
         if head is None or head.method != "CONNECT":
             what = f"{head.method} {head.target}"[:200] if head else "no request"
-            self._deny(
-                client,
-                event,
-                Verdict(
-                    "deny", "net.proxy_request", f"only CONNECT is served here, not '{what}'; plain HTTP goes direct"
-                ),
-                http=True,
+            return Verdict(
+                "deny", "net.proxy_request", f"only CONNECT is served here, not '{what}'; plain HTTP goes direct"
             )
-            return None
-        reader.take(head.size)
         authority = head.target
         host_text, _, port_text = authority.rpartition(":")
         host_text = host_text.strip("[]")
@@ -794,21 +848,10 @@ class ConnectionFilter:
         try:
             name, allowed = host_allowed(self.policy, host_text)
         except (PatternError, UnicodeError) as exc:
-            self._deny(
-                client, event, Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}"), http=True
-            )
-            return None
+            return Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}")
         if not allowed or not 0 < port < 65536:
             event["host"] = name
-            self._deny(
-                client,
-                event,
-                Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern"),
-                http=True,
-            )
-            return None
-        with contextlib.suppress(OSError):
-            client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            return Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern")
         return name, name, port, ipaddress.IPv4Address(0)
 
     def _client_side(

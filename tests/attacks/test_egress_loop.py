@@ -11,6 +11,7 @@ names resolve to loopback addresses of this test's own (treated as public for th
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import random
 import resource
@@ -31,6 +32,7 @@ from ..helpers.documents import base_adl, compile_doc
 from ..unit.test_egress_process import RecordingListener, Setup, audit_records, wait_for
 
 GOOD, STALLED, WEB = "api.example.test", "slow.example.test", "web.example.test"
+PROXY = "the filter as a proxy"
 PORT = 443
 SO_SNDBUFFORCE = 32  # asm-generic/socket.h: a send buffer past wmem_max (root)
 
@@ -141,7 +143,10 @@ class Loopside:
         self.meant: dict[int, str] = {}  # the agent's port -> the name it connected to
 
         def destination(sock: socket.socket) -> tuple[Any, int]:
-            return self.synthetic[self.meant[sock.getpeername()[1]]], PORT
+            meant = self.meant[sock.getpeername()[1]]
+            if meant == PROXY:  # the agent dialled the filter itself, as its HTTPS proxy
+                return ipaddress.IPv4Address("127.0.0.1"), connections.listen_port
+            return self.synthetic[meant], PORT
 
         monkeypatch.setattr(connection_filter, "original_destination", destination)
         self.listener = RecordingListener()
@@ -518,3 +523,46 @@ def test_a_client_streaming_requests_gets_a_bounded_share_of_each_step() -> None
         draining.join(5)
         server.close()
     assert b"".join(received) == b"".join(heads)  # already canonical: forwarded as sent
+
+
+def test_the_explicit_proxy_is_served_on_the_loop(loopside: Loopside) -> None:
+    """CONNECT through the filter's listener, read and answered on the loop: an allowed host is
+    tunnelled and what follows is decided as a captured connection's first message; a host not
+    allowed and a request that is no CONNECT get a 403; no pool thread is taken for any of them."""
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop and resolves the name
+    tunnelled = loopside.connect(PROXY)
+    try:
+        tunnelled.sendall(b"CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\n\r\nPING\n")
+        got = b""
+        while not got.endswith(b"PONG\n"):
+            chunk = tunnelled.recv(4096)
+            assert chunk, got
+            got += chunk
+        assert got == b"HTTP/1.1 200 Connection Established\r\n\r\nPONG\n"
+        answers = []
+        for request in (
+            b"CONNECT evil.example.test:443 HTTP/1.1\r\nHost: evil.example.test:443\r\n\r\n",
+            b"GET http://api.example.test/ HTTP/1.1\r\nHost: api.example.test\r\n\r\n",
+        ):
+            with loopside.connect(PROXY) as refused:
+                refused.sendall(request)
+                answer = b""
+                while chunk := refused.recv(4096):
+                    answer += chunk
+                answers.append(answer)
+        pool = len(loopside.setup.workers._threads)  # type: ignore[attr-defined]
+        assert pool <= 2, f"{pool} filter threads"
+    finally:
+        tunnelled.close()
+    assert answers[0].startswith(b"HTTP/1.1 403") and b"X-ADL-Enforcer-Rule: net.host_not_allowed" in answers[0]
+    assert answers[1].startswith(b"HTTP/1.1 403") and b"X-ADL-Enforcer-Rule: net.proxy_request" in answers[1]
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    connects = [r for r in records(loopside) if r["kind"] == "net.connect" and r.get("via") == "connect"]
+    assert [(r["decision"], r["rules"][0]) for r in connects] == [
+        ("allow", "net.allowed"),
+        ("deny", "net.host_not_allowed"),
+        ("deny", "net.proxy_request"),
+    ]
+    assert connects[0]["host"] == GOOD and connects[0]["destination"] == "api.example.test:443"
