@@ -32,7 +32,7 @@ from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
 from .loop import Loop, Timer
-from .relay import Relay, Way, end_both, pump, relay, relay_here
+from .relay import Relay, Way, end_both, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -54,7 +54,6 @@ from .stream import (
     forward_body,
     may_change,
     read_head,
-    sniff_first,
 )
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
@@ -131,8 +130,10 @@ class _Flow:
         "event",
         "farewell",
         "host",
+        "late",
         "name",
         "out",
+        "patient",
         "port",
         "reader",
         "refused",
@@ -158,7 +159,7 @@ class _Flow:
         self.name: str | None = None
         self.sniffed: Sniffed | None = None  # while sniffing: what the bytes so far say
         self.timer: Timer | None = None
-        self.watching: dict[int, int] = {}  # descriptor -> events the loop waits for
+        self.watching: dict[int, tuple[int, Callable[..., None]]] = {}  # descriptor -> events, step
         self.upstream: socket.socket | None = None
         self.verdict: Verdict | None = None
         self.relay: Relay | None = None
@@ -168,6 +169,10 @@ class _Flow:
         self.back: Way | None = None
         self.refused: list[Verdict] = []
         self.farewell = b""  # a refused HTTP client's 403, not yet written
+        # A client that waited for the server: given message_timeout_s more to speak first where tcp
+        # would be refused (patient), and once relayed, its first message as read so far (late).
+        self.patient = False
+        self.late: Sniffed | None = None
         self.done = False
 
 
@@ -219,8 +224,8 @@ class ConnectionFilter:
         """Take a new connection, on the loop's thread. Its original destination (or its CONNECT,
         through the filter as a proxy), its first message and the decision on it, the dial and the
         relay (spliced, or plain HTTP head by head) are stepped by the loop as its sockets become
-        ready; a WebSocket handshake or a silent client continue on a pool thread once the loop has
-        sniffed them. Nothing here waits: a slow or silent peer holds only its own connection."""
+        ready; a WebSocket handshake continues on a pool thread once the loop has read it. Nothing
+        here waits: a slow or silent peer holds only its own connection."""
         assert self.loop is not None, "handle() runs on the connection loop"
         flow = _Flow(client, next(self._ids), time.monotonic())
         with self._lock:
@@ -247,9 +252,9 @@ class ConnectionFilter:
 
     def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:
         assert self.loop is not None
-        if flow.watching.get(fd) == mask:
-            return
-        flow.watching[fd] = mask
+        if flow.watching.get(fd) == (mask, step):
+            return  # the same wait for the same step (its arguments follow from the descriptor)
+        flow.watching[fd] = (mask, step)
         self.loop.watch(fd, mask, lambda _events: self._step(flow, step, *args))
 
     def _forget(self, flow: _Flow, fd: int) -> None:
@@ -406,14 +411,19 @@ class ConnectionFilter:
         )
 
     def _sniffed(self, flow: _Flow, sniffed: Sniffed) -> None:
-        """The first message is read (or will not be): a TLS or opaque one is decided here, the rest
-        go on on a pool thread."""
+        """The first message is read (or will not be, a silent client): decided here, but for a
+        WebSocket handshake, which goes on on a pool thread."""
         assert self.loop is not None and flow.target is not None
+        if sniffed.silent and not flow.patient and self._opaque_refused(flow.host, flow.port):
+            # tcp would be refused anyway: give a slow client time to say what it speaks
+            flow.patient = True
+            self._set_timer(flow, self.message_timeout_s, self._sniff_expired)
+            return
         self.loop.cancel(flow.timer)
         flow.timer = None
         flow.sniffed = sniffed
-        if sniffed.silent or (sniffed.head is not None and is_websocket(sniffed.head)):
-            self._hand_over(flow)  # its first bytes, or the server's answer to the switch, may come much later
+        if sniffed.head is not None and is_websocket(sniffed.head):
+            self._hand_over(flow)  # the server's answer to the switch may come much later
             return
         self._forget(flow, flow.client.fileno())  # what it sends next waits in the kernel until relayed
         protocol = protocol_name(sniffed, flow.port)
@@ -508,6 +518,12 @@ class ConnectionFilter:
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
         with self._lock:
             self.stats["allowed"] += 1
+        if flow.sniffed is not None and flow.sniffed.silent:
+            # It waits for the server: the way back is relayed while its first message, whenever it
+            # comes, is read whole and checked before anything of it goes upstream.
+            flow.back = Way(upstream, flow.client)
+            self._late_step(flow, None)
+            return
         head = flow.sniffed.head if flow.sniffed is not None else None
         if head is not None:
             # Plain HTTP: each request head read, checked and forwarded; the answers spliced back.
@@ -568,6 +584,98 @@ class ConnectionFilter:
         for fd, mask in wanted.items():
             self._watch(flow, fd, mask, self._http_step, {fd})
 
+    def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        """A silent client's connection before its first message is through: the way back stepped,
+        the agent's bytes read and sniffed (from its first byte, within message_timeout_s); then
+        checked like a first message (no switch followed) and relayed as what it turned out to be."""
+        back, upstream, client, loop = flow.back, flow.upstream, flow.client, self.loop
+        assert back is not None and upstream is not None and loop is not None
+        reading = flow.late is None or not (flow.late.complete or flow.late.malformed)
+        try:
+            want = back.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                back.step()
+        except OSError:
+            end_both(client, upstream)  # one side reset
+            reading = False
+        if reading and (ready is None or client.fileno() in ready):
+            self._late_read(flow)
+        late = flow.late
+        if late is not None and (late.complete or late.malformed) and not flow.refused and reading:
+            loop.cancel(flow.timer)
+            flow.timer = None
+            if late.malformed and not flow.reader.buffer:
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_WR)  # it left without sending anything
+            else:
+                problem = _name_problem(late, flow.host, flow.name, first=False)  # no switch is followed here
+                if problem is not None:
+                    self._refuse_later(flow.reader, upstream, flow.event, late, problem, flow.refused, 1)
+                elif late.head is not None:
+                    flow.reader.take(late.head.size)
+                    host, name = flow.host, flow.name
+                    flow.out = Outbound(
+                        flow.reader,
+                        upstream,
+                        late.head,
+                        lambda following: _request_problem(following, host, name, first=False),
+                        self.message_timeout_s,
+                    )
+                    self._http_step(flow, None)
+                    return
+                else:
+                    flow.relay = Relay(client, upstream, flow.reader.take(len(flow.reader.buffer)), back)
+                    flow.back = None
+                    self._relay_step(flow, None)
+                    return
+        wanted = back.wants()
+        watching: dict[int, int] = {wanted[0]: wanted[1]} if wanted is not None else {}
+        late = flow.late
+        if not flow.refused and (late is None or not (late.complete or late.malformed)):
+            watching[client.fileno()] = watching.get(client.fileno(), 0) | select.EPOLLIN
+        if not watching:
+            self._http_closed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in watching]:
+            self._forget(flow, fd)
+        for fd, mask in watching.items():
+            self._watch(flow, fd, mask, self._late_step, {fd})
+
+    def _late_read(self, flow: _Flow) -> None:
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            data, why = b"", str(exc)
+        else:
+            why = "closed"
+        if not data:
+            if flow.late is None:
+                flow.late = Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
+            else:
+                flow.late = Sniffed(flow.late.protocol, malformed=f"client went away mid-message ({why})")
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        if flow.late is None:
+            self._set_timer(flow, self.message_timeout_s, self._late_expired)
+            flow.late = sniff(bytes(reader.buffer))
+        elif may_change(flow.late, reader.buffer, before):
+            flow.late = sniff(bytes(reader.buffer))
+
+    def _late_expired(self, flow: _Flow) -> None:
+        assert flow.late is not None
+        flow.timer = None
+        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.late.protocol, "first message")
+        flow.late = Sniffed(
+            flow.late.protocol,
+            malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
+        )
+        self._late_step(flow, set())
+
     def _http_expired(self, flow: _Flow) -> None:
         assert flow.out is not None
         flow.timer = None
@@ -575,10 +683,11 @@ class ConnectionFilter:
         self._http_step(flow, set())
 
     def _http_closed(self, flow: _Flow) -> None:
-        assert flow.out is not None and flow.back is not None and flow.verdict is not None
+        """A plain-HTTP connection, or a silent one that never got through its first message, is over."""
+        assert flow.back is not None and flow.verdict is not None
         if flow.refused:
             reset(flow.client)  # earlier responses may still be in flight: no answer can follow them
-        sent, received = flow.out.sent, flow.back.moved
+        sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
         with self._lock:
             self.stats["bytes_out"] += sent
             self.stats["bytes_in"] += received
@@ -591,7 +700,7 @@ class ConnectionFilter:
             "bytes_in": received,
             "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
         }
-        if flow.out.requests:
+        if flow.out is not None and flow.out.requests:
             closing["requests"] = flow.out.requests
         self.record("net.close", closing)
         self._end(flow)
@@ -736,9 +845,6 @@ class ConnectionFilter:
         try:
             assert flow.sniffed is not None
             host, name, sniffed = flow.host, flow.name, flow.sniffed
-            if sniffed.silent and self._opaque_refused(host, port):
-                # tcp would be refused anyway: give a slow client time to say what it speaks
-                sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
             protocol = protocol_name(sniffed, port)
             event["protocol"] = protocol
             _record_names(event, sniffed)
@@ -787,7 +893,7 @@ class ConnectionFilter:
             else:
 
                 def outbound() -> int:
-                    return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
+                    return self._client_side(reader, upstream, host, name, event, requests, refused)
 
                 blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound)
@@ -858,34 +964,15 @@ class ConnectionFilter:
         self,
         reader: ClientReader,
         upstream: socket.socket,
-        sniffed: Sniffed,
         host: str,
         name: str | None,
         event: dict[str, Any],
         count: list[int],
         refused: list[Verdict],
     ) -> int:
-        """Move the agent's bytes upstream; returns how many. TLS and opaque bytes are spliced once
-        their first message is through; plain HTTP goes head by head."""
-        if sniffed.silent:
-            # It waited for the server. Whatever it sends first, however late, is still read whole and
-            # its names checked: a pause before the first byte must not skip the check.
-            late = sniff_first(reader, None, self.message_timeout_s)
-            if late.malformed and not reader.buffer:
-                return 0  # it left without sending anything
-            problem = _name_problem(late, host, name, first=False)  # no switch is followed here
-            if problem is not None:
-                self._refuse_later(reader, upstream, event, late, problem, refused, count[0] + 1)
-                return 0
-            sniffed = late
-        if sniffed.head is not None:
-            reader.take(sniffed.head.size)
-            return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
-        if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
-            return self._requests(reader, upstream, None, host, name, event, count, refused)
-        first = reader.take(len(reader.buffer))  # a silent client's first bytes
-        upstream.sendall(first)
-        return len(first) + pump(reader.sock, upstream)
+        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch:
+        HTTP requests again, head by head; returns how many bytes."""
+        return self._requests(reader, upstream, None, host, name, event, count, refused)
 
     def _refuse_later(
         self,

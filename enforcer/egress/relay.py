@@ -233,14 +233,17 @@ class Relay:
     """Both directions of a connection whose every byte is spliced, stepped by whoever waits on its
     sockets (relay_here's poll, or the filter's loop): `wanted()` says which descriptors to wait on
     for what, `step()` moves what the ready ones allow. Both sockets are made non-blocking.
-    `first`: the agent's bytes already read and checked, sent before anything else."""
+    `first`: the agent's bytes already read and checked, sent before anything else; `back`: the
+    way back, when it was already being relayed (a client that waited for the server)."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket, first: bytes = b"") -> None:
+    def __init__(
+        self, client: socket.socket, upstream: socket.socket, first: bytes = b"", back: Way | None = None
+    ) -> None:
         self.client, self.upstream = client, upstream
         self.ways: list[Way] = []
         try:
             self.ways.append(Way(client, upstream, first))
-            self.ways.append(Way(upstream, client))
+            self.ways.append(back if back is not None else Way(upstream, client))
         except BaseException:
             self.close()
             raise

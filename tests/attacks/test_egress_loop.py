@@ -566,3 +566,37 @@ def test_the_explicit_proxy_is_served_on_the_loop(loopside: Loopside) -> None:
         ("deny", "net.proxy_request"),
     ]
     assert connects[0]["host"] == GOOD and connects[0]["destination"] == "api.example.test:443"
+
+
+def test_a_client_that_waits_for_the_server_is_checked_when_it_speaks(loopside: Loopside) -> None:
+    """Clients silent past sniff_timeout_s are relayed on the loop as server-speaks-first ones, but
+    whatever they send first, however late, is read whole and checked before any of it goes
+    upstream: a late HTTP request naming another host is refused and never reaches the server; a
+    late allowed one goes through and the connection's later heads are checked too."""
+    with loopside.connect(WEB) as warm:  # starts the loop and resolves the name
+        warm.sendall(b"GET / HTTP/1.1\r\nHost: web.example.test\r\n\r\n")
+        assert read_answer(warm).startswith(b"HTTP/1.1 200 OK")
+    fronting = loopside.connect(WEB)
+    patient = loopside.connect(WEB)
+    try:
+        time.sleep(0.3)  # past sniff_timeout_s (0.1 s): both decided as waiting for the server
+        fronting.sendall(b"GET /x HTTP/1.1\r\nHost: evil.example.test\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):
+            assert fronting.recv(4096) == b""
+        patient.sendall(b"GET /late HTTP/1.1\r\nHost: web.example.test\r\n\r\n")
+        assert read_answer(patient).startswith(b"HTTP/1.1 200 OK")
+        patient.sendall(b"GET /later HTTP/1.1\r\nHost: evil.example.test\r\n\r\n")
+        with contextlib.suppress(ConnectionResetError):
+            assert patient.recv(4096) == b""
+        pool = len(loopside.setup.workers._threads)  # type: ignore[attr-defined]
+        assert pool <= 2, f"{pool} filter threads"
+    finally:
+        fronting.close()
+        patient.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    web: HttpUpstream = loopside.web  # type: ignore[attr-defined]
+    wait_for(lambda: len(web.received) == 3)
+    assert b"evil" not in b"".join(web.received) and b"GET /late HTTP/1.1" in b"".join(web.received)
+    denials = sorted((r["request"], r["http_host"]) for r in records(loopside) if r.get("decision") == "deny")
+    assert denials == [(1, "evil.example.test"), (2, "evil.example.test")]
