@@ -152,6 +152,18 @@ class UpstreamResolver:
             return Resolution([]), NEGATIVE_TTL
         return Resolution([ipaddress.ip_address(r.address) for r in rrset]), float(rrset.ttl)
 
+    def cached_addresses(self, name: str) -> list[IPAddress] | None:
+        """What addresses(name) would answer from the cache alone, without waiting for the upstream
+        resolver; None when either address family is not cached (or has expired)."""
+        found: list[IPAddress] = []
+        now = time.monotonic()
+        for version in (4, 6):
+            cached = self._cache.get((name, version))
+            if cached is None or cached[0] <= now:
+                return None
+            found.extend(cached[1].addresses)
+        return found
+
     def addresses(self, name: str) -> list[IPAddress]:
         """Every address of a name, IPv4 first (the order connections are tried in)."""
         found: list[IPAddress] = []

@@ -13,8 +13,10 @@ each connection's totals when it ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import itertools
+import os
 import select
 import socket
 import struct
@@ -29,7 +31,8 @@ from ..audit.events import one_rule
 from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
-from .relay import pump, relay, relay_here
+from .loop import Loop, Timer
+from .relay import Relay, Way, end_both, relay, relay_here
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -39,9 +42,19 @@ from .sniff import (
     fields,
     head_end,
     is_websocket,
+    parse_head,
     protocol_name,
+    sniff,
 )
-from .stream import ClientGone, ClientReader, forward_body, read_head, sniff_first
+from .stream import (
+    READ_SIZE,
+    ClientGone,
+    ClientReader,
+    Outbound,
+    forward_body,
+    may_change,
+    read_head,
+)
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 _OPAQUE_LABELS = frozenset({"ssh"})  # what the filter names from a banner but cannot read past
@@ -49,6 +62,7 @@ Record = Callable[[str, dict[str, Any]], None]  # (kind, payload); raises when i
 # decide() answers kept per filter; the agent chooses the questions (hosts, ports, addresses), so
 # the memory is bounded: past this many, it starts again empty.
 MAX_KEPT_DECISIONS = 4096
+FAREWELL_S = 1.0  # a refused HTTP client's time to read its 403 and close
 
 
 @dataclass
@@ -105,6 +119,63 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
+class _Flow:
+    """One connection's state while the loop steps it (and, once handed over, its pool thread)."""
+
+    __slots__ = (
+        "back",
+        "client",
+        "conn_id",
+        "done",
+        "event",
+        "farewell",
+        "host",
+        "late",
+        "name",
+        "out",
+        "patient",
+        "port",
+        "reader",
+        "refused",
+        "relay",
+        "sniffed",
+        "started",
+        "target",
+        "timer",
+        "upstream",
+        "verdict",
+        "watching",
+    )
+
+    def __init__(self, client: socket.socket, conn_id: int, started: float) -> None:
+        self.client = client
+        self.conn_id = conn_id
+        self.started = started
+        self.reader = ClientReader(client)
+        self.event: dict[str, Any] = {}
+        self.target: IPAddress | None = None
+        self.port = 0
+        self.host = ""
+        self.name: str | None = None
+        self.sniffed: Sniffed | None = None  # while sniffing: what the bytes so far say
+        self.timer: Timer | None = None
+        self.watching: dict[int, tuple[int, Callable[..., None]]] = {}  # descriptor -> events, step
+        self.upstream: socket.socket | None = None
+        self.verdict: Verdict | None = None
+        self.relay: Relay | None = None
+        # Plain HTTP: the agent's requests moved one by one, the way back spliced, and what was
+        # refused after the connection was allowed.
+        self.out: Outbound | None = None
+        self.back: Way | None = None
+        self.refused: list[Verdict] = []
+        self.farewell = b""  # a refused HTTP client's 403, not yet written
+        # A client that waited for the server: given message_timeout_s more to speak first where tcp
+        # would be refused (patient), and once relayed, its first message as read so far (late).
+        self.patient = False
+        self.late: Sniffed | None = None
+        self.done = False
+
+
 class ConnectionFilter:
     def __init__(
         self,
@@ -134,44 +205,646 @@ class ConnectionFilter:
         self._decisions: dict[NetworkConnect, Decision] = {}
         self._lock = threading.Lock()
         self.active: set[socket.socket] = set()
+        # The loop that steps connections (attach()), what handle() tells when one is over, and how
+        # connections the loop holds (read and written on its thread only).
+        self.loop: Loop | None = None
+        self.ended: Callable[[], None] = _nothing
+        self.flows: set[_Flow] = set()
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
-    # -- per connection, in its own thread
+    # -- per connection, on the loop
+
+    def attach(self, loop: Loop | None, ended: Callable[[], None]) -> None:
+        """Handle connections on `loop` from now on; `ended` is called once for each connection
+        handle() took, when it is over (on whichever thread ends it)."""
+        self.loop = loop
+        self.ended = ended
 
     def handle(self, client: socket.socket) -> None:
-        started = time.monotonic()
-        conn_id = next(self._ids)
+        """Take a new connection, on the loop's thread. Its original destination (or its CONNECT,
+        through the filter as a proxy), its first message and the decision on it, the dial and the
+        relay (spliced, or plain HTTP head by head) are stepped by the loop as its sockets become
+        ready; a WebSocket handshake continues on a pool thread once the loop has read it. Nothing
+        here waits: a slow or silent peer holds only its own connection."""
+        assert self.loop is not None, "handle() runs on the connection loop"
+        flow = _Flow(client, next(self._ids), time.monotonic())
         with self._lock:
             self.stats["connections"] += 1
             self.active.add(client)
+        self.flows.add(flow)
+        self._step(flow, self._begin)
+
+    def _step(self, flow: _Flow, step: Callable[..., None], *args: Any) -> None:
+        """Run one step of a connection on the loop: an exception (a bug, an I/O error, a record
+        that cannot be written) refuses the connection, and that is audited, as on a pool thread."""
+        if flow.done:
+            return
+        try:
+            step(flow, *args)
+        except Exception as exc:
+            self._fail(flow, f"{type(exc).__name__}: {exc}")
+
+    def _fail(self, flow: _Flow, why: str) -> None:
+        reset(flow.client)
+        with contextlib.suppress(Exception):
+            self.record("net.connect", {"connection": flow.conn_id, **one_rule("deny", "net.filter_error", why)})
+        self._end(flow)
+
+    def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:
+        assert self.loop is not None
+        if flow.watching.get(fd) == (mask, step):
+            return  # the same wait for the same step (its arguments follow from the descriptor)
+        flow.watching[fd] = (mask, step)
+        self.loop.watch(fd, mask, lambda _events: self._step(flow, step, *args))
+
+    def _forget(self, flow: _Flow, fd: int) -> None:
+        assert self.loop is not None
+        if flow.watching.pop(fd, None) is not None:
+            self.loop.forget(fd)
+
+    def _set_timer(self, flow: _Flow, delay_s: float, step: Callable[..., None], *args: Any) -> None:
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = self.loop.call_at(time.monotonic() + delay_s, lambda: self._step(flow, step, *args))
+
+    def _begin(self, flow: _Flow) -> None:
+        client = flow.client
+        try:
+            target, port = original_destination(client)
+        except OSError:
+            target, port = None, 0
+        flow.event = {"connection": flow.conn_id, "port": port, "destination": str(target)}
+        if target is None:
+            self._refuse_here(flow, Verdict("deny", "net.not_captured", "no original destination"))
+            return
+        flow.target, flow.port = target, port
+        client.setblocking(False)
+        with contextlib.suppress(OSError):  # a response's head and body are separate writes
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if target.is_loopback and port == self.listen_port:
+            # The agent asked for us as its HTTPS proxy: its CONNECT head first, within message_timeout_s
+            # for its first byte and again from it.
+            flow.event["via"] = "connect"
+            self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
+            self._watch(flow, client.fileno(), select.EPOLLIN, self._proxy_more)
+            self._proxy_more(flow)
+            return
+        flow.name = self.synthetic.name_for(target)  # None: a literal address
+        flow.host = flow.name or str(target)
+        flow.event["host"] = flow.host
+        self._start_sniff(flow)
+
+    def _start_sniff(self, flow: _Flow) -> None:
+        # Until the first byte: silent after sniff_timeout_s; from it, the message within message_timeout_s.
+        self._set_timer(flow, self.sniff_timeout_s, self._sniff_expired)
+        self._watch(flow, flow.client.fileno(), select.EPOLLIN, self._sniff_more)
+        if flow.reader.buffer:  # sent right behind the proxy request
+            self._sniff_read(flow, 0)
+        else:
+            self._sniff_more(flow)  # what has arrived already is read without waiting for the loop
+
+    def _proxy_more(self, flow: _Flow) -> None:
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if reader.buffer.strip(b"\r\n"):
+                self._proxy_answered(flow, Malformed("client went away mid-head"))
+            else:
+                self._proxy_answered(flow, None)
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        if not before:
+            self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
+        if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
+            try:
+                head = parse_head(bytes(reader.buffer[: MAX_HTTP_HEAD + 1]))
+            except Malformed as exc:
+                self._proxy_answered(flow, exc)
+                return
+            if head is not None:
+                self._proxy_answered(flow, head)
+
+    def _proxy_expired(self, flow: _Flow) -> None:
+        s = self.message_timeout_s
+        if flow.reader.buffer:
+            self._proxy_answered(flow, Malformed(f"incomplete HTTP request head after {s:g} s"))
+        else:
+            self._proxy_answered(flow, Malformed(f"no HTTP request head within {s:g} s"))
+
+    def _proxy_answered(self, flow: _Flow, head: RequestHead | Malformed | None) -> None:
+        """The proxy request is read (or will not be): refused with a 403, or tunnelled: what
+        follows it is sniffed and decided as a captured connection's first message."""
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        self._forget(flow, flow.client.fileno())
+        if isinstance(head, Malformed):
+            verdict = Verdict("deny", "net.proxy_request", f"unreadable proxy request: {head}")
+            self._refuse_here(flow, verdict, http=True)
+            return
+        if head is not None:
+            flow.reader.take(head.size)
+        tunnel = self._proxy_target(head, flow.event)
+        if isinstance(tunnel, Verdict):
+            self._refuse_here(flow, tunnel, http=True)
+            return
+        flow.host, flow.name, flow.port, flow.target = tunnel
+        flow.event["host"] = flow.host
+        established = b"HTTP/1.1 200 Connection Established\r\n\r\n"
+        with contextlib.suppress(OSError):  # a fresh socket's buffer takes it whole, or the client is gone
+            flow.client.send(established)
+        self._start_sniff(flow)
+
+    def _sniff_more(self, flow: _Flow) -> None:
+        """Read what the agent sent so far and sniff it (as sniff_first does, without waiting)."""
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._sniff_gone(flow, str(exc))
+            return
+        if not data:
+            self._sniff_gone(flow, "closed")
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        self._sniff_read(flow, before)
+
+    def _sniff_read(self, flow: _Flow, before: int) -> None:
+        """Sniff the buffer again once what was read past `before` can change the answer."""
+        reader = flow.reader
+        if flow.sniffed is None:
+            self._set_timer(flow, self.message_timeout_s, self._sniff_expired)
+            flow.sniffed = sniff(bytes(reader.buffer))
+        elif may_change(flow.sniffed, reader.buffer, before):
+            flow.sniffed = sniff(bytes(reader.buffer))
+        if flow.sniffed.complete or flow.sniffed.malformed:
+            self._sniffed(flow, flow.sniffed)
+
+    def _sniff_gone(self, flow: _Flow, why: str) -> None:
+        if flow.sniffed is None:
+            self._sniffed(flow, Sniffed("tcp", malformed=f"client went away before sending anything ({why})"))
+        else:
+            self._sniffed(flow, Sniffed(flow.sniffed.protocol, malformed=f"client went away mid-message ({why})"))
+
+    def _sniff_expired(self, flow: _Flow) -> None:
+        if flow.sniffed is None:
+            self._sniffed(flow, Sniffed("tcp", silent=True))
+            return
+        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.sniffed.protocol, "first message")
+        self._sniffed(
+            flow,
+            Sniffed(
+                flow.sniffed.protocol,
+                malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
+            ),
+        )
+
+    def _sniffed(self, flow: _Flow, sniffed: Sniffed) -> None:
+        """The first message is read (or will not be, a silent client): decided here, but for a
+        WebSocket handshake, which goes on on a pool thread."""
+        assert self.loop is not None and flow.target is not None
+        if sniffed.silent and not flow.patient and self._opaque_refused(flow.host, flow.port):
+            # tcp would be refused anyway: give a slow client time to say what it speaks
+            flow.patient = True
+            self._set_timer(flow, self.message_timeout_s, self._sniff_expired)
+            return
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        flow.sniffed = sniffed
+        if sniffed.head is not None and is_websocket(sniffed.head):
+            self._hand_over(flow)  # the server's answer to the switch may come much later
+            return
+        self._forget(flow, flow.client.fileno())  # what it sends next waits in the kernel until relayed
+        protocol = protocol_name(sniffed, flow.port)
+        flow.event["protocol"] = protocol
+        _record_names(flow.event, sniffed)
+        candidates: list[IPAddress] | None = [flow.target]
+        if flow.name is not None and _name_problem(sniffed, flow.host, flow.name) is None:
+            candidates = self.resolver.cached_addresses(flow.name)
+        if candidates is None:
+            # Resolving may wait for the upstream resolver: done on a pool thread.
+            host, name, port, target = flow.host, flow.name, flow.port, flow.target
+            self._off_loop(flow, lambda: self._verdict(host, name, port, protocol, sniffed, target), self._decided)
+            return
+        self._decided(flow, self._verdict(flow.host, flow.name, flow.port, protocol, sniffed, flow.target, candidates))
+
+    def _off_loop(self, flow: _Flow, work: Callable[[], Any], then: Callable[[_Flow, Any], None]) -> None:
+        """Run `work` on a pool thread and `then(flow, its result)` back on the loop."""
+        loop = self.loop
+        assert loop is not None
+
+        def run() -> None:
+            try:
+                result = work()
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                loop.post(lambda: self._step(flow, self._fail, failure))
+                return
+            loop.post(lambda: self._step(flow, then, result))
+
+        try:
+            self.workers.submit(run)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            self._fail(flow, f"no thread to handle the connection: {exc}")
+
+    def _decided(self, flow: _Flow, verdict: Verdict) -> None:
+        assert self.loop is not None
+        if verdict.address is not None:
+            flow.event["address"] = str(verdict.address)
+        if verdict.decision == "deny":
+            self._refuse_here(flow, verdict)
+            return
+        assert verdict.address is not None
+        flow.verdict = verdict
+        family = socket.AF_INET6 if verdict.address.version == 6 else socket.AF_INET
+        try:
+            upstream = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        except OSError as exc:
+            self._dial_failed(flow, exc)
+            return
+        flow.upstream = upstream
+        # Exactly the address that was checked; the handshake starts only now, after the decision.
+        error = upstream.connect_ex((str(verdict.address), flow.port))
+        if error == 0:
+            self._dialled(flow)
+        elif error != errno.EINPROGRESS:
+            self._dial_failed(flow, OSError(error, os.strerror(error)))
+        else:
+            late = TimeoutError(f"no connection within {self.connect_timeout_s:g} s")
+            self._set_timer(flow, self.connect_timeout_s, self._dial_failed, late)
+            self._watch(flow, upstream.fileno(), select.EPOLLOUT, self._dial_ready)
+
+    def _dial_ready(self, flow: _Flow) -> None:
+        assert flow.upstream is not None
+        error = flow.upstream.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            self._dial_failed(flow, OSError(error, os.strerror(error)))
+            return
+        try:
+            flow.upstream.getpeername()
+        except OSError:
+            return  # not connected yet: a wake meant for a descriptor closed in the same round
+        self._dialled(flow)
+
+    def _dial_failed(self, flow: _Flow, exc: BaseException) -> None:
+        assert flow.verdict is not None or flow.upstream is None
+        address = flow.verdict.address if flow.verdict is not None else None
+        if flow.upstream is not None:
+            self._forget(flow, flow.upstream.fileno())
+            flow.upstream.close()
+            flow.upstream = None
+        self._refuse_here(flow, Verdict("deny", "net.dial_failed", f"{address} port {flow.port}: {exc}"))
+
+    def _dialled(self, flow: _Flow) -> None:
+        assert self.loop is not None and flow.upstream is not None and flow.verdict is not None
+        upstream = flow.upstream
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        with self._lock:
+            self.active.add(upstream)
+        self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
+        with self._lock:
+            self.stats["allowed"] += 1
+        if flow.sniffed is not None and flow.sniffed.silent:
+            # It waits for the server: the way back is relayed while its first message, whenever it
+            # comes, is read whole and checked before anything of it goes upstream.
+            flow.back = Way(upstream, flow.client)
+            self._late_step(flow, None)
+            return
+        head = flow.sniffed.head if flow.sniffed is not None else None
+        if head is not None:
+            # Plain HTTP: each request head read, checked and forwarded; the answers spliced back.
+            host, name = flow.host, flow.name
+            flow.reader.take(head.size)
+            flow.back = Way(upstream, flow.client)
+            flow.out = Outbound(
+                flow.reader,
+                upstream,
+                head,
+                lambda following: _request_problem(following, host, name, first=False),
+                self.message_timeout_s,
+            )
+            self._http_step(flow, None)
+            return
+        # The ClientHello, or opaque bytes, checked whole: every later byte is spliced, both ways.
+        flow.relay = Relay(flow.client, upstream, flow.reader.take(len(flow.reader.buffer)))
+        self._relay_step(flow, None)
+
+    def _http_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        """Step a plain-HTTP connection: the way back where its socket is ready, the agent's
+        requests where theirs is (None: both, the first time)."""
+        out, back, loop = flow.out, flow.back, self.loop
+        assert out is not None and back is not None and flow.upstream is not None and loop is not None
+        moving = not out.done
+        try:
+            want = back.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                back.step()
+            want = out.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                out.step()
+        except OSError:
+            end_both(flow.client, flow.upstream)  # one side reset
+            out.state = "done"
+        if out.refusal is not None and not flow.refused:
+            named, problem = out.refusal
+            verdict = problem if isinstance(problem, Verdict) else Verdict("deny", "net.unreadable", str(problem))
+            self._refuse_later(flow.reader, flow.upstream, flow.event, named, verdict, flow.refused, out.requests + 1)
+        if moving and out.done:
+            with contextlib.suppress(OSError):
+                flow.upstream.shutdown(socket.SHUT_WR)  # the agent's requests are over
+        deadline = None if out.done else out.deadline
+        if deadline is None or flow.timer is None or flow.timer.when != deadline:
+            loop.cancel(flow.timer)
+            flow.timer = None
+            if deadline is not None:
+                flow.timer = loop.call_at(deadline, lambda: self._step(flow, self._http_expired))
+        wanted: dict[int, int] = {}
+        for way_wants in (out.wants(), back.wants()):
+            if way_wants is not None:
+                wanted[way_wants[0]] = wanted.get(way_wants[0], 0) | way_wants[1]
+        if not wanted:
+            self._http_closed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in wanted]:
+            self._forget(flow, fd)
+        for fd, mask in wanted.items():
+            self._watch(flow, fd, mask, self._http_step, {fd})
+
+    def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        """A silent client's connection before its first message is through: the way back stepped,
+        the agent's bytes read and sniffed (from its first byte, within message_timeout_s); then
+        checked like a first message (no switch followed) and relayed as what it turned out to be."""
+        back, upstream, client, loop = flow.back, flow.upstream, flow.client, self.loop
+        assert back is not None and upstream is not None and loop is not None
+        reading = flow.late is None or not (flow.late.complete or flow.late.malformed)
+        try:
+            want = back.wants()
+            if want is not None and (ready is None or want[0] in ready):
+                back.step()
+        except OSError:
+            end_both(client, upstream)  # one side reset
+            reading = False
+        if reading and (ready is None or client.fileno() in ready):
+            self._late_read(flow)
+        late = flow.late
+        if late is not None and (late.complete or late.malformed) and not flow.refused and reading:
+            loop.cancel(flow.timer)
+            flow.timer = None
+            if late.malformed and not flow.reader.buffer:
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_WR)  # it left without sending anything
+            else:
+                problem = _name_problem(late, flow.host, flow.name, first=False)  # no switch is followed here
+                if problem is not None:
+                    self._refuse_later(flow.reader, upstream, flow.event, late, problem, flow.refused, 1)
+                elif late.head is not None:
+                    flow.reader.take(late.head.size)
+                    host, name = flow.host, flow.name
+                    flow.out = Outbound(
+                        flow.reader,
+                        upstream,
+                        late.head,
+                        lambda following: _request_problem(following, host, name, first=False),
+                        self.message_timeout_s,
+                    )
+                    self._http_step(flow, None)
+                    return
+                else:
+                    flow.relay = Relay(client, upstream, flow.reader.take(len(flow.reader.buffer)), back)
+                    flow.back = None
+                    self._relay_step(flow, None)
+                    return
+        wanted = back.wants()
+        watching: dict[int, int] = {wanted[0]: wanted[1]} if wanted is not None else {}
+        late = flow.late
+        if not flow.refused and (late is None or not (late.complete or late.malformed)):
+            watching[client.fileno()] = watching.get(client.fileno(), 0) | select.EPOLLIN
+        if not watching:
+            self._http_closed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in watching]:
+            self._forget(flow, fd)
+        for fd, mask in watching.items():
+            self._watch(flow, fd, mask, self._late_step, {fd})
+
+    def _late_read(self, flow: _Flow) -> None:
+        reader = flow.reader
+        before = len(reader.buffer)
+        try:
+            data = flow.client.recv(READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            data, why = b"", str(exc)
+        else:
+            why = "closed"
+        if not data:
+            if flow.late is None:
+                flow.late = Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
+            else:
+                flow.late = Sniffed(flow.late.protocol, malformed=f"client went away mid-message ({why})")
+            return
+        reader.received += len(data)
+        reader.buffer += data
+        if flow.late is None:
+            self._set_timer(flow, self.message_timeout_s, self._late_expired)
+            flow.late = sniff(bytes(reader.buffer))
+        elif may_change(flow.late, reader.buffer, before):
+            flow.late = sniff(bytes(reader.buffer))
+
+    def _late_expired(self, flow: _Flow) -> None:
+        assert flow.late is not None
+        flow.timer = None
+        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.late.protocol, "first message")
+        flow.late = Sniffed(
+            flow.late.protocol,
+            malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
+        )
+        self._late_step(flow, set())
+
+    def _http_expired(self, flow: _Flow) -> None:
+        assert flow.out is not None
+        flow.timer = None
+        flow.out.expired()
+        self._http_step(flow, set())
+
+    def _http_closed(self, flow: _Flow) -> None:
+        """A plain-HTTP connection, or a silent one that never got through its first message, is over."""
+        assert flow.back is not None and flow.verdict is not None
+        if flow.refused:
+            reset(flow.client)  # earlier responses may still be in flight: no answer can follow them
+        sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
+        with self._lock:
+            self.stats["bytes_out"] += sent
+            self.stats["bytes_in"] += received
+        closing: dict[str, Any] = {
+            "connection": flow.conn_id,
+            "host": flow.host,
+            "port": flow.port,
+            "address": str(flow.verdict.address),
+            "bytes_out": sent,
+            "bytes_in": received,
+            "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+        }
+        if flow.out is not None and flow.out.requests:
+            closing["requests"] = flow.out.requests
+        self.record("net.close", closing)
+        self._end(flow)
+
+    def _relay_step(self, flow: _Flow, ready: set[int] | None) -> None:
+        assert flow.relay is not None
+        try:
+            flow.relay.step(ready)
+        except OSError:
+            self._relayed(flow)  # one side reset: both are ended
+            return
+        wanted = flow.relay.wanted()
+        if not wanted:
+            self._relayed(flow)
+            return
+        for fd in [fd for fd in flow.watching if fd not in wanted]:
+            self._forget(flow, fd)
+        for fd, mask in wanted.items():
+            self._watch(flow, fd, mask, self._relay_step, {fd})
+
+    def _relayed(self, flow: _Flow) -> None:
+        assert flow.relay is not None and flow.verdict is not None
+        sent, received = flow.relay.moved
+        with self._lock:
+            self.stats["bytes_out"] += sent
+            self.stats["bytes_in"] += received
+        self.record(
+            "net.close",
+            {
+                "connection": flow.conn_id,
+                "host": flow.host,
+                "port": flow.port,
+                "address": str(flow.verdict.address),
+                "bytes_out": sent,
+                "bytes_in": received,
+                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+            },
+        )
+        self._end(flow)
+
+    def _refuse_here(self, flow: _Flow, verdict: Verdict, *, http: bool | None = None) -> None:
+        """Refused on the loop: audited, then a plain-HTTP client (or one that asked us as its proxy)
+        gets a readable answer, anything else a reset."""
+        if http is None:
+            http = flow.sniffed is not None and flow.sniffed.protocol == "http"
+        if not http:
+            self._deny(flow.client, flow.event, verdict)
+            self._end(flow)
+            return
+        with self._lock:
+            self.stats["denied"] += 1
+        self._emit("net.connect", flow.event, verdict)
+        flow.farewell = _refusal_answer(verdict)
+        with contextlib.suppress(OSError):
+            flow.client.recv(65536)  # consume the request: closing over unread bytes resets
+        self._forget(flow, flow.client.fileno())
+        self._set_timer(flow, FAREWELL_S, self._end)  # whatever the client does, it is closed then
+        self._farewell(flow)
+
+    def _farewell(self, flow: _Flow) -> None:
+        """Write the 403, end our side, and read until the client closes (or the timer ends it)."""
+        client = flow.client
+        try:
+            while flow.farewell:
+                flow.farewell = flow.farewell[client.send(flow.farewell) :]
+                if not flow.farewell:
+                    client.shutdown(socket.SHUT_WR)
+            for _ in range(16):  # then back to the loop: a client that keeps sending holds no more
+                if not client.recv(65536):
+                    self._end(flow)
+                    return
+        except BlockingIOError:
+            pass
+        except OSError:
+            self._end(flow)
+            return
+        self._watch(flow, client.fileno(), select.EPOLLOUT if flow.farewell else select.EPOLLIN, self._farewell)
+
+    def _end(self, flow: _Flow) -> None:
+        """The connection is over on the loop: stop watching, close, count it out. Once only."""
+        if flow.done:
+            return
+        flow.done = True
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        for fd in list(flow.watching):
+            self._forget(flow, fd)
+        with self._lock:
+            self.active.discard(flow.client)
+            if flow.upstream is not None:
+                self.active.discard(flow.upstream)
+        try:
+            for moving in (flow.relay, flow.out, flow.back):
+                if moving is not None:
+                    moving.close()
+        finally:
+            for sock in (flow.client, flow.upstream):
+                if sock is not None:
+                    sock.close()
+            self.flows.discard(flow)
+            self.ended()
+
+    def _hand_over(self, flow: _Flow) -> None:
+        """Continue the connection on a pool thread, blocking, from where the loop left it."""
+        assert self.loop is not None
+        self.loop.cancel(flow.timer)
+        flow.timer = None
+        self._forget(flow, flow.client.fileno())
+        flow.client.setblocking(True)  # blocking for good: see stream.py
+        try:
+            self.workers.submit(self._handle_blocking, flow)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            self._fail(flow, f"no thread to handle the connection: {exc}")
+            return
+        flow.done = True  # the pool thread's from here on
+        self.flows.discard(flow)
+
+    def abandon(self) -> None:
+        """The loop is ending before its connections did (stop gave up waiting): close them. Those
+        handed to pool threads are theirs to close."""
+        for flow in list(self.flows):
+            flow.done = True
+            with self._lock:
+                self.active.discard(flow.client)
+                if flow.upstream is not None:
+                    self.active.discard(flow.upstream)
+            for moving in (flow.relay, flow.out, flow.back):
+                if moving is not None:
+                    moving.close()
+            for sock in (flow.client, flow.upstream):
+                if sock is not None:
+                    sock.close()
+        self.flows.clear()
+
+    # -- per connection, on a pool thread
+
+    def _handle_blocking(self, flow: _Flow) -> None:
+        client, reader, event = flow.client, flow.reader, flow.event
+        conn_id, started, port, target = flow.conn_id, flow.started, flow.port, flow.target
+        assert target is not None
         upstream: socket.socket | None = None
         try:
-            try:
-                target, port = original_destination(client)
-            except OSError:
-                target, port = None, 0
-            event: dict[str, Any] = {"connection": conn_id, "port": port, "destination": str(target)}
-            if target is None:
-                self._deny(client, event, Verdict("deny", "net.not_captured", "no original destination"))
-                return
-            if client.gettimeout() is not None:
-                client.settimeout(None)  # blocking for good: see stream.py
-            with contextlib.suppress(OSError):  # a response's head and body are separate writes
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            reader = ClientReader(client)
-            if target.is_loopback and port == self.listen_port:
-                tunnel = self._connect_request(reader, event)  # the agent asked for us as its HTTPS proxy
-                if tunnel is None:
-                    return
-                host, name, port, target = tunnel
-            else:
-                name = self.synthetic.name_for(target)  # None: a literal address
-                host = name or str(target)
-            event["host"] = host
-            sniffed = sniff_first(reader, self.sniff_timeout_s, self.message_timeout_s)
-            if sniffed.silent and self._opaque_refused(host, port):
-                # tcp would be refused anyway: give a slow client time to say what it speaks
-                sniffed = sniff_first(reader, self.message_timeout_s, self.message_timeout_s)
+            assert flow.sniffed is not None
+            host, name, sniffed = flow.host, flow.name, flow.sniffed
             protocol = protocol_name(sniffed, port)
             event["protocol"] = protocol
             _record_names(event, sniffed)
@@ -220,7 +893,7 @@ class ConnectionFilter:
             else:
 
                 def outbound() -> int:
-                    return self._client_side(reader, upstream, sniffed, host, name, event, requests, refused)
+                    return self._client_side(reader, upstream, host, name, event, requests, refused)
 
                 blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound)
@@ -254,34 +927,19 @@ class ConnectionFilter:
             for sock in (client, upstream):
                 if sock is not None:
                     sock.close()
+            self.ended()
 
-    def _connect_request(
-        self, reader: ClientReader, event: dict[str, Any]
-    ) -> tuple[str, str | None, int, IPAddress] | None:
+    def _proxy_target(
+        self, head: RequestHead | None, event: dict[str, Any]
+    ) -> tuple[str, str | None, int, IPAddress] | Verdict:
         """A client that uses the filter as its proxy (HTTPS_PROXY=http://127.0.0.1:15001) sends
         'CONNECT host:port'. The named host is then the intended host, checked like a captured
-        connection (the tunnelled SNI must match it). Returns None when it was refused."""
-        event["via"] = "connect"
-        client = reader.sock
-        try:
-            head = read_head(reader, self.message_timeout_s, idle=False)
-        except Malformed as exc:
-            self._deny(
-                client, event, Verdict("deny", "net.proxy_request", f"unreadable proxy request: {exc}"), http=True
-            )
-            return None
+        connection (the tunnelled SNI must match it): (host, name, port, address), or why not."""
         if head is None or head.method != "CONNECT":
             what = f"{head.method} {head.target}"[:200] if head else "no request"
-            self._deny(
-                client,
-                event,
-                Verdict(
-                    "deny", "net.proxy_request", f"only CONNECT is served here, not '{what}'; plain HTTP goes direct"
-                ),
-                http=True,
+            return Verdict(
+                "deny", "net.proxy_request", f"only CONNECT is served here, not '{what}'; plain HTTP goes direct"
             )
-            return None
-        reader.take(head.size)
         authority = head.target
         host_text, _, port_text = authority.rpartition(":")
         host_text = host_text.strip("[]")
@@ -296,55 +954,25 @@ class ConnectionFilter:
         try:
             name, allowed = host_allowed(self.policy, host_text)
         except (PatternError, UnicodeError) as exc:
-            self._deny(
-                client, event, Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}"), http=True
-            )
-            return None
+            return Verdict("deny", "net.host_invalid", f"CONNECT {authority[:200]}: {exc}")
         if not allowed or not 0 < port < 65536:
             event["host"] = name
-            self._deny(
-                client,
-                event,
-                Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern"),
-                http=True,
-            )
-            return None
-        with contextlib.suppress(OSError):
-            client.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            return Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern")
         return name, name, port, ipaddress.IPv4Address(0)
 
     def _client_side(
         self,
         reader: ClientReader,
         upstream: socket.socket,
-        sniffed: Sniffed,
         host: str,
         name: str | None,
         event: dict[str, Any],
         count: list[int],
         refused: list[Verdict],
     ) -> int:
-        """Move the agent's bytes upstream; returns how many. TLS and opaque bytes are spliced once
-        their first message is through; plain HTTP goes head by head."""
-        if sniffed.silent:
-            # It waited for the server. Whatever it sends first, however late, is still read whole and
-            # its names checked: a pause before the first byte must not skip the check.
-            late = sniff_first(reader, None, self.message_timeout_s)
-            if late.malformed and not reader.buffer:
-                return 0  # it left without sending anything
-            problem = _name_problem(late, host, name, first=False)  # no switch is followed here
-            if problem is not None:
-                self._refuse_later(reader, upstream, event, late, problem, refused, count[0] + 1)
-                return 0
-            sniffed = late
-        if sniffed.head is not None:
-            reader.take(sniffed.head.size)
-            return self._requests(reader, upstream, sniffed.head, host, name, event, count, refused)
-        if sniffed.protocol == "http":  # the server did not switch: what follows are HTTP requests again
-            return self._requests(reader, upstream, None, host, name, event, count, refused)
-        first = reader.take(len(reader.buffer))  # a silent client's first bytes
-        upstream.sendall(first)
-        return len(first) + pump(reader.sock, upstream)
+        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch:
+        HTTP requests again, head by head; returns how many bytes."""
+        return self._requests(reader, upstream, None, host, name, event, count, refused)
 
     def _refuse_later(
         self,
@@ -430,16 +1058,26 @@ class ConnectionFilter:
         return answer
 
     def _verdict(
-        self, host: str, name: str | None, port: int, protocol: str, sniffed: Sniffed, target: IPAddress
+        self,
+        host: str,
+        name: str | None,
+        port: int,
+        protocol: str,
+        sniffed: Sniffed,
+        target: IPAddress,
+        resolved: list[IPAddress] | None = None,
     ) -> Verdict:
+        """The decision on a connection's first message; `resolved`: the name's addresses, already
+        known (else resolved here, which may wait for the upstream resolver)."""
         problem = _name_problem(sniffed, host, name)
         if problem is not None:
             return problem
+        candidates: list[IPAddress]
         if name is None:
-            candidates: list[IPAddress] = [target]  # a literal address: decided as itself, dialled as itself
+            candidates = [target]  # a literal address: decided as itself, dialled as itself
         else:
             try:
-                candidates = self.resolver.addresses(name)
+                candidates = resolved if resolved is not None else self.resolver.addresses(name)
             except ResolveError as exc:
                 return Verdict("deny", "net.resolve_failed", str(exc))
             if not candidates:
@@ -491,6 +1129,10 @@ class ConnectionFilter:
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:
@@ -625,18 +1267,23 @@ def _from_decision(decision: Decision, address: IPAddress) -> Verdict:
     )
 
 
-def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
-    """A plain-HTTP client gets a readable answer instead of a bare reset."""
+def _refusal_answer(verdict: Verdict) -> bytes:
     body = f"adl-enforcer: connection denied ({verdict.rule}): {verdict.text}\n".encode()
     head = (
         "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
         f"X-ADL-Enforcer-Rule: {verdict.rule}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
+    return head + body
+
+
+def _http_refusal(client: socket.socket, verdict: Verdict) -> None:
+    """A plain-HTTP client gets a readable answer instead of a bare reset."""
+    answer = _refusal_answer(verdict)
     with contextlib.suppress(OSError):
         client.recv(65536, socket.MSG_DONTWAIT)  # consume the request: closing over unread bytes resets
     with contextlib.suppress(OSError):
         client.settimeout(1.0)
-        client.sendall(head + body)
+        client.sendall(answer)
         client.shutdown(socket.SHUT_WR)
         while client.recv(65536):  # until the client closes (bounded by the timeout)
             pass

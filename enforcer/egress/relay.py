@@ -1,8 +1,9 @@
 """Moving bytes between the agent's socket and the upstream socket: splice(2) through a pipe, so the
 bytes never enter Python (the GIL is released inside splice). Only what the filter must read passes
 through Python: a connection's first message and plain-HTTP heads. A connection whose every later
-byte is spliced (TLS, opaque TCP) is relayed both ways by the thread that handles it (relay_here);
-plain HTTP, whose requests are read one by one, has a thread per direction (relay)."""
+byte is spliced (TLS, opaque TCP) is relayed both ways by one Relay, stepped by the connection loop
+as its sockets become ready (or by relay_here's own poll on a handling thread); plain HTTP, whose
+requests are read one by one, has a thread per direction (relay)."""
 
 from __future__ import annotations
 
@@ -97,8 +98,8 @@ def relay(
     return counts[0], counts[1]
 
 
-class _Way:
-    """One direction of relay_here: `head` (bytes already read) sent first, then src spliced into a
+class Way:
+    """One direction of a spliced relay: `head` (bytes already read) sent first, then src spliced into a
     pipe and the pipe into dst."""
 
     def __init__(self, src: socket.socket, dst: socket.socket, head: bytes = b"") -> None:
@@ -167,6 +168,26 @@ class _Way:
         _give_back(self.read_end, self.write_end, self.in_pipe == 0)
 
 
+def nonblocking_splice(src_fd: int, dst_fd: int, size: int) -> int:
+    """One splice(2) that does not wait (BlockingIOError: nothing to move now)."""
+    return os.splice(src_fd, dst_fd, size, flags=_NONBLOCK)
+
+
+def at_urgent_mark(sock: socket.socket) -> bool:
+    return _at_urgent_mark(sock)
+
+
+def take_pipe() -> tuple[int, int]:
+    """An empty pipe for a relay: a kept one, else a new one."""
+    return _take_pipe()
+
+
+def give_back(read_end: int, write_end: int, drained: bool) -> None:
+    """Keep the pipe for a next connection when it is drained and fewer than MAX_KEPT_PIPES are
+    kept; else close it."""
+    _give_back(read_end, write_end, drained)
+
+
 def _at_urgent_mark(sock: socket.socket) -> bool:
     try:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCATMARK, b"\0\0\0\0"))[0] == 1
@@ -208,30 +229,74 @@ def _give_back(read_end: int, write_end: int, drained: bool) -> None:
     os.close(write_end)
 
 
-def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
-    """Relay both directions on the calling thread until both are done: each socket non-blocking,
-    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
-    direction. No second thread is woken for the way back. `first`: the agent's bytes already read
-    and checked, sent before anything else. Returns (bytes agent -> upstream, upstream -> agent)."""
-    ways: list[_Way] = []
-    try:
-        ways.append(_Way(client, upstream, first))
-        ways.append(_Way(upstream, client))
+class Relay:
+    """Both directions of a connection whose every byte is spliced, stepped by whoever waits on its
+    sockets (relay_here's poll, or the filter's loop): `wanted()` says which descriptors to wait on
+    for what, `step()` moves what the ready ones allow. Both sockets are made non-blocking.
+    `first`: the agent's bytes already read and checked, sent before anything else; `back`: the
+    way back, when it was already being relayed (a client that waited for the server)."""
+
+    def __init__(
+        self, client: socket.socket, upstream: socket.socket, first: bytes = b"", back: Way | None = None
+    ) -> None:
+        self.client, self.upstream = client, upstream
+        self.ways: list[Way] = []
+        try:
+            self.ways.append(Way(client, upstream, first))
+            self.ways.append(back if back is not None else Way(upstream, client))
+        except BaseException:
+            self.close()
+            raise
         for sock in (client, upstream):
             sock.setblocking(False)
-        poller = select.poll()
-        registered: dict[int, int] = {}
-        ready: set[int] | None = None  # None: the first round, where only `first` has anything to do
-        while True:
-            for way in ways:
+
+    def step(self, ready: set[int] | None) -> None:
+        """Step each direction whose descriptor is ready (`ready` None: the first round, where only
+        the checked first bytes have anything to do). OSError: a side reset (both are then ended)."""
+        try:
+            for way in self.ways:
                 want = way.wants()
                 if want is not None and (want[0] in ready if ready is not None else bool(way.head)):
                     way.step()
-            wanted: dict[int, int] = {}
-            for way in ways:
-                want = way.wants()
-                if want is not None:
-                    wanted[want[0]] = wanted.get(want[0], 0) | want[1]
+        except OSError:
+            _end_both(self.client, self.upstream)
+            raise
+
+    def wanted(self) -> dict[int, int]:
+        """Descriptor -> poll events to wait for; empty once both directions are done. A reset or
+        hang-up shows as an event too: the step it causes reads it."""
+        wanted: dict[int, int] = {}
+        for way in self.ways:
+            want = way.wants()
+            if want is not None:
+                wanted[want[0]] = wanted.get(want[0], 0) | want[1]
+        return wanted
+
+    @property
+    def moved(self) -> tuple[int, int]:
+        """(bytes agent -> upstream, upstream -> agent)."""
+        return (self.ways[0].moved if self.ways else 0), (self.ways[1].moved if len(self.ways) > 1 else 0)
+
+    def close(self) -> None:
+        """Give back (or close) the pipes; the sockets are the caller's."""
+        for way in self.ways:
+            way.close()
+
+
+def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> tuple[int, int]:
+    """Relay both directions on the calling thread until both are done: each socket non-blocking,
+    poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
+    direction. `first`: the agent's bytes already read and checked, sent before anything else.
+    Returns (bytes agent -> upstream, upstream -> agent)."""
+    relayed: Relay | None = None
+    try:
+        relayed = Relay(client, upstream, first)
+        poller = select.poll()
+        registered: dict[int, int] = {}
+        ready: set[int] | None = None
+        while True:
+            relayed.step(ready)
+            wanted = relayed.wanted()
             if not wanted:
                 break
             for fd in registered.keys() - wanted.keys():
@@ -240,14 +305,18 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
                 if registered.get(fd) != mask:
                     poller.register(fd, mask)  # registers, or modifies a registered fd
             registered = wanted
-            # A reset or hang-up shows as an event too: the step it causes reads it.
             ready = {fd for fd, _ in poller.poll()}
     except OSError:
         _end_both(client, upstream)  # one side reset, as _pump does
     finally:
-        for way in ways:
-            way.close()
-    return (ways[0].moved if ways else 0), (ways[1].moved if len(ways) > 1 else 0)
+        if relayed is not None:
+            relayed.close()
+    return relayed.moved if relayed is not None else (0, 0)
+
+
+def end_both(client: socket.socket, upstream: socket.socket) -> None:
+    """End both directions of a relayed connection."""
+    _end_both(client, upstream)
 
 
 def _end_both(client: socket.socket, upstream: socket.socket) -> None:

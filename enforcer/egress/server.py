@@ -5,8 +5,9 @@ kernel queues what the agent sends meanwhile. Here the filter opens its own audi
 `net.start`, and only then accepts and answers, so nothing is served before it can be recorded.
 The connection filter and its thread pool are made at the first TCP connection, and dnspython is
 loaded at the first name to resolve or query to parse (dns.py): a session that never uses the
-network loads neither. From then on TCP connections are accepted on the pool's threads, one at a
-time, each by the thread that then handles it: no hand-off between accepting and handling.
+network loads neither. The first TCP connection also starts the connection loop (loop.py) on a pool
+thread: from then on it accepts the TCP connections and steps each one (filter.py), and serve()
+watches only DNS and the launcher.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import select
@@ -34,6 +36,7 @@ from ..egress_values import EgressValues
 from ..policy import Policy
 from . import netns
 from .dns import DnsStub, SyntheticAddresses, UpstreamResolver
+from .loop import Loop
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
@@ -44,8 +47,9 @@ if TYPE_CHECKING:
 # in net.summary, as kernel denials are: the agent chooses how many it makes, and the log is shared.
 MAX_DETAILED_DENIALS = 1000
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
-# Accepting on the pool, when the process is out of descriptors or memory: the pause before trying again.
+# Accepting, when the process is out of descriptors or memory: the pause before trying again.
 ACCEPT_BACKOFF_S = 0.05
+ACCEPT_BATCH = 64  # connections the loop accepts at one wake before it serves the others' events
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A session's connection totals before its first connection (ConnectionFilter.stats starts so).
 NO_CONNECTIONS = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
@@ -179,14 +183,17 @@ class FilterServer:
         self._dns_threads = dns_threads
         self._dns_pool: Executor | None = None  # made at the first UDP query, by the serving thread
         self._pending = threading.BoundedSemaphore(max_pending)
-        # Accepting TCP on the pool (see lead): the listeners, a pipe that wakes the accepting thread
-        # at stop, and the stop itself, which waits until no thread accepts any more.
+        # TCP connections on the connection loop (see lead): its listeners, the loop and its wake
+        # pipe, and the stop, which waits until the loop accepts no more; once stop has its
+        # summary, the loop ends whatever is left.
         self._listeners: list[socket.socket] = []
+        self._loop: Loop | None = None
         self._wake: tuple[int, int] | None = None
         self._stopping = False
+        self._quitting = False
         self._stopped_leading = threading.Event()
-        # What ended the accepting thread unexpectedly (a refusal that could not be recorded):
-        # serve() raises it, as it would have raised it accepting on its own thread.
+        # What ended the loop unexpectedly (a refusal that could not be recorded): serve() raises
+        # it, as it would have raised it accepting on its own thread.
         self._leader_failure: BaseException | None = None
         self._trouble = os.pipe2(os.O_CLOEXEC)  # written once the failure is set; serve() watches it
 
@@ -242,8 +249,9 @@ class FilterServer:
                 conn.sendall(struct.pack("!H", len(response)) + response)
 
     def accept(self, listener: socket.socket, kind: str) -> None:
-        """One TCP connection (`kind` "tcp") or DNS-over-TCP connection to a handler, unless the session
-        already has max_connections open: then it is refused, and audited."""
+        """One TCP connection (`kind` "tcp": to the connection loop, started now if it is not
+        running) or DNS-over-TCP connection (to a pool thread), unless the session already has
+        max_connections open: then it is refused, and audited."""
         try:
             conn, _ = listener.accept()
         except OSError as exc:
@@ -256,8 +264,20 @@ class FilterServer:
             except Exception as exc:  # cannot be loaded: refused and audited, and tried again next time
                 self._refuse(conn, f"the connection filter could not be loaded: {exc}")
                 return
-            target = connections.handle if kind == "tcp" else self.tcp_dns
-            handling = self._admit(conn, connections, workers, lambda: target(conn))
+            if kind == "tcp":
+                if self.handlers.value >= self.max_connections:
+                    connections.refuse_over_limit(conn, self.max_connections)
+                    return
+                self.handlers.add(1)
+                why = self._start_loop()
+                if why is not None:
+                    self.handlers.add(-1)
+                    self._refuse(conn, why)
+                    return
+                assert self._loop is not None
+                self._loop.post(lambda: self._handle(conn))
+                return
+            handling = self._admit(conn, connections, workers, lambda: self.tcp_dns(conn))
             if handling is not None:
                 handling.add_done_callback(lambda _: self.handlers.add(-1))
 
@@ -278,89 +298,115 @@ class FilterServer:
             return None
 
     def lead(self, listeners: list[socket.socket]) -> bool:
-        """Accept the listeners' connections on the pool from now on (serve() stops watching them):
-        one pool thread at a time waits for the next connection, hands the waiting on to another
-        pool thread and handles the connection itself. False: no pool thread (or no descriptor for
-        the wake pipe) could be had, and serve() goes on accepting."""
-        _, workers = self._opened()
-        try:
-            wake = os.pipe2(os.O_CLOEXEC)
-        except OSError:  # out of descriptors (the agent's connections hold them): tried again later
+        """Accept the listeners' connections on the connection loop from now on (serve() stops
+        watching them). False: the loop could not be started (no pool thread, or no descriptor for
+        its epoll set or wake pipe), and serve() goes on accepting."""
+        if self._start_loop() is not None:
             return False
+        assert self._loop is not None
         for listener in listeners:
-            listener.setblocking(False)  # another thread may have taken what poll reported
+            listener.setblocking(False)  # the loop accepts until there is nothing left to take
         self._listeners = listeners
-        self._wake = wake
-        try:
-            workers.submit(self._accept_and_handle)
-        except RuntimeError:
-            for end in self._wake:
-                os.close(end)
-            self._wake = None
-            for listener in listeners:
-                listener.setblocking(True)
-            return False
+        self._loop.post(self._watch_listeners)
         return True
 
-    def _accept_and_handle(self) -> None:
+    def _start_loop(self) -> str | None:
+        """Start the connection loop on a pool thread unless it runs; why it cannot be, else None."""
+        if self._loop is not None:
+            return None
+        connections, workers = self._opened()
         try:
-            conn = self._next_connection()
+            wake = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:  # out of descriptors (the agent's connections hold them): tried again later
+            return f"no descriptor for the connection loop: {exc}"
+        try:
+            loop = Loop(wake)
+        except OSError as exc:
+            for end in wake:
+                os.close(end)
+            return f"no descriptor for the connection loop: {exc}"
+        loop.on_wake = self._loop_woken
+        connections.attach(loop, self._handled)
+        try:
+            workers.submit(self._run_loop, loop, connections)
+        except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            connections.attach(None, self._handled)
+            loop.close()
+            return f"no thread to handle the connection: {exc}"
+        self._loop, self._wake = loop, wake
+        return None
+
+    def _handled(self) -> None:
+        self.handlers.add(-1)
+
+    def _run_loop(self, loop: Loop, connections: ConnectionFilter) -> None:
+        """The connection loop's thread: until stop, and then until its connections are over (or
+        stop stops waiting for them). What ends it otherwise (a refusal that could not be recorded)
+        ends serve() too."""
+        try:
+            while not self._quitting and not (self._stopping and not connections.flows):
+                loop.run_once()
         except BaseException as exc:
             self._leader_failure = exc
             os.write(self._trouble[1], b"x")
             raise
-        if conn is None:
-            return
-        assert self.connections is not None
-        try:
-            self.connections.handle(conn)
         finally:
-            self.handlers.add(-1)
+            self._stopped_leading.set()
+            connections.abandon()
+            loop.close()
 
-    def _next_connection(self) -> socket.socket | None:
-        """Wait for the next TCP connection and pass the waiting on to another pool thread; None at
-        stop. Connections past max_connections, or with no pool thread to take over, are refused
-        and recorded here, by the same _admit as accept()'s."""
-        assert self._wake is not None and self.connections is not None and self.workers is not None
-        poller = select.poll()
-        poller.register(self._wake[0], select.POLLIN)
+    def _watch_listeners(self) -> None:
+        if self._stopping or self._loop is None:
+            return
         for listener in self._listeners:
-            poller.register(listener, select.POLLIN)
-        while True:
-            ready = poller.poll()
-            if self._stopping:
-                self._stopped_leading.set()
-                return None
-            for fd, _ in ready:
-                ready_listener = next((sock for sock in self._listeners if sock.fileno() == fd), None)
-                if ready_listener is None:
-                    continue
-                try:
-                    conn, _ = ready_listener.accept()
-                except OSError as exc:
-                    if exc.errno in _OUT_OF_RESOURCES:
-                        # The connection stays queued and the listener readable: wait a little
-                        # (or for stop) instead of spinning on it until a descriptor is free.
-                        pause = select.poll()  # not select(2): the pipe's number may be past 1024
-                        pause.register(self._wake[0], select.POLLIN)
-                        pause.poll(ACCEPT_BACKOFF_S * 1000)
-                    continue  # else taken or gone before it was accepted
-                # The pool thread given _accept_and_handle waits for the next connection; refused,
-                # this one goes on waiting itself.
-                if self._admit(conn, self.connections, self.workers, self._accept_and_handle) is None:
-                    continue
-                return conn
+            self._loop.watch(listener.fileno(), select.EPOLLIN, functools.partial(self._accept_here, listener))
+
+    def _loop_woken(self) -> None:
+        if self._stopping and self._loop is not None:  # no connection is accepted from now on
+            for listener in self._listeners:
+                self._loop.forget(listener.fileno())
+            self._stopped_leading.set()
+
+    def _accept_here(self, listener: socket.socket, _events: int = 0) -> None:
+        """On the loop: take what the listener has queued, a bounded batch at a time."""
+        assert self._loop is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    # The connection stays queued and the listener readable: stop watching it for a
+                    # little while instead of spinning on it until a descriptor is free.
+                    for sock in self._listeners:
+                        self._loop.forget(sock.fileno())
+                    self._loop.call_at(time.monotonic() + ACCEPT_BACKOFF_S, self._watch_listeners)
+                    return
+                continue  # gone before it was accepted
+            self._take(conn)
+
+    def _take(self, conn: socket.socket) -> None:
+        """On the loop: a connection to handle, or to refuse past max_connections (a refusal that
+        cannot be recorded ends the loop, and serve() with it)."""
+        assert self.connections is not None
+        if self.handlers.value >= self.max_connections:
+            self.connections.refuse_over_limit(conn, self.max_connections)
+            return
+        self.handlers.add(1)
+        self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        assert self.connections is not None
+        self.connections.handle(conn)  # looked up now: the filter's own, or what replaced it
 
     def _stop_leading(self, timeout: float = 5.0) -> None:
         """No TCP connection is accepted once this returns (else `timeout` passed)."""
-        if self._wake is None:
+        if self._loop is None:
             return
         self._stopping = True
-        os.write(self._wake[1], b"x")
-        if self._stopped_leading.wait(timeout):  # else a thread may still poll the pipe: left open
-            for end in self._wake:
-                os.close(end)
-            self._wake = None
+        self._loop.poke()
+        self._stopped_leading.wait(timeout)
 
     def _refuse(self, conn: socket.socket, why: str) -> None:
         """Reset a connection nothing can handle, and record it (the filter itself keeps serving)."""
@@ -413,6 +459,9 @@ class FilterServer:
         if self.connections is not None:
             self.connections.shutdown_all()
         self.handlers.wait_zero(timeout=5)
+        if self._loop is not None:
+            self._quitting = True
+            self._loop.poke()
         if self.workers is not None:
             self.workers.shutdown(wait=False, cancel_futures=True)
         if self._dns_pool is not None:
