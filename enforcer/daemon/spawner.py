@@ -82,8 +82,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
 # the CPU the launch in progress needs.
 REFILL_PAUSE_S = 0.05
-# After a prepared supervisor ends before its order, the next is forked after this pause, doubled
-# for each such end in a row up to the second figure: a host that kills them must not see a fork loop.
+# After a prepared supervisor could not be made, ended before its order or was retired, the next is
+# forked after this pause, doubled for each such setback in a row up to the second figure: a host
+# that kills them, or orders that each retire them, must not see a fork loop.
 PREPARE_RETRY_S = (0.5, 60.0)
 HAND_OVER_S = 5.0  # a prepared supervisor that does not take its order in this time is killed
 
@@ -218,7 +219,7 @@ class _Sessions:
     waiting: list[_Waiting] = field(default_factory=list)  # prepared supervisors, oldest first
     retired: set[int] = field(default_factory=set)  # prepared supervisors told to end, not reaped yet
     prepare_at: float = 0.0  # monotonic time before which no supervisor is prepared
-    failures: int = 0  # prepared supervisors that ended before their order, in a row
+    failures: int = 0  # setbacks of _prepare_later in a row (a hand-over resets it): the pause grows with it
 
     def links(self) -> list[socket.socket]:
         """The prepared supervisors' sockets: only this process may hold them."""
