@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
 from enforcer.audit.registry import APPEND_LOCK
 
-from ..unit.test_audit_writer_limits import no_descriptor_left
+from ..helpers.audit_exhaustion import fail_the_flusher
 
 
 def _lease_free(directory: Path) -> bool:
@@ -33,14 +32,7 @@ def test_a_writer_whose_flusher_failed_gives_the_lease_back(tmp_path: Path) -> N
     directory = tmp_path / "audit"
     writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=300))
     try:
-        writer.append(records.DECISION, {"decision": "allow"})
-        with no_descriptor_left():
-            deadline = time.monotonic() + 10
-            while writer.failed is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-        assert isinstance(writer.failed, OSError), writer.failed
-        assert writer._flusher is not None
-        writer._flusher.join(timeout=5)
+        fail_the_flusher(writer)
         with pytest.raises(AuditUnavailable, match="failed earlier"):
             writer.append(records.DECISION, {"decision": "deny"})
         assert _lease_free(directory), "the failed writer still holds the append lease"
