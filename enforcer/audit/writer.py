@@ -528,9 +528,11 @@ class AuditWriter(Appender):
     def _fail_and_give_back(self, exc: Exception) -> None:
         """Fail the writer (from the flusher, or a sync outside the lock) and give the append lease
         back: every other writer on the log waits for it, and a failed writer appends nothing more.
-        An append holding the lock now gives it back itself once it sees the failure."""
+        Waits for the lock: an append holding it may have looked at the failure before it was set,
+        and would keep the lease. Safe from both callers: neither holds the lock, and no holder of
+        the lock waits for _sync_lock. An append stalled past lock_wait_s keeps it until close()."""
         self._failed = exc
-        if self._lock.acquire(blocking=False):
+        if self._lock.acquire(timeout=self.settings.lock_wait_s):
             try:
                 self._lease.release()
             finally:

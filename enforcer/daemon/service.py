@@ -46,6 +46,7 @@ from .messages import (
 
 MAX_BATCH = 256
 MAX_WAIT_MS = 600_000
+_PRESET_LINES_MAX = 256  # Explain's preset lines remembered; reloads and catalog changes leave old ones, all dropped
 _STATUS = grpc.StatusCode
 
 
@@ -116,7 +117,7 @@ class EnforcerService:
         key = (source_digest, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size))
         lines = self._preset_lines.get(key)
         if lines is None:
-            if len(self._preset_lines) >= 256:
+            if len(self._preset_lines) >= _PRESET_LINES_MAX:
                 self._preset_lines.clear()
             lines = self._preset_lines[key] = runtime_presets.explain_lines(adl_document, self.presets_catalog)
         return lines

@@ -82,8 +82,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
 # the CPU the launch in progress needs.
 REFILL_PAUSE_S = 0.05
-# After a prepared supervisor ends before its order, the next is forked after this pause, doubled
-# for each such end in a row up to the second figure: a host that kills them must not see a fork loop.
+# After a prepared supervisor could not be made, ended before its order or was retired, the next is
+# forked after this pause, doubled for each such setback in a row up to the second figure: a host
+# that kills them, or orders that each retire them, must not see a fork loop.
 PREPARE_RETRY_S = (0.5, 60.0)
 HAND_OVER_S = 5.0  # a prepared supervisor that does not take its order in this time is killed
 
@@ -218,7 +219,7 @@ class _Sessions:
     waiting: list[_Waiting] = field(default_factory=list)  # prepared supervisors, oldest first
     retired: set[int] = field(default_factory=set)  # prepared supervisors told to end, not reaped yet
     prepare_at: float = 0.0  # monotonic time before which no supervisor is prepared
-    failures: int = 0  # prepared supervisors that ended before their order, in a row
+    failures: int = 0  # setbacks of _prepare_later in a row (a hand-over resets it): the pause grows with it
 
     def links(self) -> list[socket.socket]:
         """The prepared supervisors' sockets: only this process may hold them."""
@@ -332,55 +333,82 @@ def _serve_orders(sock: socket.socket, config: SpawnerConfig, sessions: _Session
             _refuse_order(sock, data, fds, exc)
             continue
         if isinstance(order, TerminateOrder):
-            for fd in fds:
-                os.close(fd)
-            for pid, session in sessions.children.items():  # a child not reaped yet: its pid is still its own
-                if session == order.session:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGUSR1)
-            continue
-        if _compile_ahead(order, config) and sessions.waiting:
-            _retire_waiting(sessions)  # forked before these documents were compiled here
-            # Paced as failures are: orders that each compile (a caller cycling through more agents
-            # than a process remembers compiled) must not make every refill a waste.
-            _prepare_later(sessions, "supervisors prepared before these documents were compiled were retired")
-        sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + REFILL_PAUSE_S)
+            _terminate(sessions, order, fds)
+        else:
+            _launch(sock, config, sessions, order, data, fds)
+
+
+def _terminate(sessions: _Sessions, order: TerminateOrder, fds: list[int]) -> None:
+    """Tell the supervisor of the order's session to end it (SIGUSR1)."""
+    for fd in fds:
+        os.close(fd)
+    for pid, session in sessions.children.items():  # a child not reaped yet: its pid is still its own
+        if session == order.session:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+
+
+def _launch(
+    sock: socket.socket, config: SpawnerConfig, sessions: _Sessions, order: LaunchOrder, data: bytes, fds: list[int]
+) -> None:
+    """Make the order's cgroups and hand it to a prepared supervisor, or fork one for it."""
+    if _compile_ahead(order, config) and sessions.waiting:
+        _retire_waiting(sessions)  # forked before these documents were compiled here
+        # Paced as failures are: orders that each compile (a caller cycling through more agents
+        # than a process remembers compiled) must not make every refill a waste.
+        _prepare_later(sessions, "supervisors prepared before these documents were compiled were retired")
+    sessions.prepare_at = max(sessions.prepare_at, time.monotonic() + REFILL_PAUSE_S)
+    try:
+        helper_group = _helpers_cgroup(order.session, config)
+        joins = helper_group.join_files()
+    except OSError as exc:
+        helper_group = None
+        joins = [f"/nonexistent/{exc}"]  # the supervisor refuses the session: nothing runs unaccounted
+    session_group = _session_cgroup(order.session, config)
+    pid = _hand_over(sessions, order, fds, joins, session_group)
+    if pid is None:
         try:
-            helper_group = _helpers_cgroup(order.session, config)
-            joins = helper_group.join_files()
-        except OSError as exc:
-            helper_group = None
-            joins = [f"/nonexistent/{exc}"]  # the supervisor refuses the session: nothing runs unaccounted
-        session_group = _session_cgroup(order.session, config)
-        handed_to = _hand_over(sessions, order, fds, joins, session_group)
-        if handed_to is not None:
-            _started(sessions, sock, order, fds, handed_to, helper_group, session_group)
-            continue
-        # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
-        try:
-            pid = os.fork()
+            pid = _fork_supervisor(sock, config, sessions, order, fds, joins, session_group)
         except OSError as exc:  # EAGAIN under a full pids limit: this session only, never every one
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
             for made in (helper_group, session_group[0]):
                 if made is not None:
                     with contextlib.suppress(OSError):
                         made.remove(timeout=1)
             _refuse_order(sock, data, fds, OrderError(f"no supervisor could be started: {exc}"))
-            continue
-        if pid == 0:
-            _in_child(sock, sessions)
-            code = 1
-            try:
-                code = _supervise(order, fds, config, joins, session_group)
-            finally:
-                os._exit(code)
+            return
+    _started(sessions, sock, order, fds, pid, helper_group, session_group)
+
+
+def _fork_supervisor(
+    sock: socket.socket,
+    config: SpawnerConfig,
+    sessions: _Sessions,
+    order: LaunchOrder,
+    fds: list[int],
+    joins: list[str],
+    session_group: tuple[Any, str | None],
+) -> int:
+    """Fork a supervisor for the order (no prepared one took it): its pid; OSError if fork fails."""
+    # Blocked until the supervisor has its handler: an early SIGUSR1 must not kill it outright.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        pid = os.fork()
+    except OSError:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        raise
+    if pid == 0:  # never returns: whatever fails, the child exits, never serving as the spawner
+        code = 1
         try:
-            sessions.pidfds[pid] = os.pidfd_open(pid)
-        except OSError as exc:  # out of descriptors: its end is then found by the loop's next turn
-            print(f"adl-enforcerd spawner: no pidfd for supervisor {pid}: {exc}", file=sys.stderr)
-        _started(sessions, sock, order, fds, pid, helper_group, session_group)
+            _in_child(sock, sessions)
+            code = _supervise(order, fds, config, joins, session_group)
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    try:
+        sessions.pidfds[pid] = os.pidfd_open(pid)
+    except OSError as exc:  # out of descriptors: its end is then found by the loop's next turn
+        print(f"adl-enforcerd spawner: no pidfd for supervisor {pid}: {exc}", file=sys.stderr)
+    return pid
 
 
 def _in_child(sock: socket.socket, sessions: _Sessions) -> None:
@@ -435,11 +463,11 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
         theirs.close()
         _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
         return
-    if pid == 0:
-        ours.close()
-        _in_child(sock, sessions)
+    if pid == 0:  # never returns, as in _fork_supervisor
         code = 1
         try:
+            ours.close()
+            _in_child(sock, sessions)
             code = _await_order(theirs, config)
         finally:
             os._exit(code)

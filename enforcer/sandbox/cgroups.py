@@ -20,7 +20,6 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import cast
 
 from ..quick_dataclass import dataclass
 
@@ -89,6 +88,10 @@ class Cgroup(ABC):
     @abstractmethod
     def counters(self) -> Counters: ...
 
+    @abstractmethod
+    def pids_directory(self) -> Path:
+        """The directory whose pids.max bounds this cgroup's tasks."""
+
     def members(self) -> list[int]:
         pids: set[int] = set()
         for d in self.directories:
@@ -137,6 +140,9 @@ class CgroupV2(Cgroup):
     def __init__(self, directory: Path) -> None:
         super().__init__([directory])
         self.path = directory
+
+    def pids_directory(self) -> Path:
+        return self.path
 
     def apply(self, limits: Limits) -> None:
         if limits.memory_bytes is not None:
@@ -187,6 +193,9 @@ class CgroupV1(Cgroup):
         super().__init__([d for d in (memory, cpu, pids, unified) if d is not None])
         self.memory, self.cpu, self.pids, self.unified = memory, cpu, pids, unified
 
+    def pids_directory(self) -> Path:
+        return self.pids
+
     def apply(self, limits: Limits) -> None:
         if limits.memory_bytes is not None:
             _write(self.memory / "memory.limit_in_bytes", str(limits.memory_bytes))
@@ -227,8 +236,7 @@ def host_tasks() -> int:
 def bound_siblings(group: Cgroup, tasks: int) -> None:
     """Bound the tasks of `group` and every group beside it together (pids.max of the directory
     that holds them): each session's own limit bounds one session, not how many run."""
-    holder = group.path.parent if isinstance(group, CgroupV2) else cast(CgroupV1, group).pids.parent
-    _write(holder / "pids.max", str(tasks))
+    _write(group.pids_directory().parent / "pids.max", str(tasks))
 
 
 def detect(root: Path = Path("/sys/fs/cgroup")) -> str:

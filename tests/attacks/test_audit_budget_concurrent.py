@@ -12,63 +12,30 @@ from typing import Any
 
 import pytest
 
-from enforcer.audit import WriterSettings
-from enforcer.daemon.approvals import Approvals
-from enforcer.daemon.auditsink import AuditSink
 from enforcer.daemon.callers import Caller
-from enforcer.daemon.core import Core
 from enforcer.daemon.inline import MAX_BATCH
 from enforcer.daemon.messages import ApiError
 from enforcer.daemon.quota import UidBudget
-from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.store import PolicyStore
-from enforcer.policy import CompileOptions
 from enforcer.v1 import enforcer_pb2 as pb
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+from ..helpers.budgeted_core import budgeted_core, log_bytes
+
 CALLER = Caller(pid=1, uid=4243, gid=4243, groups=())
 BUDGET = 256 << 10
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _log_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-
-
 @pytest.mark.parametrize("batches", [1, 3])
 def test_checks_decided_together_stay_within_the_uids_budget(tmp_path: Path, schemas: Any, batches: int) -> None:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
-    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    audit = tmp_path / "audit"
-    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
     budget = UidBudget(BUDGET, 3600.0, exempt=frozenset({0}))
-    try:
-        core = Core(
-            store,
-            sink,
-            SessionRegistry(),
-            Approvals(_now_ms, 10),
-            _now_ms,
-            agent_callers={"*": [f"uid:{CALLER.uid}"]},
-            budget=budget,
-        )
+    with budgeted_core(tmp_path, schemas, budget, CALLER.uid) as (core, sink, audit):
         request = pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["sh", "\x01" * 16_000]))
         sink.sync()
-        start = _log_bytes(audit)
+        start = log_bytes(audit)
         answers: list[Any] = []
         for _ in range(batches):
             answers += core.check_many([request] * MAX_BATCH, [CALLER] * MAX_BATCH)
         sink.sync()
-        grown = _log_bytes(audit) - start
-    finally:
-        sink.close()
+        grown = log_bytes(audit) - start
     decided = [a for a in answers if not isinstance(a, ApiError)]
     refused = [a for a in answers if isinstance(a, ApiError)]
     assert decided and refused
@@ -85,30 +52,13 @@ def test_checks_decided_together_stay_within_the_uids_budget(tmp_path: Path, sch
 def test_checks_and_explains_on_concurrent_threads_stay_near_the_uids_budget(tmp_path: Path, schemas: Any) -> None:
     """gRPC's worker threads (Explain always, Check with inline_check off) decide one uid's requests
     at once: each took its request's size and found the budget unspent by the others until their
-    records were written and charged (15 of 64 decided wrote 5.5 times the budget)."""
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
-    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    audit = tmp_path / "audit"
-    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
+    records were written and charged: several times the budget in all."""
     budget = UidBudget(BUDGET, 3600.0, exempt=frozenset({0}))
     decided: list[int] = []
-    try:
-        core = Core(
-            store,
-            sink,
-            SessionRegistry(),
-            Approvals(_now_ms, 10),
-            _now_ms,
-            agent_callers={"*": [f"uid:{CALLER.uid}"]},
-            budget=budget,
-        )
+    with budgeted_core(tmp_path, schemas, budget, CALLER.uid) as (core, sink, audit):
         request = pb.CheckRequest(agent="Coding Agent", exec=pb.ProcessExec(argv=["sh", "\x01" * 16_000]))
         sink.sync()
-        start = _log_bytes(audit)
+        start = log_bytes(audit)
         barrier = threading.Barrier(16)
 
         def worker(explain: bool) -> None:
@@ -130,9 +80,7 @@ def test_checks_and_explains_on_concurrent_threads_stay_near_the_uids_budget(tmp
         for thread in threads:
             thread.join()
         sink.sync()
-        grown = _log_bytes(audit) - start
-    finally:
-        sink.close()
+        grown = log_bytes(audit) - start
     assert decided
     print(f"{len(decided)} of 64 decided wrote {grown} bytes for a budget of {BUDGET}")
     # A thread may still be switched out between its take and its record's charge: a record or two

@@ -11,29 +11,15 @@ from typing import Any
 import orjson
 import pytest
 
-from enforcer.audit import WriterSettings
-from enforcer.daemon.approvals import Approvals
-from enforcer.daemon.auditsink import AuditSink
 from enforcer.daemon.callers import Caller
-from enforcer.daemon.core import Core
 from enforcer.daemon.messages import ApiError
 from enforcer.daemon.quota import RECORD_BASE_BYTES, UidBudget
-from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.store import PolicyStore
-from enforcer.policy import CompileOptions
 from enforcer.v1 import enforcer_pb2 as pb
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "policies" / "examples"
+from ..helpers.budgeted_core import budgeted_core, log_bytes
+
 CALLER = Caller(pid=1, uid=4242, gid=4242, groups=())
 BUDGET = 256 << 10
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _log_bytes(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 @pytest.mark.parametrize(
@@ -48,29 +34,13 @@ def _log_bytes(directory: Path) -> int:
 def test_records_of_escaped_characters_stay_within_the_uids_budget(
     tmp_path: Path, schemas: Any, request_for: Any
 ) -> None:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
-    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    audit = tmp_path / "audit"
-    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
-    try:
-        core = Core(
-            store,
-            sink,
-            SessionRegistry(),
-            Approvals(_now_ms, 10),
-            _now_ms,
-            agent_callers={"*": [f"uid:{CALLER.uid}"]},
-            budget=UidBudget(BUDGET, 3600.0, exempt=frozenset({0})),
-        )
+    budget = UidBudget(BUDGET, 3600.0, exempt=frozenset({0}))
+    with budgeted_core(tmp_path, schemas, budget, CALLER.uid) as (core, sink, audit):
         request = request_for("\x01" * 16_000)
-        start = _log_bytes(audit)
+        start = log_bytes(audit)
         core.check(request, CALLER)
         sink.sync()
-        before = _log_bytes(audit)
+        before = log_bytes(audit)
         one_record = before - start
         decided, refused = 1, 0
         for _ in range(200):
@@ -81,9 +51,7 @@ def test_records_of_escaped_characters_stay_within_the_uids_budget(
                 assert exc.code.name == "RESOURCE_EXHAUSTED", exc
                 refused += 1
         sink.sync()
-        grown = _log_bytes(audit) - before
-    finally:
-        sink.close()
+        grown = log_bytes(audit) - before
     assert decided and refused
     # The budget, less the first record, plus one record that found the budget not yet spent and
     # the record that says the uid's refusals begin (and the log's framing).
@@ -94,25 +62,8 @@ def test_the_budget_is_charged_exactly_what_the_records_took_in_the_log(tmp_path
     """Single Checks, a batch and a traced request: each decision costs the uid what _charge took
     before deciding (its request and RECORD_BASE_BYTES) or, when larger, the bytes of its record's
     line as written (envelope, trace and newline included): no more, no less."""
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "coding-agent.adl.json").write_bytes((EXAMPLES / "coding-agent.adl.json").read_bytes())
-    store = PolicyStore(policies, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    audit = tmp_path / "audit"
-    sink = AuditSink(audit, tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
     budget = UidBudget(BUDGET, 3600.0, exempt=frozenset({0}))
-    try:
-        core = Core(
-            store,
-            sink,
-            SessionRegistry(),
-            Approvals(_now_ms, 10),
-            _now_ms,
-            agent_callers={"*": [f"uid:{CALLER.uid}"]},
-            budget=budget,
-        )
+    with budgeted_core(tmp_path, schemas, budget, CALLER.uid) as (core, sink, audit):
         plain = pb.CheckRequest(agent="Coding Agent", file=pb.FileAccess(path="src/\x01\u00e9.py", mode="read"))
         traced = pb.CheckRequest(
             agent="Coding Agent",
@@ -124,8 +75,6 @@ def test_the_budget_is_charged_exactly_what_the_records_took_in_the_log(tmp_path
         core.check_batch([plain, traced, plain], CALLER)
         core.check(plain)  # root, exempt: charged to nobody
         sink.sync()
-    finally:
-        sink.close()
     ours = [
         line
         for f in sorted(audit.glob("audit-*.jsonl"))

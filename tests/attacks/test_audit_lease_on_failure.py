@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
 from enforcer.audit.registry import APPEND_LOCK
 
-from ..unit.test_audit_writer_limits import no_descriptor_left
+from ..helpers.audit_exhaustion import fail_the_flusher
 
 
 def _lease_free(directory: Path) -> bool:
@@ -33,14 +34,7 @@ def test_a_writer_whose_flusher_failed_gives_the_lease_back(tmp_path: Path) -> N
     directory = tmp_path / "audit"
     writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=300))
     try:
-        writer.append(records.DECISION, {"decision": "allow"})
-        with no_descriptor_left():
-            deadline = time.monotonic() + 10
-            while writer.failed is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-        assert isinstance(writer.failed, OSError), writer.failed
-        assert writer._flusher is not None
-        writer._flusher.join(timeout=5)
+        fail_the_flusher(writer)
         with pytest.raises(AuditUnavailable, match="failed earlier"):
             writer.append(records.DECISION, {"decision": "deny"})
         assert _lease_free(directory), "the failed writer still holds the append lease"
@@ -64,6 +58,42 @@ def test_a_writer_whose_sync_failed_gives_the_lease_back(tmp_path: Path, monkeyp
         with pytest.raises(AuditUnavailable, match="Input/output error"):
             writer.sync()
         monkeypatch.undo()
+        assert isinstance(writer.failed, OSError)
+        assert _lease_free(directory), "the failed writer still holds the append lease"
+    finally:
+        writer.close()
+
+
+def test_a_sync_failing_while_an_append_holds_the_lock_still_gives_the_lease_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync fails outside the writer's lock while another thread holds it (an append finishing,
+    past its own look at the failure): the lease must still be given back once that thread lets
+    the lock go, not kept until the writer is closed."""
+    directory = tmp_path / "audit"
+    writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=10_000))
+    held = threading.Event()
+
+    def hold_the_lock() -> None:
+        with writer._lock:
+            held.set()
+            time.sleep(0.3)
+
+    holder = threading.Thread(target=hold_the_lock)
+
+    def failing(fd: int) -> None:
+        holder.start()  # the lock is taken between the sync's copy of the descriptor and its failure
+        assert held.wait(5)
+        raise OSError(5, "Input/output error")
+
+    try:
+        writer.append(records.DECISION, {"decision": "allow"})
+        assert not _lease_free(directory)  # kept for the next append while the flusher runs
+        monkeypatch.setattr(os, "fdatasync", failing)
+        with pytest.raises(AuditUnavailable, match="Input/output error"):
+            writer.sync()
+        monkeypatch.undo()
+        holder.join()
         assert isinstance(writer.failed, OSError)
         assert _lease_free(directory), "the failed writer still holds the append lease"
     finally:

@@ -19,6 +19,7 @@ from enforcer.audit.verify import verify_directory
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
+from ..helpers.prepared import until
 
 pytestmark = [
     pytest.mark.daemon,
@@ -38,15 +39,6 @@ def _with_marker(marker: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def _until(condition: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.01)
-    return bool(condition())  # type: ignore[operator]
 
 
 # An agent that double-forks a detached child, which keeps running after the agent's own exit.
@@ -100,8 +92,12 @@ def _kill_at_each_step(daemon: RunningDaemon, victim: str) -> None:
                 daemon.kill()
             else:
                 os.kill(target, signal.SIGKILL)
-            assert _until(lambda m=marker: not _with_marker(m), 5), (victim, delay, "the session outlived it")
-            assert _until(lambda: not daemon.sessions_left(), 5), (victim, delay, daemon.sessions_left())
+            assert until(lambda m=marker: not _with_marker(m), 5, every_s=0.01), (
+                victim,
+                delay,
+                "the session outlived it",
+            )
+            assert until(lambda: not daemon.sessions_left(), 5, every_s=0.01), (victim, delay, daemon.sessions_left())
             client.wait(timeout=20)
             if victim != "supervisor":  # launches are refused until the daemon restarts
                 daemon.stop()
@@ -202,7 +198,7 @@ def test_an_end_the_caller_hears_of_is_in_the_log_even_if_the_supervisor_dies_at
             kinds = _session_records(daemon, session)
             assert client.returncode == 1, client.stderr.read()  # type: ignore[union-attr]
             assert kinds[0] == "launch" and kinds[-2:] == ["exit", "evidence"], kinds
-    assert _until(lambda: not daemon.sessions_left(), 5), daemon.sessions_left()
+    assert until(lambda: not daemon.sessions_left(), 5, every_s=0.01), daemon.sessions_left()
     daemon.stop()
     report = verify_directory(daemon.audit)
     assert report.intact, report

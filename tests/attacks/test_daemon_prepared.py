@@ -14,7 +14,7 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
-from ..integration.test_daemon_prepared import gone, ready, until, waiting
+from ..helpers.prepared import gone, ready, until, waiting
 
 pytestmark = [
     pytest.mark.daemon,
@@ -86,7 +86,10 @@ def test_a_prepared_stage_dead_when_its_order_comes_refuses_and_records_the_sess
             stderr=subprocess.PIPE,
             text=True,
         )
-        listed = lambda: daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions  # noqa: E731
+
+        def listed() -> list[pb.SessionInfo]:
+            return list(daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions)
+
         assert until(lambda: listed() and listed()[0].pid > 0, 20)  # the spawner has reported its supervisor
         (info,) = daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions
         assert info.pid in prepared, (info.pid, prepared)

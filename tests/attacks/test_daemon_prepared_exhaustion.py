@@ -17,7 +17,7 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
-from ..integration.test_daemon_prepared import _cmdline, children, spawner_of
+from ..helpers.prepared import children, cmdline, spawner_of
 from ..unit.test_spawner_orders import SPAWNER_PRELUDE, members_of, order, run_spawner_script
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the spawner makes cgroups")
@@ -76,7 +76,7 @@ def test_a_caller_cycling_through_agents_does_not_make_the_spawner_prepare_in_a_
 
     def watch() -> None:
         while not done.is_set():
-            forked.update(p for p in children(spawner) if _cmdline(p).split(b"\0")[1:3] != [b"-S", b"-I"])
+            forked.update(p for p in children(spawner) if cmdline(p).split(b"\0")[1:3] != [b"-S", b"-I"])
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch)

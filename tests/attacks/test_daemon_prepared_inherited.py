@@ -14,7 +14,7 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
-from ..integration.test_daemon_prepared import children, gone, ready, spawner_of, until, waiting
+from ..helpers.prepared import children, gone, ready, spawner_of, until, waiting
 
 pytestmark = [
     pytest.mark.daemon,

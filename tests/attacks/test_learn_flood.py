@@ -4,12 +4,10 @@ directory and in all, and says what it left out, to the user and in the learn.re
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,8 @@ import pytest
 
 from enforcer.cli.exec_learn import bounded_notes
 from enforcer.sandbox import cgroups, fanotify
+
+from ..helpers.session_cgroup import session_cgroup
 
 GROUP = "adl-test-learn-flood"
 
@@ -61,15 +61,8 @@ def test_many_crowded_directories_are_named_up_to_a_bound() -> None:
 
 @pytest.fixture
 def session() -> Iterator[tuple[str, cgroups.Cgroup]]:
-    name = f"session-{uuid.uuid4().hex[:12]}"
-    group = cgroups.create(name, Path("/sys/fs/cgroup"), group=GROUP)
-    try:
-        yield f"/{GROUP}/{name}", group
-    finally:
-        group.remove()
-        for base in cgroups.group_directories(group=GROUP):
-            with contextlib.suppress(OSError):  # another run's session may still be in it
-                base.rmdir()
+    with session_cgroup(GROUP) as made:
+        yield made
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root")

@@ -4,7 +4,6 @@ observer placed in the session, and that process's accesses would be learned as 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
@@ -16,6 +15,8 @@ import pytest
 
 from enforcer.sandbox import cgroups, fanotify
 
+from ..helpers.session_cgroup import session_cgroup
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fanotify and ns_last_pid need root")
 
 GROUP = "adl-test-learn-pid-reuse"
@@ -24,15 +25,8 @@ NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 @pytest.fixture
 def session() -> Iterator[tuple[str, cgroups.Cgroup]]:
-    name = f"session-{uuid.uuid4().hex[:12]}"
-    group = cgroups.create(name, Path("/sys/fs/cgroup"), group=GROUP)
-    try:
-        yield f"/{GROUP}/{name}", group
-    finally:
-        group.remove()
-        for base in cgroups.group_directories(group=GROUP):
-            with contextlib.suppress(OSError):  # another run's session may still be in it
-                base.rmdir()
+    with session_cgroup(GROUP) as made:
+        yield made
 
 
 def host_process_with_pid(pid: int) -> subprocess.Popen[bytes] | None:

@@ -17,6 +17,7 @@ from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
+from ..helpers.prepared import cmdline, gone, ready, spawner_of, until, waiting
 
 pytestmark = [
     pytest.mark.daemon,
@@ -24,84 +25,12 @@ pytestmark = [
 ]
 
 
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def spawner_of(daemon: RunningDaemon) -> int:
-    assert daemon.proc is not None
-    (spawner,) = [p for p in children(daemon.proc.pid) if b"enforcer.cli.enforcerd" in _cmdline(p)]
-    return spawner
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def waiting(daemon: RunningDaemon) -> dict[int, list[int]]:
-    """The spawner's prepared supervisors (its children that run no session and are not its
-    guardian, an exec'd `python -S -I`), each with its own children (the stage's init)."""
-    spawner = spawner_of(daemon)
-    running = {s.pid for s in daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions}
-    found = {}
-    for pid in children(spawner):
-        if pid in running or _cmdline(pid).split(b"\0")[1:3] == [b"-S", b"-I"]:
-            continue
-        found[pid] = children(pid)
-    return found
-
-
-def until(condition: object, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return bool(condition())  # type: ignore[operator]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
-
-
-def ready(daemon: RunningDaemon, count: int = 2) -> dict[int, list[int]]:
-    """Wait for `count` prepared supervisors, each with its stage's init alone (the stage collected).
-    Those prepared before the spawner first compiled the test agent's documents were retired then:
-    a first launch compiles them."""
-    if not any(r["intent"].endswith(".launch") for r in daemon.records()):
-        assert daemon.adl_exec("python3", "-c", "pass").returncode == 0
-
-    def prepared() -> bool:
-        # The one child must be init, not the stage before its exit (its only child too for a while).
-        found = waiting(daemon)
-        return len(found) == count and all(len(c) == 1 and _is_init(c[0]) for c in found.values())
-
-    assert until(prepared, 15), waiting(daemon)
-    return waiting(daemon)
-
-
-def _is_init(pid: int) -> bool:
-    """Whether `pid` is pid 1 of a PID namespace of its own."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-    return len(nspid) >= 2 and nspid[-1] == "1"
-
-
 def listed(daemon: RunningDaemon) -> pb.SessionInfo:
     """The one running session, once the spawner has reported its supervisor."""
-    sessions = lambda: daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions  # noqa: E731
+
+    def sessions() -> list[pb.SessionInfo]:
+        return list(daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions)
+
     assert until(lambda: len(sessions()) == 1 and sessions()[0].pid > 0, 10), sessions()
     (info,) = sessions()
     return info
@@ -137,7 +66,7 @@ def test_an_order_takes_a_prepared_supervisor_whose_processes_join_its_session(d
         assert sorted(cgroups.existing(group=daemon.group)) == [session]
         group = cgroups.existing(group=daemon.group)[session]
         members = group.members()
-        agents = [p for p in members if b"time.sleep(60)" in _cmdline(p)]
+        agents = [p for p in members if b"time.sleep(60)" in cmdline(p)]
         assert init in members and len(agents) == 1 and len(members) >= 2, members
         # Another is prepared once the order has passed; none is the one in use.
         assert until(lambda: len(waiting(daemon)) == 2, 15), waiting(daemon)
@@ -193,7 +122,7 @@ def test_no_prepared_process_outlives_the_daemon(daemon: RunningDaemon) -> None:
     pids = [spawner, *prepared, *(p for inits in prepared.values() for p in inits)]
     daemon.stop()
     for pid in pids:
-        assert until(lambda pid=pid: gone(pid), 5), (pid, _cmdline(pid))
+        assert until(lambda pid=pid: gone(pid), 5), (pid, cmdline(pid))
     for name in (daemon.group, daemon.group + ".helpers"):
         assert cgroups.existing(group=name) == {}
 

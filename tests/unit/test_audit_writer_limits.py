@@ -4,12 +4,8 @@ nothing is claimed durable that was not synced, and a writer that cannot open le
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +14,7 @@ import pytest
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, records
 from enforcer.audit.verify import verify_directory
 
-
-@contextlib.contextmanager
-def no_descriptor_left() -> Iterator[None]:
-    """Every descriptor the process may open is taken (a lowered soft limit keeps that cheap)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    taken: list[int] = []
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, len(os.listdir("/proc/self/fd")) + 64), hard))
-    try:
-        while True:
-            try:
-                taken.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-            except OSError:
-                break
-        with pytest.raises(OSError, match="Too many open files"):
-            os.dup(0)
-        yield
-    finally:
-        for fd in taken:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+from ..helpers.audit_exhaustion import fail_the_flusher, no_descriptor_left
 
 
 def _open_fds() -> set[str]:
@@ -69,15 +46,8 @@ def test_a_flusher_with_no_descriptor_left_fails_the_writer_instead_of_dying_uns
         tmp_path / "audit", tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=300)
     )
     try:
-        writer.append(records.DECISION, {"decision": "allow"})
-        with no_descriptor_left():
-            deadline = time.monotonic() + 10
-            while writer.failed is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-        assert isinstance(writer.failed, OSError), writer.failed
-        assert writer._flusher is not None
-        writer._flusher.join(timeout=5)
-        assert not writer._flusher.is_alive()
+        fail_the_flusher(writer)
+        assert writer._flusher is not None and not writer._flusher.is_alive()
         with pytest.raises(AuditUnavailable, match="failed earlier"):
             writer.append(records.DECISION, {"decision": "deny"})
     finally:

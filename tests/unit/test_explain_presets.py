@@ -7,60 +7,24 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from enforcer.audit import WriterSettings
 from enforcer.cli.policy import main as policy_main
-from enforcer.daemon.approvals import Approvals
-from enforcer.daemon.auditsink import AuditSink
-from enforcer.daemon.core import Core
-from enforcer.daemon.registry import SessionRegistry
-from enforcer.daemon.service import EnforcerService
-from enforcer.daemon.store import PolicyStore
 from enforcer.data import PRESETS
-from enforcer.policy import CompileOptions
-from enforcer.v1 import enforcer_pb2 as pb
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "examples" / "coding-agent.adl.json"
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _document(directory: Path, names: list[str] | None) -> Path:
-    document = json.loads(EXAMPLE.read_text())
-    if names is not None:
-        document["permissions"]["extensions"] = {"adl-enforcer.runtime": {"presets": names}}
-    directory.mkdir(exist_ok=True)
-    path = directory / "agent.adl.json"
-    path.write_text(json.dumps(document))
-    return path
+from ..helpers.explaining import agent_document, explaining, runtime_presets
 
 
 def _explained_by_daemon(tmp_path: Path, schemas: Any, document: Path, catalog: Path) -> dict[str, Any]:
-    store = PolicyStore(document.parent, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    sink = AuditSink(tmp_path / "audit", tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
-    try:
-        core = Core(store, sink, SessionRegistry(), Approvals(_now_ms, 10), _now_ms)
-        service = EnforcerService(core, pb.StatusResponse, admin=True, presets_catalog=catalog)
-        request = pb.CheckRequest(
-            agent="Coding Agent", tool=pb.ToolCall(name="adl-enforcer/explain", arguments_json="{}")
-        )
-        answer = service.Explain(request, None)  # type: ignore[arg-type]  # admin: no peer to look up
-        again = service.Explain(request, None)  # type: ignore[arg-type]
-        assert again.policy_json == answer.policy_json
+    with explaining(tmp_path, schemas, document.parent, catalog) as explain:
+        answer = explain()
+        assert explain().policy_json == answer.policy_json
         shown: dict[str, Any] = orjson.loads(answer.policy_json)
         return shown
-    finally:
-        sink.close()
 
 
 def _explained_by_cli(
@@ -90,7 +54,7 @@ def test_the_daemons_explain_shows_the_presets_as_adl_policy_explain_does(
     names: list[str] | None,
     expect: str | None,
 ) -> None:
-    document = _document(tmp_path / "policies", names)
+    document = agent_document(tmp_path / "policies", names)
     by_daemon = _explained_by_daemon(tmp_path, schemas, document, PRESETS)
     by_cli = _explained_by_cli(document, PRESETS, capsys, monkeypatch)
     assert by_daemon["runtime_presets"] == by_cli["runtime_presets"]
@@ -107,28 +71,12 @@ def test_the_daemons_explain_reads_the_catalog_its_launches_use_and_sees_it_chan
 ) -> None:
     catalog = tmp_path / "presets.yaml"
     shutil.copy(PRESETS, catalog)
-    document = _document(tmp_path / "policies", ["python"])
-    store = PolicyStore(document.parent, schemas, CompileOptions(require_signature=False))
-    assert not store.reload().snapshot.problems
-    sink = AuditSink(tmp_path / "audit", tmp_path / "key.pem", WriterSettings(), on_change=lambda ok: None)
-    sink.open()
-    try:
-        core = Core(store, sink, SessionRegistry(), Approvals(_now_ms, 10), _now_ms)
-        service = EnforcerService(core, pb.StatusResponse, admin=True, presets_catalog=catalog)
-        request = pb.CheckRequest(
-            agent="Coding Agent", tool=pb.ToolCall(name="adl-enforcer/explain", arguments_json="{}")
-        )
-
-        def shown() -> list[str]:
-            lines: list[str] = orjson.loads(service.Explain(request, None).policy_json)["runtime_presets"]  # type: ignore[arg-type]
-            return lines
-
-        before = shown()
+    document = agent_document(tmp_path / "policies", ["python"])
+    with explaining(tmp_path, schemas, document.parent, catalog) as explain:
+        before = runtime_presets(explain())
         assert str(catalog) in before[0]
         catalog.write_text("presets: {}\n")  # the operator's catalog now lacks the preset
-        after = shown()
+        after = runtime_presets(explain())
         assert after != before and any(line.startswith("REFUSED at launch") for line in after), after
         catalog.unlink()
-        assert any(line.startswith("REFUSED at launch") for line in shown())
-    finally:
-        sink.close()
+        assert any(line.startswith("REFUSED at launch") for line in runtime_presets(explain()))

@@ -3,17 +3,16 @@ agent, read late on a loaded host) by the fork it came from, not by its /proc en
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from enforcer.sandbox import cgroups, fanotify, namespaces
+
+from ..helpers.session_cgroup import session_cgroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fanotify and the process events connector need root")
 
@@ -22,15 +21,8 @@ GROUP = "adl-test-learn-forks"
 
 @pytest.fixture
 def session() -> Iterator[tuple[str, cgroups.Cgroup]]:
-    name = f"session-{uuid.uuid4().hex[:12]}"
-    group = cgroups.create(name, Path("/sys/fs/cgroup"), group=GROUP)
-    try:
-        yield f"/{GROUP}/{name}", group
-    finally:
-        group.remove()
-        for base in cgroups.group_directories(group=GROUP):
-            with contextlib.suppress(OSError):  # another run's session may still be in it
-                base.rmdir()
+    with session_cgroup(GROUP) as made:
+        yield made
 
 
 def short_lived_child(join_files: list[str]) -> tuple[subprocess.Popen[str], int]:

@@ -49,7 +49,9 @@ def test_an_order_goes_to_the_oldest_prepared_supervisor_once_and_its_socket_is_
     try:
         for name, expected, peer in (("s-1", 101, first), ("s-2", 102, second)):
             assert spawner._hand_over(sessions, an_order(name), [r, w], ["/j"], (None, "none")) == expected
-            data, fds = recv_frame(peer, max_fds=4)  # type: ignore[misc]
+            frame = recv_frame(peer, max_fds=4)
+            assert frame is not None
+            data, fds = frame
             order_json, joins, group = pickle.loads(data)
             assert group == (None, "none")
             assert b'"' + name.encode() + b'"' in order_json and joins == ["/j"] and len(fds) == 2
