@@ -114,24 +114,31 @@ class Cgroup(ABC):
         """The cgroup.kill file kill_all writes when it exists (the guardian kills the same way)."""
 
     def remove(self, timeout: float = 5.0) -> None:
-        """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
+        """Kill what is left, wait for it to go, remove the directories (bounded wait). A process
+        may join after the last kill (a small init joins once its interpreter runs): the rmdir then
+        finds the group busy, and its members are killed again until the deadline."""
         deadline = time.monotonic() + timeout
-        while self.members():
-            self.kill_all()
-            if time.monotonic() > deadline:
-                raise CgroupError(errno.EBUSY, f"processes still in {self.directories[0]}: {self.members()}")
-            time.sleep(0.01)
-        for d in reversed(self.directories):
-            for _ in range(100):
+        while True:
+            while self.members():
+                self.kill_all()
+                if time.monotonic() > deadline:
+                    raise CgroupError(errno.EBUSY, f"processes still in {self.directories[0]}: {self.members()}")
+                time.sleep(0.01)
+            busy = None
+            for d in reversed(self.directories):
                 try:
                     d.rmdir()
-                    break
                 except FileNotFoundError:
-                    break
+                    continue
                 except OSError as exc:
                     if exc.errno != errno.EBUSY:
                         raise
-                    time.sleep(0.01)
+                    busy = d
+            if busy is None:
+                return
+            if time.monotonic() > deadline:
+                raise CgroupError(errno.EBUSY, f"{busy} stays busy")
+            time.sleep(0.01)
 
 
 class CgroupV2(Cgroup):

@@ -119,24 +119,31 @@ def kill_all(directories: list[str], kill_files: list[str]) -> None:
 
 
 def remove(directories: list[str], kill_files: list[str], timeout: float = REMOVE_TIMEOUT_S) -> None:
-    """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
+    """Kill what is left, wait for it to go, remove the directories (bounded wait). A process may
+    join after the last kill (a small init joins once its interpreter runs): the rmdir then finds
+    the group busy, and its members are killed again until the deadline."""
     deadline = time.monotonic() + timeout
-    while members(directories):
-        kill_all(directories, kill_files)
-        if time.monotonic() > deadline:
-            raise OSError(errno.EBUSY, f"processes still in {directories[0]}: {members(directories)}")
-        time.sleep(0.01)
-    for directory in reversed(directories):
-        for _ in range(100):
+    while True:
+        while members(directories):
+            kill_all(directories, kill_files)
+            if time.monotonic() > deadline:
+                raise OSError(errno.EBUSY, f"processes still in {directories[0]}: {members(directories)}")
+            time.sleep(0.01)
+        busy = None
+        for directory in reversed(directories):
             try:
                 os.rmdir(directory)
-                break
             except FileNotFoundError:
-                break
+                continue
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise
-                time.sleep(0.01)
+                busy = directory
+        if busy is None:
+            return
+        if time.monotonic() > deadline:
+            raise OSError(errno.EBUSY, f"{busy} stays busy")
+        time.sleep(0.01)
 
 
 def main(fd: int) -> None:

@@ -59,6 +59,7 @@ def fork_init(status_fd: int, join_files: Sequence[str] | None = None) -> Callab
     Without `join_files` (the caller joined), it returns at once."""
     unshare(CLONE_NEWPID)
     stage = os.pidfd_open(os.getpid())
+    launcher = os.pidfd_open(os.getppid())
     joined_read, joined_write = os.pipe2(os.O_CLOEXEC) if join_files is not None else (-1, -1)
     init = os.fork()
     if init:
@@ -66,9 +67,9 @@ def fork_init(status_fd: int, join_files: Sequence[str] | None = None) -> Callab
         os._exit(0)  # init is adopted by the launcher
     try:
         if join_files is None:
-            _start_init(stage, status_fd)  # returns in pid 2 only
+            _start_init(stage, launcher, status_fd)  # returns in pid 2 only
             return _joined_before
-        own = _start_small_init(stage, status_fd, (joined_read, joined_write), list(join_files))  # pid 2 only
+        own = _start_small_init(stage, launcher, status_fd, (joined_read, joined_write), list(join_files))  # pid 2 only
     except BaseException:  # never back into the stage's code as anything but pid 2
         os._exit(125)
     return lambda: _both_joined(own, joined_read)
@@ -78,7 +79,9 @@ def _joined_before() -> None:
     return None
 
 
-def _start_small_init(stage: int, status_fd: int, joined: tuple[int, int], join_files: list[str]) -> OSError | None:
+def _start_small_init(
+    stage: int, launcher: int, status_fd: int, joined: tuple[int, int], join_files: list[str]
+) -> OSError | None:
     """In init: fork pid 2, then exec the small init. Returns in pid 2 only, once it has joined the
     session's cgroup: the error of that join, or None."""
     joined_read, joined_write = joined
@@ -89,7 +92,7 @@ def _start_small_init(stage: int, status_fd: int, joined: tuple[int, int], join_
     if agent:
         os.close(joined_read)
         _wait_for_exit(stage)  # as _start_init: the hand-over to the launcher would deliver the signal
-        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # kept across the exec: same credentials
+        _die_with(launcher)  # kept across the exec: same credentials
         _close_all_but({0, 1, 2, status_fd, joined_write})
         os.set_inheritable(status_fd, True)
         os.set_inheritable(joined_write, True)
@@ -98,6 +101,7 @@ def _start_small_init(stage: int, status_fd: int, joined: tuple[int, int], join_
             [sys.executable, "-S", "-I", "-c", INIT_CODE, str(agent), str(status_fd), str(joined_write), *join_files],
         )
     os.close(stage)
+    os.close(launcher)
     os.close(status_fd)
     os.close(joined_write)
     for sig in FORWARDED:
@@ -126,6 +130,18 @@ def _both_joined(own: OSError | None, joined_read: int) -> None:
         raise OSError(answer.decode(errors="replace") or "the session's init is gone before it joined its cgroup")
 
 
+def _die_with(launcher: int) -> None:
+    """Init's parent-death signal. Set after the hand-over, so the launcher may have died first:
+    the signal would then be tied to whichever process adopted init, and init ends here instead."""
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    poller = select.poll()
+    poller.register(launcher, select.POLLIN)
+    gone = bool(poller.poll(0))
+    os.close(launcher)
+    if gone:
+        os._exit(125)  # the kernel then kills pid 2
+
+
 def _wait_for_exit(pidfd: int) -> None:
     """The stage's pidfd turns readable once it is a zombie, which is after its children were
     handed to the launcher."""
@@ -135,7 +151,7 @@ def _wait_for_exit(pidfd: int) -> None:
     os.close(pidfd)
 
 
-def _start_init(stage: int, status_fd: int) -> None:
+def _start_init(stage: int, launcher: int, status_fd: int) -> None:
     target = _Target()
     _forward_to(target)  # before the fork: a signal in between is forwarded, not lost
     # Forked at once: the stage's exit (the teardown of its copy of the launcher's memory) then
@@ -145,11 +161,12 @@ def _start_init(stage: int, status_fd: int) -> None:
         # Only once the stage has handed its children to the launcher may the parent-death signal
         # be set (the hand-over delivers it).
         _wait_for_exit(stage)
-        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the launcher gone: the session goes
+        _die_with(launcher)  # the launcher gone: the session goes
         target.start(agent)
         _close_all_but({0, 1, 2, status_fd})  # the order socket, the launcher's guardian socket
         _init_loop(agent, status_fd)  # never returns
     os.close(stage)
+    os.close(launcher)
     os.close(status_fd)
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
