@@ -13,6 +13,10 @@ egress filter) and the caller's (`adl-exec --daemon`) import some modules only w
 them, which can be after the agent has started. `python -m` and `-c` put the working directory
 first on `sys.path` (`-m` as its path, `-c` as `""`), and an agent may write there: a module it
 planted would run outside the sandbox, as root. Those entries are dropped.
+
+SIGCHLD at its default: a caller that ignored it (`signal(SIGCHLD, SIG_IGN)` survives exec) would
+have the kernel reap every child at once, and each wait for the stage, the creation guard or the
+session's init would find no child: the command ran, its end was never recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ import sys
 def start_command() -> None:
     open_standard_streams()  # before anything is opened: 0-2 are what the agent gets
     drop_working_directory()
+    reap_own_children()
+
+
+def reap_own_children() -> None:
+    """Set SIGCHLD back to its default if it was inherited ignored (see above). The built-in
+    `_signal`: `signal` would import enum for nothing on the launch path."""
+    import _signal
+
+    if _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN:
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
 
 
 def open_standard_streams() -> None:
