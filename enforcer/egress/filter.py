@@ -123,6 +123,7 @@ class _Flow:
     """One connection's state while the loop steps it (and, once handed over, its pool thread)."""
 
     __slots__ = (
+        "again",
         "back",
         "client",
         "conn_id",
@@ -169,6 +170,7 @@ class _Flow:
         self.back: Way | None = None
         self.refused: list[Verdict] = []
         self.farewell = b""  # a refused HTTP client's 403, not yet written
+        self.again = False  # a step of its requests is due at once (its share of the last one was spent)
         # A client that waited for the server: given message_timeout_s more to speak first where tcp
         # would be refused (patient), and once relayed, its first message as read so far (late).
         self.patient = False
@@ -583,6 +585,16 @@ class ConnectionFilter:
             self._forget(flow, fd)
         for fd, mask in wanted.items():
             self._watch(flow, fd, mask, self._http_step, {fd})
+        if out.more and not flow.again:
+            # What is left may be read already: no readiness would bring the loop back for it.
+            flow.again = True
+            loop.call_at(time.monotonic(), lambda: self._step(flow, self._http_again))
+
+    def _http_again(self, flow: _Flow) -> None:
+        assert flow.out is not None
+        flow.again = False
+        want = flow.out.wants()
+        self._http_step(flow, {want[0]} if want is not None else set())
 
     def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
         """A silent client's connection before its first message is through: the way back stepped,

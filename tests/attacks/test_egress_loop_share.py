@@ -1,0 +1,113 @@
+"""The connection loop under an agent whose bytes are cheap to send and dear to move: plain-HTTP
+connections streaming thousands of tiny chunks, or of tiny pipelined requests, per segment. Each
+is a few sends and parses for the filter, all of it on the one loop that serves every connection
+of the session, so one step of such a connection must move a bounded share and come back for the
+rest (the rest may already be read, where no readiness brings the loop back)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ..unit.test_egress_process import wait_for
+from .test_egress_loop import GOOD, PORT, WEB, Loopside, loopside, ping, records  # noqa: F401
+
+
+class Sink:
+    """A server on a loopback address of its own that reads and counts whatever it is sent, and
+    closes when the client has ended."""
+
+    def __init__(self) -> None:
+        self.address = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
+        self.listener = socket.create_server((self.address, PORT), backlog=16)
+        self.received = 0
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+
+    def _drain(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while got := conn.recv(1 << 20):
+                self.received += len(got)
+            conn.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def sink(loopside: Loopside) -> Iterator[Sink]:  # noqa: F811
+    made = Sink()
+    loopside.setup.connections.resolver.zone[WEB] = [made.address]  # type: ignore[attr-defined]
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+VOLUME = 240_000  # per stream: sent at once, it waits in the sockets' buffers for the filter
+
+
+def _stream(sock: socket.socket, unit: bytes) -> None:
+    with contextlib.suppress(OSError):
+        sock.sendall(unit * (VOLUME // len(unit)))
+
+
+def test_tiny_chunks_and_pipelined_requests_do_not_stall_the_loop(loopside: Loopside, sink: Sink) -> None:  # noqa: F811
+    """Two connections send 1-byte chunks and one 40-byte requests, thousands at once: while the
+    filter works through them, a new connection is still relayed at once; every byte of the
+    streams reaches the server, and each is recorded when it ends."""
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop and resolves the name
+    chunked = b"POST / HTTP/1.1\r\nHost: web.example.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    request = b"GET / HTTP/1.1\r\nHost: web.example.test\r\n\r\n"
+    streams = [(chunked, b"1\r\nx\r\n"), (chunked, b"1\r\nx\r\n"), (request, request)]
+    agents: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+    worst = 0.0
+    try:
+        for first, unit in streams:
+            agent = loopside.connect(WEB)
+            agent.sendall(first)
+            agents.append(agent)
+            threads.append(threading.Thread(target=_stream, args=(agent, unit), daemon=True))
+            threads[-1].start()
+        wait_for(lambda: sink.received > 10_000)
+        for _ in range(8):
+            started = time.monotonic()
+            with loopside.connect(GOOD) as quick:
+                assert ping(quick) == b"PONG\n"
+            worst = max(worst, time.monotonic() - started)
+        for thread in threads:
+            thread.join(10)
+        for agent in agents:
+            agent.shutdown(socket.SHUT_WR)
+        wait_for(lambda: loopside.setup.server.handlers.value == 0, timeout=60)
+    finally:
+        for agent in agents:
+            agent.close()
+    assert worst < 0.5, f"a new connection waited {worst:.2f} s behind the streams"
+    sent = sum(len(first) + VOLUME // len(unit) * len(unit) for first, unit in streams)
+    assert sink.received == sent
+    summary = loopside.stop()
+    assert summary["connections"] == {**summary["connections"], "connections": 12, "allowed": 12, "denied": 0}
+    closing = [r for r in records(loopside) if r["kind"] == "net.close" and r["host"] == WEB]
+    assert len(closing) == 3 and all(r["requests"] >= 1 for r in closing)
