@@ -137,6 +137,7 @@ class _Flow:
         "patient",
         "port",
         "reader",
+        "recorded",
         "refused",
         "relay",
         "sniffed",
@@ -175,6 +176,7 @@ class _Flow:
         # would be refused (patient), and once relayed, its first message as read so far (late).
         self.patient = False
         self.late: Sniffed | None = None
+        self.recorded = False  # its net.connect is written
         self.done = False
 
 
@@ -518,6 +520,7 @@ class ConnectionFilter:
         with self._lock:
             self.active.add(upstream)
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
+        flow.recorded = True
         with self._lock:
             self.stats["allowed"] += 1
         if flow.sniffed is not None and flow.sniffed.silent:
@@ -765,6 +768,7 @@ class ConnectionFilter:
         with self._lock:
             self.stats["denied"] += 1
         self._emit("net.connect", flow.event, verdict)
+        flow.recorded = True
         flow.farewell = _refusal_answer(verdict)
         with contextlib.suppress(OSError):
             flow.client.recv(65536)  # consume the request: closing over unread bytes resets
@@ -831,10 +835,13 @@ class ConnectionFilter:
         self.flows.discard(flow)
 
     def abandon(self) -> None:
-        """The loop is ending before its connections did (stop gave up waiting): close them. Those
-        handed to pool threads are theirs to close."""
+        """The loop is ending before its connections did (stop gave up waiting): close them, each
+        recorded as its others are (a connection relayed: net.close; one not decided yet: refused).
+        Those handed to pool threads are theirs to close."""
         for flow in list(self.flows):
             flow.done = True
+            with contextlib.suppress(Exception):  # what cannot be recorded now is still closed
+                self._record_abandoned(flow)
             with self._lock:
                 self.active.discard(flow.client)
                 if flow.upstream is not None:
@@ -846,6 +853,35 @@ class ConnectionFilter:
                 if sock is not None:
                     sock.close()
         self.flows.clear()
+
+    def _record_abandoned(self, flow: _Flow) -> None:
+        if flow.relay is not None or flow.back is not None:
+            assert flow.verdict is not None
+            if flow.relay is not None:
+                sent, received = flow.relay.moved
+            else:
+                assert flow.back is not None
+                sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
+            with self._lock:
+                self.stats["bytes_out"] += sent
+                self.stats["bytes_in"] += received
+            closing: dict[str, Any] = {
+                "connection": flow.conn_id,
+                "host": flow.host,
+                "port": flow.port,
+                "address": str(flow.verdict.address),
+                "bytes_out": sent,
+                "bytes_in": received,
+                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+            }
+            if flow.out is not None and flow.out.requests:
+                closing["requests"] = flow.out.requests
+            self.record("net.close", closing)
+        elif not flow.recorded:
+            with self._lock:
+                self.stats["denied"] += 1
+            why = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
+            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, why)
 
     # -- per connection, on a pool thread
 

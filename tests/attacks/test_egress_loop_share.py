@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from ..unit.test_egress_process import wait_for
-from .test_egress_loop import GOOD, PORT, WEB, Loopside, loopside, ping, records  # noqa: F401
+from .test_egress_loop import GOOD, PORT, STALLED, WEB, Loopside, loopside, ping, records  # noqa: F401
 
 
 class Sink:
@@ -111,3 +111,27 @@ def test_tiny_chunks_and_pipelined_requests_do_not_stall_the_loop(loopside: Loop
     assert summary["connections"] == {**summary["connections"], "connections": 12, "allowed": 12, "denied": 0}
     closing = [r for r in records(loopside) if r["kind"] == "net.close" and r["host"] == WEB]
     assert len(closing) == 3 and all(r["requests"] >= 1 for r in closing)
+
+
+def test_connections_the_stop_does_not_wait_for_are_still_recorded(loopside: Loopside) -> None:  # noqa: F811
+    """The launcher stops the filter while a connection is being dialled (an upstream that never
+    answers the handshake, with a dial timeout longer than the stop waits) and another is relayed
+    and stays open: the stop ends both, and each is recorded and counted in the summary, before it."""
+    loopside.setup.connections.connect_timeout_s = 30.0
+    relayed = loopside.connect(GOOD)
+    assert ping(relayed) == b"PONG\n"
+    dialling = loopside.connect(STALLED)
+    try:
+        dialling.sendall(b"PING\n")
+        flows = loopside.setup.connections.flows
+        wait_for(lambda: any(flow.upstream is not None for flow in flows if flow.host == STALLED))  # dialling
+        summary = loopside.stop()
+    finally:
+        relayed.close()
+        dialling.close()
+    written = records(loopside)
+    assert [r["kind"] for r in written][-1] == "net.summary"
+    connects = [r for r in written if r["kind"] == "net.connect"]
+    assert sorted((r.get("host"), r["decision"]) for r in connects) == [(GOOD, "allow"), (STALLED, "deny")]
+    assert [r["host"] for r in written if r["kind"] == "net.close"] == [GOOD]
+    assert summary["connections"] == {**summary["connections"], "connections": 2, "allowed": 1, "denied": 1}
