@@ -517,24 +517,34 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        # What relays it (its pipes) is made before the connection is recorded as allowed: without
+        # a descriptor for them it is refused, never allowed and then refused.
+        try:
+            start = self._movers(flow, upstream)
+        except OSError as exc:
+            self._dial_failed(flow, exc)
+            return
         with self._lock:
             self.active.add(upstream)
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
         flow.recorded = True
         with self._lock:
             self.stats["allowed"] += 1
+        start(flow, None)
+
+    def _movers(self, flow: _Flow, upstream: socket.socket) -> Callable[[_Flow, set[int] | None], None]:
+        """Make what relays a dialled connection; returns the step that starts it."""
         if flow.sniffed is not None and flow.sniffed.silent:
             # It waits for the server: the way back is relayed while its first message, whenever it
             # comes, is read whole and checked before anything of it goes upstream.
             flow.back = Way(upstream, flow.client)
-            self._late_step(flow, None)
-            return
+            return self._late_step
         head = flow.sniffed.head if flow.sniffed is not None else None
         if head is not None:
             # Plain HTTP: each request head read, checked and forwarded; the answers spliced back.
             host, name = flow.host, flow.name
-            flow.reader.take(head.size)
             flow.back = Way(upstream, flow.client)
+            flow.reader.take(head.size)
             flow.out = Outbound(
                 flow.reader,
                 upstream,
@@ -542,11 +552,11 @@ class ConnectionFilter:
                 lambda following: _request_problem(following, host, name, first=False),
                 self.message_timeout_s,
             )
-            self._http_step(flow, None)
-            return
+            return self._http_step
         # The ClientHello, or opaque bytes, checked whole: every later byte is spliced, both ways.
-        flow.relay = Relay(flow.client, upstream, flow.reader.take(len(flow.reader.buffer)))
-        self._relay_step(flow, None)
+        flow.relay = Relay(flow.client, upstream, bytes(flow.reader.buffer))
+        flow.reader.take(len(flow.reader.buffer))
+        return self._relay_step
 
     def _http_step(self, flow: _Flow, ready: set[int] | None) -> None:
         """Step a plain-HTTP connection: the way back where its socket is ready, the agent's

@@ -7,13 +7,17 @@ rest (the rest may already be read, where no readiness brings the loop back)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import resource
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+
+from enforcer.egress import relay
 
 from ..unit.test_egress_process import wait_for
 from .test_egress_loop import GOOD, PORT, STALLED, WEB, Loopside, loopside, ping, records  # noqa: F401
@@ -135,3 +139,47 @@ def test_connections_the_stop_does_not_wait_for_are_still_recorded(loopside: Loo
     assert sorted((r.get("host"), r["decision"]) for r in connects) == [(GOOD, "allow"), (STALLED, "deny")]
     assert [r["host"] for r in written if r["kind"] == "net.close"] == [GOOD]
     assert summary["connections"] == {**summary["connections"], "connections": 2, "allowed": 1, "denied": 1}
+
+
+def test_no_descriptor_to_relay_with_is_refused_before_it_is_recorded_allowed(loopside: Loopside) -> None:  # noqa: F811
+    """The agent's connections leave the filter one descriptor: its upstream socket is made and
+    dialled, but no pipe can be had to relay through. The connection is refused with one record,
+    never recorded as allowed and then refused; the loop serves on once descriptors are free."""
+    first = loopside.connect(GOOD)
+    assert ping(first) == b"PONG\n"
+    first.close()
+    upstream = loopside.upstream  # type: ignore[attr-defined]
+    wait_for(lambda: loopside.setup.server.handlers.value == 0 and len(upstream.received) == 1)
+    with relay._kept_lock:  # no kept pipe: the relay needs new ones
+        kept, relay._kept[:] = list(relay._kept), []
+    for pair in kept:
+        for end in pair:
+            os.close(end)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    starved = loopside.connect(GOOD)
+    try:
+        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        os.close(held.pop())  # one left: the upstream socket's
+        starved.sendall(b"PING\n")
+        with pytest.raises(ConnectionResetError):
+            starved.recv(1)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        starved.close()
+    with loopside.connect(GOOD) as later:
+        assert ping(later) == b"PONG\n"
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    summary = loopside.stop()
+    assert summary["connections"] == {**summary["connections"], "connections": 3, "allowed": 2, "denied": 1}
+    written = records(loopside)
+    connects = [r for r in written if r["kind"] == "net.connect"]
+    assert [r["decision"] for r in connects] == ["allow", "deny", "allow"]
+    assert connects[1]["host"] == GOOD and "Too many open files" in connects[1]["reasons"][0]["text"]
+    assert len([r for r in written if r["kind"] == "net.close"]) == 2
