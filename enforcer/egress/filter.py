@@ -564,6 +564,7 @@ class ConnectionFilter:
         out, back, loop = flow.out, flow.back, self.loop
         assert out is not None and back is not None and flow.upstream is not None and loop is not None
         moving = not out.done
+        cut = False
         try:
             want = back.wants()
             if want is not None and (ready is None or want[0] in ready):
@@ -574,10 +575,16 @@ class ConnectionFilter:
         except OSError:
             end_both(flow.client, flow.upstream)  # one side reset
             out.state = "done"
+            cut = True
         if out.refusal is not None and not flow.refused:
             named, problem = out.refusal
             verdict = problem if isinstance(problem, Verdict) else Verdict("deny", "net.unreadable", str(problem))
             self._refuse_later(flow.reader, flow.upstream, flow.event, named, verdict, flow.refused, out.requests + 1)
+        if cut:
+            # Both sides are cut: what either way still holds can no longer be written, and its
+            # socket would go on polling ready for it.
+            self._http_closed(flow)
+            return
         if moving and out.done:
             with contextlib.suppress(OSError):
                 flow.upstream.shutdown(socket.SHUT_WR)  # the agent's requests are over
@@ -621,8 +628,9 @@ class ConnectionFilter:
             if want is not None and (ready is None or want[0] in ready):
                 back.step()
         except OSError:
-            end_both(client, upstream)  # one side reset
-            reading = False
+            end_both(client, upstream)  # one side reset: nothing more can move, either way
+            self._http_closed(flow)
+            return
         if reading and (ready is None or client.fileno() in ready):
             self._late_read(flow)
         late = flow.late

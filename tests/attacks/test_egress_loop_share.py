@@ -19,8 +19,9 @@ import pytest
 
 from enforcer.egress import relay
 
+from ..unit.test_egress import client_hello
 from ..unit.test_egress_process import wait_for
-from .test_egress_loop import GOOD, PORT, STALLED, WEB, Loopside, loopside, ping, records  # noqa: F401
+from .test_egress_loop import GOOD, PORT, PROXY, STALLED, WEB, Loopside, _pool_cpu, loopside, ping, records  # noqa: F401
 
 
 class Sink:
@@ -182,4 +183,108 @@ def test_no_descriptor_to_relay_with_is_refused_before_it_is_recorded_allowed(lo
     connects = [r for r in written if r["kind"] == "net.connect"]
     assert [r["decision"] for r in connects] == ["allow", "deny", "allow"]
     assert connects[1]["host"] == GOOD and "Too many open files" in connects[1]["reasons"][0]["text"]
+    assert len([r for r in written if r["kind"] == "net.close"]) == 2
+
+
+EVIL = b"evil.example.test"
+GOOD_HEAD = b"GET /1 HTTP/1.1\r\nHost: web.example.test\r\n\r\n"
+EVIL_HEAD = b"GET /2 HTTP/1.1\r\nHost: evil.example.test\r\n\r\n"
+CONNECT_WEB = b"CONNECT web.example.test:443 HTTP/1.1\r\nHost: web.example.test:443\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("via", "segments"),
+    [
+        pytest.param(WEB, [GOOD_HEAD + EVIL_HEAD], id="pipelined-in-the-first-segment"),
+        pytest.param(WEB, [GOOD_HEAD, EVIL_HEAD[:-1], EVIL_HEAD[-1:]], id="later-head-split-before-its-last-lf"),
+        pytest.param(WEB, [GOOD_HEAD + EVIL_HEAD[:24], EVIL_HEAD[24:]], id="later-head-split-in-its-host"),
+        pytest.param(
+            WEB,
+            [b"POST /1 HTTP/1.1\r\nHost: web.example.test\r\nContent-Length: 5\r\n\r\nhello" + EVIL_HEAD],
+            id="after-a-body-in-the-same-segment",
+        ),
+        pytest.param(
+            WEB,
+            [
+                b"POST /1 HTTP/1.1\r\nHost: web.example.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"5\r\nhello\r\n0\r\n\r\n"
+                + EVIL_HEAD
+            ],
+            id="after-a-chunked-body-in-the-same-segment",
+        ),
+        pytest.param(
+            WEB,
+            [b"GET /1 HTTP/1.1\r\nHost: web.example.test\r\nContent-Length: %d\r\n\r\n" % len(EVIL_HEAD) + EVIL_HEAD],
+            id="as-the-content-of-a-get",
+        ),
+        pytest.param(WEB, [EVIL_HEAD, GOOD_HEAD], id="after-a-refused-first-request"),
+        pytest.param(WEB, [None, EVIL_HEAD], id="late-http-from-a-silent-client"),
+        pytest.param(WEB, [None, "hello"], id="late-tls-from-a-silent-client"),
+        pytest.param(PROXY, [CONNECT_WEB + EVIL_HEAD], id="proxy-tunnel-then-http-in-one-segment"),
+        pytest.param(PROXY, [CONNECT_WEB, "hello"], id="proxy-tunnel-then-tls"),
+        pytest.param(PROXY, [CONNECT_WEB + GOOD_HEAD + EVIL_HEAD], id="proxy-tunnel-then-pipelined-http"),
+    ],
+)
+def test_no_other_host_reaches_the_server_however_the_bytes_come(
+    loopside: Loopside,  # noqa: F811
+    via: str,
+    segments: list[bytes | str | None],
+) -> None:
+    """The agent names another host after, behind or around what the filter allowed, on the loop
+    (pipelined, split at awkward places, after a body, late, through the proxy): that name never
+    reaches the server, and its refusal is recorded."""
+    agent = loopside.connect(via)
+    try:
+        for segment in segments:
+            if segment is None:
+                time.sleep(0.3)  # past sniff_timeout_s: decided as waiting for the server
+            elif segment == "hello":
+                agent.sendall(client_hello(EVIL.decode()))
+            else:
+                agent.sendall(segment)
+            time.sleep(0.05)
+        agent.settimeout(3)
+        with contextlib.suppress(ConnectionResetError):
+            while agent.recv(65536):
+                pass
+    finally:
+        agent.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    web = loopside.web  # type: ignore[attr-defined]
+    assert EVIL not in b"".join(web.received)
+    refusals = [r for r in records(loopside) if r.get("decision") == "deny"]
+    assert refusals and all(r["rules"][0] in ("net.host_mismatch", "net.unreadable") for r in refusals)
+
+
+def test_a_refusal_while_an_answer_waits_for_the_agent_ends_the_connection(loopside: Loopside) -> None:  # noqa: F811
+    """The agent does not read the answer to its first request (the filter holds some of it, its
+    socket full) and sends a request naming another host: the refusal cuts both sides, and what
+    the filter held can no longer be written. The connection must end there, recorded, and the
+    loop must not spin on the cut socket."""
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop and resolves the name
+    body = 8 << 20  # echoed back by the server: more than the sockets on the way back hold
+    agent = socket.socket()
+    agent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    agent.bind(("127.0.0.1", 0))
+    loopside.meant[agent.getsockname()[1]] = GOOD
+    agent.connect(loopside.listener.getsockname())
+    try:
+        agent.sendall(b"POST / HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: %d\r\n\r\n" % body)
+        agent.sendall(b"x" * body)
+        flows = loopside.setup.connections.flows
+        wait_for(lambda: any(f.back is not None and f.back.in_pipe and f.out and f.out.state == "next" for f in flows))
+        agent.sendall(b"GET / HTTP/1.1\r\nHost: evil.example.test\r\n\r\n")
+        before = _pool_cpu(loopside)
+        time.sleep(1)
+        spent = _pool_cpu(loopside) - before
+        ended = loopside.setup.server.handlers.value == 0
+    finally:
+        agent.close()
+    assert ended and spent < 0.5, f"ended: {ended}, {spent:.2f} s of CPU in the second after the refusal"
+    loopside.stop()
+    written = records(loopside)
+    [refused] = [r for r in written if r.get("decision") == "deny"]
+    assert refused["rules"] == ["net.host_mismatch"] and refused["request"] == 2
     assert len([r for r in written if r["kind"] == "net.close"]) == 2
