@@ -288,3 +288,32 @@ def test_a_refusal_while_an_answer_waits_for_the_agent_ends_the_connection(loops
     [refused] = [r for r in written if r.get("decision") == "deny"]
     assert refused["rules"] == ["net.host_mismatch"] and refused["request"] == 2
     assert len([r for r in written if r["kind"] == "net.close"]) == 2
+
+
+def test_an_urgent_byte_inside_a_request_body_neither_spins_nor_stops_the_loop(loopside: Loopside) -> None:  # noqa: F811
+    """The agent sends an urgent byte in the middle of a request body (spliced on the loop): the
+    loop does not spin on it, the body's bytes around it reach the server, and so does the next
+    request."""
+    agent = loopside.connect(WEB)
+    try:
+        agent.sendall(b"POST /1 HTTP/1.1\r\nHost: web.example.test\r\nContent-Length: 10\r\n\r\n01234")
+        time.sleep(0.1)
+        agent.send(b"!", socket.MSG_OOB)
+        before = _pool_cpu(loopside)
+        time.sleep(0.6)
+        spent = _pool_cpu(loopside) - before
+        agent.sendall(b"56789")
+        agent.sendall(GOOD_HEAD)
+        got = b""
+        while got.count(b"ok") < 2:
+            chunk = agent.recv(4096)
+            assert chunk, got
+            got += chunk
+    finally:
+        agent.close()
+    assert spent < 0.2, f"{spent:.2f} s of CPU with an urgent byte pending"
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    web = loopside.web  # type: ignore[attr-defined]
+    wait_for(lambda: len(web.received) == 1)
+    assert web.received[0].endswith(b"\r\n\r\n0123456789" + GOOD_HEAD)
