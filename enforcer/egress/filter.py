@@ -249,9 +249,15 @@ class ConnectionFilter:
             self._fail(flow, f"{type(exc).__name__}: {exc}")
 
     def _fail(self, flow: _Flow, why: str) -> None:
+        if flow.done:
+            return  # ended (and recorded) before what failed: not refused a second time
         reset(flow.client)
+        if not flow.recorded:  # counted as every refusal is (one recorded allowed stays counted so)
+            with self._lock:
+                self.stats["denied"] += 1
         with contextlib.suppress(Exception):
-            self.record("net.connect", {"connection": flow.conn_id, **one_rule("deny", "net.filter_error", why)})
+            event = {**flow.event, "connection": flow.conn_id}
+            self.record("net.connect", {**event, **one_rule("deny", "net.filter_error", why)})
         self._end(flow)
 
     def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:

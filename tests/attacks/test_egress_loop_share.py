@@ -317,3 +317,29 @@ def test_an_urgent_byte_inside_a_request_body_neither_spins_nor_stops_the_loop(l
     web = loopside.web  # type: ignore[attr-defined]
     wait_for(lambda: len(web.received) == 1)
     assert web.received[0].endswith(b"\r\n\r\n0123456789" + GOOD_HEAD)
+
+
+def test_a_connection_the_loop_cannot_go_on_with_is_counted_refused_and_named(
+    loopside: Loopside,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's name is not in the filter's resolver cache and no thread can be had to resolve
+    it (the helpers' pids limit): the connection is refused, and like every refusal it is counted
+    as denied in the summary and its record names the host it was for."""
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop and resolves GOOD (not WEB)
+
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(loopside.setup.connections.workers, "submit", no_thread)
+    with loopside.connect(WEB) as agent:
+        agent.sendall(GOOD_HEAD)
+        with contextlib.suppress(ConnectionResetError):
+            assert agent.recv(4096) == b""
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    summary = loopside.stop()
+    assert summary["connections"] == {**summary["connections"], "connections": 2, "allowed": 1, "denied": 1}
+    [refused] = [r for r in records(loopside) if r.get("decision") == "deny"]
+    assert refused["rules"] == ["net.filter_error"] and "no thread" in refused["reasons"][0]["text"]
+    assert refused["host"] == WEB and refused["port"] == PORT
