@@ -123,6 +123,7 @@ class _Flow:
     """One connection's state while the loop steps it (and, once handed over, its pool thread)."""
 
     __slots__ = (
+        "again",
         "back",
         "client",
         "conn_id",
@@ -136,6 +137,7 @@ class _Flow:
         "patient",
         "port",
         "reader",
+        "recorded",
         "refused",
         "relay",
         "sniffed",
@@ -169,10 +171,12 @@ class _Flow:
         self.back: Way | None = None
         self.refused: list[Verdict] = []
         self.farewell = b""  # a refused HTTP client's 403, not yet written
+        self.again = False  # a step of its requests is due at once (its share of the last one was spent)
         # A client that waited for the server: given message_timeout_s more to speak first where tcp
         # would be refused (patient), and once relayed, its first message as read so far (late).
         self.patient = False
         self.late: Sniffed | None = None
+        self.recorded = False  # its net.connect is written
         self.done = False
 
 
@@ -245,9 +249,15 @@ class ConnectionFilter:
             self._fail(flow, f"{type(exc).__name__}: {exc}")
 
     def _fail(self, flow: _Flow, why: str) -> None:
+        if flow.done:
+            return  # ended (and recorded) before what failed: not refused a second time
         reset(flow.client)
+        if not flow.recorded:  # counted as every refusal is (one recorded allowed stays counted so)
+            with self._lock:
+                self.stats["denied"] += 1
         with contextlib.suppress(Exception):
-            self.record("net.connect", {"connection": flow.conn_id, **one_rule("deny", "net.filter_error", why)})
+            event = {**flow.event, "connection": flow.conn_id}
+            self.record("net.connect", {**event, **one_rule("deny", "net.filter_error", why)})
         self._end(flow)
 
     def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:
@@ -513,23 +523,34 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        # What relays it (its pipes) is made before the connection is recorded as allowed: without
+        # a descriptor for them it is refused, never allowed and then refused.
+        try:
+            start = self._movers(flow, upstream)
+        except OSError as exc:
+            self._dial_failed(flow, exc)
+            return
         with self._lock:
             self.active.add(upstream)
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
+        flow.recorded = True
         with self._lock:
             self.stats["allowed"] += 1
+        start(flow, None)
+
+    def _movers(self, flow: _Flow, upstream: socket.socket) -> Callable[[_Flow, set[int] | None], None]:
+        """Make what relays a dialled connection; returns the step that starts it."""
         if flow.sniffed is not None and flow.sniffed.silent:
             # It waits for the server: the way back is relayed while its first message, whenever it
             # comes, is read whole and checked before anything of it goes upstream.
             flow.back = Way(upstream, flow.client)
-            self._late_step(flow, None)
-            return
+            return self._late_step
         head = flow.sniffed.head if flow.sniffed is not None else None
         if head is not None:
             # Plain HTTP: each request head read, checked and forwarded; the answers spliced back.
             host, name = flow.host, flow.name
-            flow.reader.take(head.size)
             flow.back = Way(upstream, flow.client)
+            flow.reader.take(head.size)
             flow.out = Outbound(
                 flow.reader,
                 upstream,
@@ -537,11 +558,11 @@ class ConnectionFilter:
                 lambda following: _request_problem(following, host, name, first=False),
                 self.message_timeout_s,
             )
-            self._http_step(flow, None)
-            return
+            return self._http_step
         # The ClientHello, or opaque bytes, checked whole: every later byte is spliced, both ways.
-        flow.relay = Relay(flow.client, upstream, flow.reader.take(len(flow.reader.buffer)))
-        self._relay_step(flow, None)
+        flow.relay = Relay(flow.client, upstream, bytes(flow.reader.buffer))
+        flow.reader.take(len(flow.reader.buffer))
+        return self._relay_step
 
     def _http_step(self, flow: _Flow, ready: set[int] | None) -> None:
         """Step a plain-HTTP connection: the way back where its socket is ready, the agent's
@@ -549,6 +570,7 @@ class ConnectionFilter:
         out, back, loop = flow.out, flow.back, self.loop
         assert out is not None and back is not None and flow.upstream is not None and loop is not None
         moving = not out.done
+        cut = False
         try:
             want = back.wants()
             if want is not None and (ready is None or want[0] in ready):
@@ -559,10 +581,16 @@ class ConnectionFilter:
         except OSError:
             end_both(flow.client, flow.upstream)  # one side reset
             out.state = "done"
+            cut = True
         if out.refusal is not None and not flow.refused:
             named, problem = out.refusal
             verdict = problem if isinstance(problem, Verdict) else Verdict("deny", "net.unreadable", str(problem))
             self._refuse_later(flow.reader, flow.upstream, flow.event, named, verdict, flow.refused, out.requests + 1)
+        if cut:
+            # Both sides are cut: what either way still holds can no longer be written, and its
+            # socket would go on polling ready for it.
+            self._http_closed(flow)
+            return
         if moving and out.done:
             with contextlib.suppress(OSError):
                 flow.upstream.shutdown(socket.SHUT_WR)  # the agent's requests are over
@@ -583,6 +611,16 @@ class ConnectionFilter:
             self._forget(flow, fd)
         for fd, mask in wanted.items():
             self._watch(flow, fd, mask, self._http_step, {fd})
+        if out.more and not flow.again:
+            # What is left may be read already: no readiness would bring the loop back for it.
+            flow.again = True
+            loop.call_at(time.monotonic(), lambda: self._step(flow, self._http_again))
+
+    def _http_again(self, flow: _Flow) -> None:
+        assert flow.out is not None
+        flow.again = False
+        want = flow.out.wants()
+        self._http_step(flow, {want[0]} if want is not None else set())
 
     def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
         """A silent client's connection before its first message is through: the way back stepped,
@@ -596,8 +634,9 @@ class ConnectionFilter:
             if want is not None and (ready is None or want[0] in ready):
                 back.step()
         except OSError:
-            end_both(client, upstream)  # one side reset
-            reading = False
+            end_both(client, upstream)  # one side reset: nothing more can move, either way
+            self._http_closed(flow)
+            return
         if reading and (ready is None or client.fileno() in ready):
             self._late_read(flow)
         late = flow.late
@@ -753,6 +792,7 @@ class ConnectionFilter:
         with self._lock:
             self.stats["denied"] += 1
         self._emit("net.connect", flow.event, verdict)
+        flow.recorded = True
         flow.farewell = _refusal_answer(verdict)
         with contextlib.suppress(OSError):
             flow.client.recv(65536)  # consume the request: closing over unread bytes resets
@@ -819,10 +859,13 @@ class ConnectionFilter:
         self.flows.discard(flow)
 
     def abandon(self) -> None:
-        """The loop is ending before its connections did (stop gave up waiting): close them. Those
-        handed to pool threads are theirs to close."""
+        """The loop is ending before its connections did (stop gave up waiting): close them, each
+        recorded as its others are (a connection relayed: net.close; one not decided yet: refused).
+        Those handed to pool threads are theirs to close."""
         for flow in list(self.flows):
             flow.done = True
+            with contextlib.suppress(Exception):  # what cannot be recorded now is still closed
+                self._record_abandoned(flow)
             with self._lock:
                 self.active.discard(flow.client)
                 if flow.upstream is not None:
@@ -834,6 +877,35 @@ class ConnectionFilter:
                 if sock is not None:
                     sock.close()
         self.flows.clear()
+
+    def _record_abandoned(self, flow: _Flow) -> None:
+        if flow.relay is not None or flow.back is not None:
+            assert flow.verdict is not None
+            if flow.relay is not None:
+                sent, received = flow.relay.moved
+            else:
+                assert flow.back is not None
+                sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
+            with self._lock:
+                self.stats["bytes_out"] += sent
+                self.stats["bytes_in"] += received
+            closing: dict[str, Any] = {
+                "connection": flow.conn_id,
+                "host": flow.host,
+                "port": flow.port,
+                "address": str(flow.verdict.address),
+                "bytes_out": sent,
+                "bytes_in": received,
+                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
+            }
+            if flow.out is not None and flow.out.requests:
+                closing["requests"] = flow.out.requests
+            self.record("net.close", closing)
+        elif not flow.recorded:
+            with self._lock:
+                self.stats["denied"] += 1
+            why = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
+            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, why)
 
     # -- per connection, on a pool thread
 

@@ -192,6 +192,7 @@ class FilterServer:
         self._stopping = False
         self._quitting = False
         self._stopped_leading = threading.Event()
+        self._loop_ended = threading.Event()  # its connections closed and recorded: stop may sum up
         # What ended the loop unexpectedly (a refusal that could not be recorded): serve() raises
         # it, as it would have raised it accepting on its own thread.
         self._leader_failure: BaseException | None = None
@@ -352,8 +353,11 @@ class FilterServer:
             raise
         finally:
             self._stopped_leading.set()
-            connections.abandon()
-            loop.close()
+            try:
+                connections.abandon()
+                loop.close()
+            finally:
+                self._loop_ended.set()
 
     def _watch_listeners(self) -> None:
         if self._stopping or self._loop is None:
@@ -462,6 +466,7 @@ class FilterServer:
         if self._loop is not None:
             self._quitting = True
             self._loop.poke()
+            self._loop_ended.wait(timeout=5)  # what it ends is recorded and counted before the summary
         if self.workers is not None:
             self.workers.shutdown(wait=False, cancel_futures=True)
         if self._dns_pool is not None:

@@ -35,6 +35,9 @@ READ_SIZE = 16384
 # Reads from the agent one Outbound.step() makes before it returns to the loop: a client streaming
 # requests must not keep the loop from the other connections (what is left is read at the next wake).
 READS_PER_STEP = 16
+# Moves (a head, a chunk-size line, a piece of body...) one Outbound.step() makes: bytes already read
+# can hold thousands of tiny chunks or requests, each costing a few sends, and no read bounds those.
+MOVES_PER_STEP = 64
 _LINE_OR_BINARY = re.compile(rb"[\x00-\x1f\x7f-\xff]")  # a line end, or a byte no request line has
 
 
@@ -247,6 +250,9 @@ class Outbound:
         self.requests = 0
         self.sent = 0
         self.refusal: tuple[Sniffed, object] | None = None
+        # The last step stopped at MOVES_PER_STEP with more to move: what is left may be in the
+        # buffer alone, where no readiness brings the loop back, so its caller steps it again.
+        self.more = False
         self._reads = 0
 
     @property
@@ -274,9 +280,16 @@ class Outbound:
 
     def step(self) -> None:
         self._reads = 0
+        self.more = False
+        moves = 0
         try:
-            while not self.done and self._flushed() and self._advance():
-                pass
+            while not self.done and self._flushed():
+                if moves == MOVES_PER_STEP:
+                    self.more = True
+                    return
+                moves += 1
+                if not self._advance():
+                    break
         except Malformed as exc:
             self._unreadable(str(exc))
 
