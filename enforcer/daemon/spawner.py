@@ -633,7 +633,7 @@ def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
 
     group = cgroups.create(session, group=config.cgroup_group + HELPERS_SUFFIX)
     try:
-        # The egress filter runs two threads per open connection.
+        # The egress filter's pool: up to two threads per open connection (WebSocket relays, lookups).
         pids = HELPER_PIDS + 2 * config.egress.max_connections
         group.apply(cgroups.Limits(memory_bytes=config.helper_memory_mb << 20, pids_max=pids))
         cgroups.bound_siblings(group, int(cgroups.host_tasks() * HELPERS_TASKS_SHARE))

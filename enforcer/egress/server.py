@@ -81,8 +81,9 @@ def serve(
 
         from .filter import ConnectionFilter
 
-        # Connection handlers and their relays run on pooled threads: starting two threads per
-        # connection would be a noticeable part of the setup latency the filter adds.
+        # The connection loop runs on one of these threads; what may wait (a name not in the
+        # resolver's cache, a WebSocket handshake and its relays) runs on the others, pooled:
+        # starting threads per connection would add to the setup latency the filter adds.
         workers = ThreadPoolExecutor(max_workers=2 * settings.max_connections + 8, thread_name_prefix="egress-conn")
         connections = ConnectionFilter(
             policy,
