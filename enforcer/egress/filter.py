@@ -727,21 +727,8 @@ class ConnectionFilter:
         if flow.refused:
             reset(flow.client)  # earlier responses may still be in flight: no answer can follow them
         sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
-        with self._lock:
-            self.stats["bytes_out"] += sent
-            self.stats["bytes_in"] += received
-        closing: dict[str, Any] = {
-            "connection": flow.conn_id,
-            "host": flow.host,
-            "port": flow.port,
-            "address": str(flow.verdict.address),
-            "bytes_out": sent,
-            "bytes_in": received,
-            "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
-        }
-        if flow.out is not None and flow.out.requests:
-            closing["requests"] = flow.out.requests
-        self.record("net.close", closing)
+        requests = flow.out.requests if flow.out is not None else 0
+        self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started, requests)
         self._end(flow)
 
     def _relay_step(self, flow: _Flow, ready: set[int] | None) -> None:
@@ -763,22 +750,36 @@ class ConnectionFilter:
     def _relayed(self, flow: _Flow) -> None:
         assert flow.relay is not None and flow.verdict is not None
         sent, received = flow.relay.moved
+        self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started)
+        self._end(flow)
+
+    def _record_close(
+        self,
+        conn_id: int,
+        host: str | None,
+        port: int,
+        verdict: Verdict,
+        sent: int,
+        received: int,
+        started: float,
+        requests: int = 0,
+    ) -> None:
+        """A connection's `net.close`, its bytes added to the counters."""
         with self._lock:
             self.stats["bytes_out"] += sent
             self.stats["bytes_in"] += received
-        self.record(
-            "net.close",
-            {
-                "connection": flow.conn_id,
-                "host": flow.host,
-                "port": flow.port,
-                "address": str(flow.verdict.address),
-                "bytes_out": sent,
-                "bytes_in": received,
-                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
-            },
-        )
-        self._end(flow)
+        closing: dict[str, Any] = {
+            "connection": conn_id,
+            "host": host,
+            "port": port,
+            "address": str(verdict.address),
+            "bytes_out": sent,
+            "bytes_in": received,
+            "duration_ms": round((time.monotonic() - started) * 1000, 3),
+        }
+        if requests:
+            closing["requests"] = requests
+        self.record("net.close", closing)
 
     def _refuse_here(self, flow: _Flow, verdict: Verdict, *, http: bool | None = None) -> None:
         """Refused on the loop: audited, then a plain-HTTP client (or one that asked us as its proxy)
@@ -886,21 +887,8 @@ class ConnectionFilter:
             else:
                 assert flow.back is not None
                 sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
-            with self._lock:
-                self.stats["bytes_out"] += sent
-                self.stats["bytes_in"] += received
-            closing: dict[str, Any] = {
-                "connection": flow.conn_id,
-                "host": flow.host,
-                "port": flow.port,
-                "address": str(flow.verdict.address),
-                "bytes_out": sent,
-                "bytes_in": received,
-                "duration_ms": round((time.monotonic() - flow.started) * 1000, 3),
-            }
-            if flow.out is not None and flow.out.requests:
-                closing["requests"] = flow.out.requests
-            self.record("net.close", closing)
+            requests = flow.out.requests if flow.out is not None else 0
+            self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started, requests)
         elif not flow.recorded:
             with self._lock:
                 self.stats["denied"] += 1
@@ -971,21 +959,7 @@ class ConnectionFilter:
                 sent, received = relay(client, upstream, self.workers, outbound)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them
-            with self._lock:
-                self.stats["bytes_out"] += sent
-                self.stats["bytes_in"] += received
-            closing: dict[str, Any] = {
-                "connection": conn_id,
-                "host": host,
-                "port": port,
-                "address": str(verdict.address),
-                "bytes_out": sent,
-                "bytes_in": received,
-                "duration_ms": round((time.monotonic() - started) * 1000, 3),
-            }
-            if requests[0]:
-                closing["requests"] = requests[0]
-            self.record("net.close", closing)
+            self._record_close(conn_id, host, port, verdict, sent, received, started, requests[0])
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
             reset(client)
             with contextlib.suppress(Exception):
