@@ -340,10 +340,13 @@ MANY_DESCRIPTORS_SCRIPT = SPAWNER_PRELUDE + """
 _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 # As if a thousand sessions ran: the supervisors' pidfds are numbered above 1024.
+# F_DUPFD, not dup2: every process forked from here inherits this, and the stage opens two pidfds
+# in a row (the second took the first's number back and dup2 then closed the first one's copy).
+import fcntl
 opened = os.pidfd_open
 def numbered_high(pid, flags=0):
     fd = opened(pid, flags)
-    high = os.dup2(fd, 1500 + fd)
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1500)
     os.close(fd)
     return high
 os.pidfd_open = numbered_high
