@@ -27,12 +27,19 @@ def session() -> Iterator[tuple[str, cgroups.Cgroup]]:
 
 def short_lived_child(join_files: list[str]) -> tuple[subprocess.Popen[str], int]:
     """A shell (in the cgroups given) that runs /bin/true, reaps it, says so and stays alive: the
-    pid of the child that is gone, and the shell."""
-    joins = "".join(f"echo $$ > {path}; " for path in join_files)
+    pid of the child that is gone, and the shell. It joins before it execs, as a session's processes
+    do: a process the observer saw outside the session first is remembered as outside."""
+
+    def join() -> None:
+        for path in join_files:
+            with open(path, "w") as f:
+                f.write("0")
+
     shell = subprocess.Popen(
-        ["sh", "-c", f"{joins}/bin/true & echo $!; wait; echo reaped; exec sleep 30"],
+        ["sh", "-c", "/bin/true & echo $!; wait; echo reaped; exec sleep 30"],
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=join,
     )
     assert shell.stdout is not None
     child = int(shell.stdout.readline())
