@@ -373,7 +373,8 @@ class ConnectionFilter:
         self._start_sniff(flow)
 
     def _sniff_more(self, flow: _Flow) -> None:
-        """Read what the agent sent so far and sniff it (as sniff_first does, without waiting)."""
+        """Read what the agent sent so far and sniff it, without waiting: the first-byte and message
+        deadlines are on the loop's timers."""
         reader = flow.reader
         before = len(reader.buffer)
         try:

@@ -28,7 +28,6 @@ from .sniff import (
     parse_head,
     parse_line_end,
     parse_trailers,
-    sniff,
 )
 
 READ_SIZE = 16384
@@ -92,39 +91,6 @@ class ClientReader:
         data = bytes(self.buffer[:size])
         del self.buffer[:size]
         return data
-
-
-def sniff_first(reader: ClientReader, first_byte_s: float | None, message_s: float) -> Sniffed:
-    """Read until the first bytes say what they are. A client that sends nothing within
-    `first_byte_s` waits for the server (silent: opaque); once it has sent something, whatever
-    looks like TLS or HTTP must be complete within `message_s` and the size bounds, else refused.
-    `first_byte_s` None: wait for the first byte for as long as the connection lasts."""
-    started = time.monotonic()
-    if not reader.buffer:
-        try:
-            reader.fill(None if first_byte_s is None else started + first_byte_s)
-        except Incomplete:
-            return Sniffed("tcp", silent=True)
-        except ClientGone as exc:
-            return Sniffed("tcp", malformed=f"client went away before sending anything ({exc})")
-    deadline = time.monotonic() + message_s
-    result = sniff(bytes(reader.buffer))
-    while True:
-        if result.complete or result.malformed:
-            return result
-        before = len(reader.buffer)
-        try:
-            reader.fill(deadline)
-        except Incomplete:
-            what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(result.protocol, "first message")
-            return Sniffed(
-                result.protocol,
-                malformed=f"incomplete {what} after {message_s:g} s ({len(reader.buffer)} bytes)",
-            )
-        except ClientGone as exc:
-            return Sniffed(result.protocol, malformed=f"client went away mid-message ({exc})")
-        if may_change(result, reader.buffer, before):
-            result = sniff(bytes(reader.buffer))
 
 
 def may_change(result: Sniffed, buffer: bytearray, before: int) -> bool:

@@ -343,3 +343,42 @@ def test_a_connection_the_loop_cannot_go_on_with_is_counted_refused_and_named(
     [refused] = [r for r in records(loopside) if r.get("decision") == "deny"]
     assert refused["rules"] == ["net.filter_error"] and "no thread" in refused["reasons"][0]["text"]
     assert refused["host"] == WEB and refused["port"] == PORT
+
+
+def test_a_clienthello_slower_than_the_first_byte_wait_is_read_whole_within_its_bound(loopside: Loopside) -> None:  # noqa: F811
+    """A ClientHello whose first byte comes before the first-byte wait (0.1 s) and the rest after it,
+    within the message's bound (1 s): the client is not taken for one waiting for the server; its
+    name is read from the whole hello and decided."""
+    hello = client_hello(GOOD, ["http/1.1"])
+    with loopside.connect(GOOD) as agent:
+        agent.sendall(hello[:1])
+        time.sleep(0.3)
+        agent.sendall(hello[1:])
+        wait_for(lambda: any(r["kind"] == "net.connect" for r in records(loopside)))
+    connects = [r for r in records(loopside) if r["kind"] == "net.connect"]
+    assert [(r["decision"], r.get("host")) for r in connects] == [("allow", GOOD)]
+
+
+def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte_on_the_loop(
+    loopside: Loopside,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ClientHello sent as 2,000 one-byte TLS records in small writes: the loop sniffs again only
+    when the bytes read can change the answer, not once for every write."""
+    from enforcer.egress import filter as connection_filter
+
+    from ..unit.test_egress import records as split_records
+
+    calls: list[int] = []
+    real = connection_filter.sniff
+    monkeypatch.setattr(connection_filter, "sniff", lambda data: calls.append(len(data)) or real(data))
+    hello = split_records(client_hello(GOOD), [1] * 2000)
+    chunks = [hello[i : i + 6] for i in range(0, len(hello), 6)]
+    with loopside.connect(GOOD) as agent:
+        for chunk in chunks:
+            agent.sendall(chunk)
+            time.sleep(0.0002)
+        wait_for(lambda: any(r["kind"] == "net.connect" for r in records(loopside)))
+    connects = [r for r in records(loopside) if r["kind"] == "net.connect"]
+    assert [(r["decision"], r.get("host")) for r in connects] == [("allow", GOOD)]
+    assert len(calls) < len(chunks) // 5, (len(calls), len(chunks))

@@ -466,28 +466,6 @@ def _writer(sock: socket.socket, parts: list[bytes], pause: float) -> threading.
     return thread
 
 
-def test_sniff_first_waits_for_a_slow_clienthello_within_its_bound() -> None:
-    from enforcer.egress.stream import ClientReader, sniff_first
-
-    hello = client_hello("other.example.test", ["http/1.1"])
-    agent, filter_side = socket.socketpair()
-    with agent, filter_side:
-        writer = _writer(agent, [hello[:1], hello[1:6], hello[6:]], 0.3)  # pauses past the first-byte wait
-        found = sniff_first(ClientReader(filter_side), 0.05, 3.0)
-        writer.join()
-    assert found.complete and not found.malformed and found.server_name == "other.example.test"
-    agent, filter_side = socket.socketpair()
-    with agent, filter_side:
-        writer = _writer(agent, [hello[:10], hello[10:]], 0.6)
-        slow = sniff_first(ClientReader(filter_side), 0.05, 0.3)
-        writer.join()
-    assert slow.protocol == "tls" and slow.malformed and slow.malformed.startswith("incomplete")
-    agent, filter_side = socket.socketpair()
-    with agent, filter_side:
-        silent = sniff_first(ClientReader(filter_side), 0.05, 0.3)
-    assert silent.protocol == "tcp" and silent.silent and not silent.malformed
-
-
 def test_request_bodies_are_framed_so_the_next_head_is_found() -> None:
     from enforcer.egress.stream import ClientReader, forward_body, read_head
 
@@ -554,23 +532,6 @@ def test_names_a_first_message_must_carry() -> None:
     assert rule(sniff(smuggling), api, api) == "net.unreadable"  # read as a request by servers ignoring it
     assert rule(sniff(smuggling.replace(b"GET", b"POST")), api, api) is None
     assert rule(Sniffed("tcp", silent=True), api, api) is None  # opaque: decided as tcp by the policy
-
-
-def test_a_hello_in_one_byte_records_is_not_reparsed_per_byte(monkeypatch: pytest.MonkeyPatch) -> None:
-    from enforcer.egress import stream
-
-    calls = []
-    real = stream.sniff
-    monkeypatch.setattr(stream, "sniff", lambda data: calls.append(len(data)) or real(data))
-    hello = records(client_hello("api.example.test"), [1] * 2000)  # 6 bytes on the wire per byte of hello
-    chunks = [hello[i : i + 6] for i in range(0, len(hello), 6)]
-    agent, filter_side = socket.socketpair()
-    with agent, filter_side:
-        writer = _writer(agent, chunks, 0.0005)
-        found = stream.sniff_first(stream.ClientReader(filter_side), 1.0, 10.0)
-        writer.join()
-    assert found.server_name == "api.example.test"
-    assert len(calls) < len(chunks) // 5, (len(calls), len(chunks))
 
 
 def test_a_client_that_closes_after_an_empty_line_closed_between_requests() -> None:
