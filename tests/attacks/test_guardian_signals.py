@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -28,19 +27,7 @@ def test_a_signal_to_adl_execs_group_leaves_the_guardian_on_duty(sandbox: Sandbo
         f"import signal, time\nsignal.signal({int(sig)}, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(20)\n"
     )
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "enforcer.cli.exec",
-            "--adl",
-            str(sandbox.policy()),
-            "--user",
-            sandbox.user or "",
-            "--",
-            "python3",
-            "-c",
-            code,
-        ],
+        sandbox.exec_argv("python3", "-c", code),
         env=sandbox.environ(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -230,19 +230,7 @@ def test_an_adl_exec_sessions_init_is_the_small_one_in_the_sessions_cgroup(sandb
     code = "print('ready', flush=True)\nimport time; time.sleep(1.5)\n"
     environ = sandbox.environ()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "enforcer.cli.exec",
-            "--adl",
-            str(sandbox.policy()),
-            "--user",
-            sandbox.user or "",
-            "--",
-            "python3",
-            "-c",
-            code,
-        ],
+        sandbox.exec_argv("python3", "-c", code),
         env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -279,19 +267,7 @@ def test_sigterm_and_sighup_to_adl_exec_reach_the_agent(sandbox: Sandbox) -> Non
             "time.sleep(20)\n"
         )
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "enforcer.cli.exec",
-                "--adl",
-                str(sandbox.policy()),
-                "--user",
-                sandbox.user or "",
-                "--",
-                "python3",
-                "-c",
-                code,
-            ],
+            sandbox.exec_argv("python3", "-c", code),
             env=sandbox.environ(),
             stdout=subprocess.PIPE,
             text=True,
@@ -359,19 +335,7 @@ def test_adl_exec_killed_while_init_starts_leaves_no_process(sandbox: Sandbox, a
     cgroup once the guardian was told it (from the stage's fork on: adl-exec killed between making
     the cgroup and telling the guardian leaves the empty cgroup, with or without a small init)."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "enforcer.cli.exec",
-            "--adl",
-            str(sandbox.policy()),
-            "--user",
-            sandbox.user or "",
-            "--",
-            "python3",
-            "-c",
-            "pass",
-        ],
+        sandbox.exec_argv("python3", "-c", "pass"),
         env=sandbox.environ(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

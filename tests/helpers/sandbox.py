@@ -144,19 +144,7 @@ class Sandbox:
         with contextlib.ExitStack() as files:
             sink = files.enter_context(stdout.open("a")) if stdout is not None else subprocess.PIPE
             proc = subprocess.run(
-                [
-                    *self.wrap,
-                    sys.executable,
-                    "-m",
-                    "enforcer.cli.exec",
-                    "--adl",
-                    str(policy or self.policy()),
-                    "--report",
-                    *(("--user", self.user) if self.user is not None else ()),
-                    *args,
-                    "--",
-                    *command,
-                ],
+                self.exec_argv(*command, args=("--report", *args), policy=policy),
                 stdout=sink,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -166,6 +154,22 @@ class Sandbox:
         out = stdout.read_text() if stdout is not None else proc.stdout
         records = [r for r in self._records() if r["seq"] not in before]
         return Result(proc.returncode, out, proc.stderr, records)
+
+    def exec_argv(self, *command: str, args: tuple[str, ...] = (), policy: Path | None = None) -> list[str]:
+        """adl-exec's command line for `command` in this sandbox (after `self.wrap`), as the agent's
+        user; `args`: more options before `--`."""
+        return [
+            *self.wrap,
+            sys.executable,
+            "-m",
+            "enforcer.cli.exec",
+            "--adl",
+            str(policy or self.policy()),
+            *(("--user", self.user) if self.user is not None else ()),
+            *args,
+            "--",
+            *command,
+        ]
 
     def run_session(self, policy: Any, plan: Any, writer: Any, session: str, prepared: Any, **kw: Any) -> Any:
         """enforcer.session.run_session of a stage prepared in this sandbox's cgroup group, as the
