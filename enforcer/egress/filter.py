@@ -267,6 +267,13 @@ class ConnectionFilter:
         flow.watching[fd] = (mask, step)
         self.loop.watch(fd, mask, lambda _events: self._step(flow, step, *args))
 
+    def _watch_only(self, flow: _Flow, wanted: dict[int, int], step: Callable[..., None]) -> None:
+        """Wait on exactly `wanted` (descriptor: events) for `step`, called with the ready descriptor."""
+        for fd in [fd for fd in flow.watching if fd not in wanted]:
+            self._forget(flow, fd)
+        for fd, mask in wanted.items():
+            self._watch(flow, fd, mask, step, {fd})
+
     def _forget(self, flow: _Flow, fd: int) -> None:
         assert self.loop is not None
         if flow.watching.pop(fd, None) is not None:
@@ -608,10 +615,7 @@ class ConnectionFilter:
         if not wanted:
             self._http_closed(flow)
             return
-        for fd in [fd for fd in flow.watching if fd not in wanted]:
-            self._forget(flow, fd)
-        for fd, mask in wanted.items():
-            self._watch(flow, fd, mask, self._http_step, {fd})
+        self._watch_only(flow, wanted, self._http_step)
         if out.more and not flow.again:
             # What is left may be read already: no readiness would bring the loop back for it.
             flow.again = True
@@ -676,10 +680,7 @@ class ConnectionFilter:
         if not watching:
             self._http_closed(flow)
             return
-        for fd in [fd for fd in flow.watching if fd not in watching]:
-            self._forget(flow, fd)
-        for fd, mask in watching.items():
-            self._watch(flow, fd, mask, self._late_step, {fd})
+        self._watch_only(flow, watching, self._late_step)
 
     def _late_read(self, flow: _Flow) -> None:
         reader = flow.reader
@@ -743,10 +744,7 @@ class ConnectionFilter:
         if not wanted:
             self._relayed(flow)
             return
-        for fd in [fd for fd in flow.watching if fd not in wanted]:
-            self._forget(flow, fd)
-        for fd, mask in wanted.items():
-            self._watch(flow, fd, mask, self._relay_step, {fd})
+        self._watch_only(flow, wanted, self._relay_step)
 
     def _relayed(self, flow: _Flow) -> None:
         assert flow.relay is not None and flow.verdict is not None
