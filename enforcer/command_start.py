@@ -17,6 +17,10 @@ planted would run outside the sandbox, as root. Those entries are dropped.
 SIGCHLD at its default: a caller that ignored it (`signal(SIGCHLD, SIG_IGN)` survives exec) would
 have the kernel reap every child at once, and each wait for the stage, the creation guard or the
 session's init would find no child: the command ran, its end was never recorded.
+
+No inherited interval timer: a timer armed with setitimer or alarm also survives exec, and its
+signal (SIGALRM, SIGVTALRM, SIGPROF) ends the process by default: adl-exec's supervisor would die
+with the agent started and its end unrecorded. Each is disarmed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ def start_command() -> None:
     open_standard_streams()  # before anything is opened: 0-2 are what the agent gets
     drop_working_directory()
     reap_own_children()
+    disarm_inherited_timers()
+
+
+def disarm_inherited_timers() -> None:
+    """Disarm the real, virtual and profiling interval timers (see above)."""
+    import _signal
+
+    for timer in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
+        _signal.setitimer(timer, 0)
 
 
 def reap_own_children() -> None:

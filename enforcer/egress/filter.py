@@ -258,6 +258,9 @@ class ConnectionFilter:
         with contextlib.suppress(Exception):
             event = {**flow.event, "connection": flow.conn_id}
             self.record("net.connect", {**event, **one_rule("deny", "net.filter_error", why)})
+        if self._relaying(flow):  # bytes already moved: they are counted and closed as any relay's
+            with contextlib.suppress(Exception):
+                self._record_relayed(flow)
         self._end(flow)
 
     def _watch(self, flow: _Flow, fd: int, mask: int, step: Callable[..., None], *args: Any) -> None:
@@ -879,20 +882,28 @@ class ConnectionFilter:
         self.flows.clear()
 
     def _record_abandoned(self, flow: _Flow) -> None:
-        if flow.relay is not None or flow.back is not None:
-            assert flow.verdict is not None
-            if flow.relay is not None:
-                sent, received = flow.relay.moved
-            else:
-                assert flow.back is not None
-                sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
-            requests = flow.out.requests if flow.out is not None else 0
-            self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started, requests)
+        if self._relaying(flow):
+            self._record_relayed(flow)
         elif not flow.recorded:
             with self._lock:
                 self.stats["denied"] += 1
             why = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
             self._emit("net.connect", flow.event or {"connection": flow.conn_id}, why)
+
+    @staticmethod
+    def _relaying(flow: _Flow) -> bool:
+        return flow.verdict is not None and (flow.relay is not None or flow.back is not None)
+
+    def _record_relayed(self, flow: _Flow) -> None:
+        """The net.close of a connection ended on the loop while relayed, with what it moved so far."""
+        assert flow.verdict is not None
+        if flow.relay is not None:
+            sent, received = flow.relay.moved
+        else:
+            assert flow.back is not None
+            sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
+        requests = flow.out.requests if flow.out is not None else 0
+        self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started, requests)
 
     # -- per connection, on a pool thread
 
