@@ -48,6 +48,7 @@ RUN_BY: dict[str, tuple[str, ...]] = {
     "adl-exec --learn agent.adl.json --adl start.adl.json -- python3 agent.py": (
         "tests/integration/test_learn.py::test_learn_then_run_clean_then_one_grant_less_is_exactly_one_denial",
         "tests/helpers/sandbox.py::Sandbox.run",
+        "tests/helpers/sandbox.py::Sandbox.exec_argv",
     ),
     "adl-exec --adl agent.adl.json --report -- python3 agent.py": DEMO,
     "adl-audit search --decision deny --since -10m": (
@@ -83,6 +84,7 @@ RUN_BY: dict[str, tuple[str, ...]] = {
         "tests/integration/test_policy_agreement.py::"
         "test_a_regulated_agent_needing_an_unprovided_capability_is_refused_and_audited",
         "tests/helpers/sandbox.py::Sandbox.run",
+        "tests/helpers/sandbox.py::Sandbox.exec_argv",
     ),
     "adl-exec --adl AGENT.adl.json --explain -- COMMAND": DEMO,
     "ADL_ENFORCER_POLICY_DIR=policies/examples adl-enforcerd": (
