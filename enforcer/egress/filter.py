@@ -731,9 +731,7 @@ class ConnectionFilter:
         assert flow.back is not None and flow.verdict is not None
         if flow.refused:
             reset(flow.client)  # earlier responses may still be in flight: no answer can follow them
-        sent, received = (flow.out.sent if flow.out is not None else 0), flow.back.moved
-        requests = flow.out.requests if flow.out is not None else 0
-        self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started, requests)
+        self._record_relayed(flow)
         self._end(flow)
 
     def _relay_step(self, flow: _Flow, ready: set[int] | None) -> None:
@@ -750,9 +748,8 @@ class ConnectionFilter:
         self._watch_only(flow, wanted, self._relay_step)
 
     def _relayed(self, flow: _Flow) -> None:
-        assert flow.relay is not None and flow.verdict is not None
-        sent, received = flow.relay.moved
-        self._record_close(flow.conn_id, flow.host, flow.port, flow.verdict, sent, received, flow.started)
+        assert flow.relay is not None
+        self._record_relayed(flow)
         self._end(flow)
 
     def _record_close(
