@@ -3,10 +3,16 @@
 Everything is recomputed from the bytes on disk; the writer is not trusted. The first problem stops
 the walk (later records cannot be trusted once the chain is broken) and is reported with the seq
 where it was found.
+
+Anchors are copies of HEAD.json saved earlier, where whoever can write the directory cannot reach
+them: the log must still hold the record each names, with the same hash. On the host alone, a log
+cut back to an older checkpoint together with that time's HEAD.json verifies; against an anchor
+saved after that checkpoint it does not.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -34,7 +40,9 @@ class VerifyReport:
     problem: str | None = None
     key_source: str = ""
     head_seq: int | None = None
-    head_record_hash: str | None = field(default=None, repr=False)  # of the record at the seq HEAD names
+    anchors: int = 0  # saved heads checked
+    # The hashes of the records at the seqs HEAD.json and the anchors name, noted by the walk.
+    named_hashes: dict[int, str] = field(default_factory=dict, repr=False)
 
     @property
     def intact(self) -> bool:
@@ -54,6 +62,7 @@ class VerifyReport:
             "sealed_through_seq": self.sealed_seq,
             "unsealed_records": self.unsealed,
             "head_seq": self.head_seq,
+            "anchors_checked": self.anchors,
             "gaps": self.gaps,
             "first_bad_seq": self.bad_seq,
             "problem": self.problem,
@@ -71,9 +80,14 @@ class _Broken(Exception):
         self.seq, self.problem = seq, problem
 
 
-def verify_directory(directory: Path, public_key: ed25519.Ed25519PublicKey | None = None) -> VerifyReport:
+def verify_directory(
+    directory: Path,
+    public_key: ed25519.Ed25519PublicKey | None = None,
+    anchors: Mapping[str, dict[str, Any]] | None = None,
+) -> VerifyReport:
     """Verify the log; `public_key` pins the sealing key, otherwise the key recorded in the log's
-    first record is used (and the report says so: that only proves internal consistency)."""
+    first record is used (and the report says so: that only proves internal consistency).
+    `anchors`: saved copies of HEAD.json (read_head), by the name to report them under."""
     report = VerifyReport(key_source="pinned" if public_key else "")
     # HEAD is read before the log: a live writer only names records already written, so the walk
     # that follows finds the one it names.
@@ -81,9 +95,13 @@ def verify_directory(directory: Path, public_key: ed25519.Ed25519PublicKey | Non
         head: bytes | None = (directory / HEAD_FILE).read_bytes()
     except FileNotFoundError:
         head = None
+    saved = anchors or {}
+    named = {seq for seq in [_named_seq(head), *(a["seq"] for a in saved.values())] if seq is not None}
     try:
-        key = _walk(directory, public_key, report, _named_seq(head))
+        key = _walk(directory, public_key, report, named)
         _check_head(head, report, key)
+        for name, anchor in saved.items():
+            _check_anchor(name, anchor, report, key)
     except _Broken as broken:
         report.bad_seq, report.problem = broken.seq, broken.problem
     return report
@@ -99,10 +117,10 @@ def _named_seq(head: bytes | None) -> int | None:
 
 
 def _walk(
-    directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport, named_seq: int | None
+    directory: Path, pinned: ed25519.Ed25519PublicKey | None, report: VerifyReport, named: set[int]
 ) -> ed25519.Ed25519PublicKey | None:
     """Walk every file; returns the sealing key used (pinned, or the one log.open records), and
-    notes the hash of the record at `named_seq`."""
+    notes the hashes of the records at the seqs in `named`."""
     files = log_files(directory)
     if not files:
         raise _Broken(1, f"no audit files in {directory}")
@@ -157,8 +175,8 @@ def _walk(
                 else:
                     rotate_to = record.get("payload", {}).get("next_file")
             prev = digest.decode()
-            if seq == named_seq:
-                report.head_record_hash = prev
+            if seq in named:
+                report.named_hashes[seq] = prev
             expected_seq += 1
             report.records += 1
         if torn:
@@ -209,18 +227,56 @@ def _check_head(head_bytes: bytes | None, report: VerifyReport, key: ed25519.Ed2
             )
         return
     try:
-        head = orjson.loads(head_bytes)
-        seq, digest, sig = head["seq"], head["hash"], head["sig"]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        head = read_head(head_bytes)
+    except ValueError:
         raise _Broken(report.last_seq + 1, f"{HEAD_FILE} is unreadable") from None
-    unsigned = {k: v for k, v in head.items() if k != "sig"}
-    if key is None or not keys.signature_ok(key, sig, canonical(unsigned)):
-        raise _Broken(report.last_seq + 1, f"{HEAD_FILE} signature does not verify")
-    report.head_seq = seq
+    _check_signature(head, HEAD_FILE, report, key)
+    seq = report.head_seq = head["seq"]
     if seq > report.last_seq:
         raise _Broken(
             report.last_seq + 1,
             f"log ends at seq {report.last_seq} but the signed head says seq {seq} was written (log truncated)",
         )
-    if report.head_record_hash != digest:
+    if report.named_hashes.get(seq) != head["hash"]:
         raise _Broken(seq, f"seq {seq} is not the record the signed head names")
+
+
+def _check_anchor(
+    name: str, anchor: dict[str, Any], report: VerifyReport, key: ed25519.Ed25519PublicKey | None
+) -> None:
+    """A saved head: signed with the sealing key, naming a record the log still holds as it was."""
+    what = f"the saved head {name}"
+    _check_signature(anchor, what, report, key)
+    seq = anchor["seq"]
+    if seq > report.last_seq:
+        raise _Broken(
+            report.last_seq + 1,
+            f"log ends at seq {report.last_seq} but {what} says seq {seq} was written "
+            "(records removed: the log was cut back or rolled back)",
+        )
+    if report.named_hashes.get(seq) != anchor["hash"]:
+        raise _Broken(seq, f"seq {seq} is not the record {what} names (the log was replaced or rewritten)")
+    report.anchors += 1
+
+
+def read_head(data: bytes) -> dict[str, Any]:
+    """A signed head (HEAD.json or a saved copy of it), read strictly; its signature is not checked
+    here. ValueError when it is not one."""
+    try:
+        head = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(head, dict):
+        raise ValueError("not a JSON object")
+    seq, digest, sig = head.get("seq"), head.get("hash"), head.get("sig")
+    if type(seq) is not int or seq < 1 or not isinstance(digest, str) or not isinstance(sig, str):
+        raise ValueError("a signed head has an integer seq from 1, a hash and a sig")
+    return head
+
+
+def _check_signature(
+    head: dict[str, Any], what: str, report: VerifyReport, key: ed25519.Ed25519PublicKey | None
+) -> None:
+    unsigned = {k: v for k, v in head.items() if k != "sig"}
+    if key is None or not keys.signature_ok(key, head["sig"], canonical(unsigned)):
+        raise _Broken(report.last_seq + 1, f"{what} signature does not verify with the sealing key")

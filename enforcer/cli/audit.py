@@ -19,7 +19,7 @@ import orjson
 from ..audit import keys, records
 from ..audit.logfiles import rotation_target
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
-from ..audit.verify import verify_directory
+from ..audit.verify import read_head, verify_directory
 from ..audit.writer import log_files
 from ..settings import launch as launch_settings
 from ..text import printable, printable_json
@@ -40,6 +40,7 @@ examples:
   adl-audit show 42
   adl-audit report --since today
   adl-audit verify --public-key /var/lib/adl-enforcer/audit-signing-key.pub.pem
+  adl-audit verify --anchor /mnt/offhost/HEAD-2026-11-25.json   (a HEAD.json copied off the host)
 
 exit codes: search/follow/show/report 0 found, 1 nothing matched, 2 usage or I/O error;
             verify 0 intact, 2 tampered, truncated or unreadable.
@@ -131,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="check chain, sequence, files, checkpoints and signed head")
     verify.add_argument("--public-key", type=Path, help="pin the sealing key (PEM); default: the key the log records")
+    verify.add_argument(
+        "--anchor",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="SAVED_HEAD",
+        help="a copy of HEAD.json saved earlier where the log's writers cannot reach it (repeatable): the log "
+        "must still hold the record it names, as it was. Catches a log cut back together with an older "
+        "HEAD.json, which the directory alone cannot show",
+    )
     verify.add_argument("--json", action="store_true")
     return parser
 
@@ -243,7 +254,14 @@ def _verify(directory: Path, args: argparse.Namespace) -> int:
     except (OSError, ValueError, keys.AuditKeyError) as exc:
         print(f"adl-audit: cannot read public key: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    report = verify_directory(directory, pinned)
+    anchors = {}
+    for path in args.anchor:
+        try:
+            anchors[str(path)] = read_head(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            print(printable(f"adl-audit: cannot read the saved head {path}: {exc}"), file=sys.stderr)
+            return EXIT_USAGE
+    report = verify_directory(directory, pinned, anchors)
     if args.json:
         print(json.dumps(report.as_json(), indent=2, sort_keys=True))
     else:
@@ -256,6 +274,8 @@ def _verify(directory: Path, args: argparse.Namespace) -> int:
         for gap in report.gaps:
             print(printable(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})"))
         print(f"key: {report.key_source}")
+        if args.anchor:
+            print(f"saved heads: {report.anchors} of {len(args.anchor)} hold")
     if report.intact:
         if not args.json:
             print("intact")
