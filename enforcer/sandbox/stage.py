@@ -120,9 +120,12 @@ class Stage:
     child subreaper), is what the launcher then waits for. `pid` is init's once the stage has
     announced it, and the agent's wait status comes from init over the status pipe."""
 
-    def __init__(self, pid: int, sock: socket.socket, status_read: int) -> None:
+    def __init__(self, pid: int, sock: socket.socket, status_read: int, stage_fd: int = -1) -> None:
         self.pid = pid
         self._stage_pid = pid
+        # The stage's pidfd, taken while it is surely not reaped: its death is seen beside the status
+        # pipe, whose other end init and pid 2 may hold from a stage killed before it announced init.
+        self._stage_fd = stage_fd
         self.agent_pid: int | None = None  # the process that becomes the agent, as the host sees it
         self._started = False
         self._sock = sock
@@ -135,16 +138,40 @@ class Stage:
         if self._announced:
             return
         self._announced = True
+        if not self._announcement_or_stage_end():
+            raise StageError("the launch stage is gone before it announced the session's init")
         pid = pidns.read_pid(self._status)
         if pid is None:
             raise StageError("the launch stage is gone before it forked the session's init")
         self.pid = pid
+
+    def _announcement_or_stage_end(self) -> bool:
+        """Wait until the status pipe is readable or the stage has ended; False if the stage ended
+        with nothing written. A stage killed between init's fork and its announcement leaves the
+        pipe's write end to init (and it never reaches end of stream while init lives); init and
+        pid 2 then end once the order socket is closed, and with the session's cgroup."""
+        if self._stage_fd < 0:
+            return True  # no pidfd: end of stream is the only sign
+        poller = select.poll()
+        poller.register(self._status, select.POLLIN)
+        poller.register(self._stage_fd, select.POLLIN)
+        ready = {fd for fd, _events in poller.poll()}
+        if self._status in ready:
+            return True
+        # The stage writes its announcement before it exits: once it has exited, what it wrote is in the pipe.
+        return bool(_readable_now(self._status))
 
     def _collect_stage(self) -> None:
         if self._stage_pid != self.pid:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self._stage_pid, 0)
             self._stage_pid = self.pid
+        self._close_stage_fd()
+
+    def _close_stage_fd(self) -> None:
+        if self._stage_fd >= 0:
+            os.close(self._stage_fd)
+            self._stage_fd = -1
 
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
@@ -256,6 +283,7 @@ class Stage:
                 os.waitpid(self.pid, 0)
         if self._announced:
             self._collect_stage()
+        self._close_stage_fd()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
@@ -397,7 +425,24 @@ def prepare(
     )
     pid, sock = _fork(main)
     os.close(status_write)
-    return Prepared(session, Stage(pid, sock, status_read), watcher, group, error)
+    try:
+        stage_fd = os.pidfd_open(pid)  # not reaped before Stage collects it: the pid is still the stage's
+    except OSError:
+        # Without it a stage killed before it announced init would leave the launch waiting for good.
+        sock.close()
+        os.close(status_read)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        watcher.reap()  # a guardian removes the session's cgroup once released
+        raise
+    return Prepared(session, Stage(pid, sock, status_read, stage_fd), watcher, group, error)
+
+
+def _readable_now(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _fork(main: Any) -> tuple[int, socket.socket]:
