@@ -21,6 +21,12 @@ session's init would find no child: the command ran, its end was never recorded.
 No inherited interval timer: a timer armed with setitimer or alarm also survives exec, and its
 signal (SIGALRM, SIGVTALRM, SIGPROF) ends the process by default: adl-exec's supervisor would die
 with the agent started and its end unrecorded. Each is disarmed.
+
+No inherited CPU-time limit for the enforcer's processes: RLIMIT_CPU survives exec too, and
+adl-exec's supervisor, which reads every kernel denial of the session, would be killed (SIGXCPU,
+then SIGKILL) by a flood of them or a long session, its end unrecorded. Embedded adl-exec lifts it
+before it forks anything (`lift_cpu_limit`) and hands the caller's limit to the agent, whom it may
+be meant for (stage.prepare's `agent_limits`).
 """
 
 from __future__ import annotations
@@ -78,3 +84,27 @@ def drop_working_directory() -> None:
     except OSError:
         working = ""  # deleted: relative entries are removed all the same
     sys.path[:] = trusted_import_path(sys.path, working)
+
+
+def lift_cpu_limit() -> tuple[dict[int, tuple[int, int]], str | None]:
+    """Lift this process's RLIMIT_CPU (see above). Returns the caller's limit, to give the agent
+    back (empty if there was none), and why the launch must be refused: a hard limit stays unless
+    this process has CAP_SYS_RESOURCE, and a supervisor that it would kill cannot record the
+    session's end. The soft limit is raised to the hard one in any case (no privilege needed)."""
+    import resource
+
+    caller = resource.getrlimit(resource.RLIMIT_CPU)
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    if caller == unlimited:
+        return {}, None
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, unlimited)
+    except (OSError, ValueError):  # ValueError: Python's word for EPERM on the hard limit
+        hard = caller[1]
+        resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+        return {resource.RLIMIT_CPU: caller}, (
+            f"adl-exec was started with a hard CPU-time limit (RLIMIT_CPU, {hard} s) it cannot lift without "
+            "CAP_SYS_RESOURCE: its supervisor would be killed by it, the session's end unrecorded. Start it "
+            "without one (ulimit -Ht unlimited); the policy's resource_limits bound the agent"
+        )
+    return {resource.RLIMIT_CPU: caller}, None

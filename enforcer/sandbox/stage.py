@@ -66,6 +66,8 @@ from ..quick_dataclass import dataclass
 from . import cgroups, creation_guard, execmounts, guardian, landlock, namespaces, pidns, seccomp
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .creation_guard import DeniedNames
     from .execmounts import ExecMounts
     from .landlock import LandlockPlan
@@ -360,6 +362,7 @@ class Prepared:
     guardian: Guardian | ParentWatches
     group: cgroups.Cgroup | None
     cgroup_error: str | None  # why there is no group: reported when the launch is attempted
+    refusal: str | None = None  # why the launch must be refused, found before the stage was forked
 
     def discard(self) -> None:
         """Let go of what a launch did not use, and collect the guardian (safe after a launch too)."""
@@ -381,6 +384,8 @@ def prepare(
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
     small_init: bool | None = None,
+    agent_limits: Mapping[int, tuple[int, int]] | None = None,
+    refusal: str | None = None,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
@@ -394,7 +399,11 @@ def prepare(
     `small_init`: the session's init is exec'd as a small interpreter of its own (pidns.py) rather
     than staying a fork of the stage; by default for a stage forked ahead by a launcher of its own
     (its start-up then overlaps the launcher's; a daemon session's init is a fork of a supervisor
-    that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself."""
+    that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself.
+    `agent_limits`: resource limits (resource.RLIMIT_*: soft, hard) the agent gets, set by pid 2
+    after it forked the creation guard: the caller's, which this process lifted for itself and for
+    the stage, init and the guard (command_start.lift_cpu_limit). `refusal`: why the launch must be
+    refused (its reason then), found by the caller before the stage is forked."""
     if small_init is None:
         small_init = ahead and made_by_parent is None and not join_later
     if small_init and join_later:
@@ -422,6 +431,7 @@ def prepare(
         join_later=join_later,
         signal_mask=signal_mask,
         small_init=small_init,
+        agent_limits=dict(agent_limits or {}),
     )
     pid, sock = _fork(main)
     os.close(status_write)
@@ -436,7 +446,7 @@ def prepare(
         os.waitpid(pid, 0)
         watcher.reap()  # a guardian removes the session's cgroup once released
         raise
-    return Prepared(session, Stage(pid, sock, status_read, stage_fd), watcher, group, error)
+    return Prepared(session, Stage(pid, sock, status_read, stage_fd), watcher, group, error, refusal)
 
 
 def _readable_now(fd: int) -> bool:
@@ -484,6 +494,7 @@ def _stage_main(
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
     small_init: bool = False,
+    agent_limits: dict[int, tuple[int, int]] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if signal_mask is not None:  # before init and the future agent are forked: they inherit it
@@ -554,7 +565,7 @@ def _stage_main(
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
-        _apply(order, netns_fd, report_fd)
+        _apply(order, netns_fd, report_fd, agent_limits or {})
         step = "exec"
         if sock.recv(len(GO)) != GO:
             os._exit(125)  # the launcher let go before the agent's start: nothing runs
@@ -616,7 +627,7 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
     os._exit(125)
 
 
-def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, limits: dict[int, tuple[int, int]]) -> None:
     libc = pidns.LIBC
     step = "seccomp"
     try:
@@ -673,6 +684,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
                 landlock.restrict(outer)
             guard_socket, guard_forker = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
             os.close(report_fd)
+        step = "resource limits"
+        for which, limit in limits.items():  # lowered only: allowed without privileges
+            resource.setrlimit(which, limit)
         if order.landlock.abi:
             step = "landlock"
             landlock.restrict(rules)
