@@ -22,11 +22,12 @@ No inherited interval timer: a timer armed with setitimer or alarm also survives
 signal (SIGALRM, SIGVTALRM, SIGPROF) ends the process by default: adl-exec's supervisor would die
 with the agent started and its end unrecorded. Each is disarmed.
 
-No inherited CPU-time limit for the enforcer's processes: RLIMIT_CPU survives exec too, and
-adl-exec's supervisor, which reads every kernel denial of the session, would be killed (SIGXCPU,
-then SIGKILL) by a flood of them or a long session, its end unrecorded. Embedded adl-exec lifts it
-before it forks anything (`lift_cpu_limit`) and hands the caller's limit to the agent, whom it may
-be meant for (stage.prepare's `agent_limits`).
+No inherited CPU-time or file-size limit for the enforcer's processes: RLIMIT_CPU and RLIMIT_FSIZE
+survive exec too. adl-exec's supervisor, which reads every kernel denial of the session, would be
+killed (SIGXCPU, then SIGKILL) by a flood of them or a long session; and the session's records would
+stop at the file-size limit (EFBIG) while the agent runs: either way its end unrecorded. Embedded
+adl-exec lifts both before it forks anything (`lift_limits`) and hands the caller's to the agent,
+whom they may be meant for (stage.prepare's `agent_limits`).
 """
 
 from __future__ import annotations
@@ -86,25 +87,36 @@ def drop_working_directory() -> None:
     sys.path[:] = trusted_import_path(sys.path, working)
 
 
-def lift_cpu_limit() -> tuple[dict[int, tuple[int, int]], str | None]:
-    """Lift this process's RLIMIT_CPU (see above). Returns the caller's limit, to give the agent
-    back (empty if there was none), and why the launch must be refused: a hard limit stays unless
-    this process has CAP_SYS_RESOURCE, and a supervisor that it would kill cannot record the
-    session's end. The soft limit is raised to the hard one in any case (no privilege needed)."""
+# What lift_limits lifts, each with how its refusal names it.
+LIFTED = {"RLIMIT_CPU": ("CPU-time", "s", "t"), "RLIMIT_FSIZE": ("file-size", "bytes", "f")}
+
+
+def lift_limits() -> tuple[dict[int, tuple[int, int]], str | None]:
+    """Lift this process's RLIMIT_CPU and RLIMIT_FSIZE (see above). Returns the caller's limits, to
+    give the agent back (only those it had), and why the launch must be refused: a hard limit stays
+    unless this process has CAP_SYS_RESOURCE, and a supervisor it would stop cannot record the
+    session's end. A soft limit is raised to its hard one in any case (no privilege needed)."""
     import resource
 
-    caller = resource.getrlimit(resource.RLIMIT_CPU)
     unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
-    if caller == unlimited:
-        return {}, None
-    try:
-        resource.setrlimit(resource.RLIMIT_CPU, unlimited)
-    except (OSError, ValueError):  # ValueError: Python's word for EPERM on the hard limit
-        hard = caller[1]
-        resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
-        return {resource.RLIMIT_CPU: caller}, (
-            f"adl-exec was started with a hard CPU-time limit (RLIMIT_CPU, {hard} s) it cannot lift without "
-            "CAP_SYS_RESOURCE: its supervisor would be killed by it, the session's end unrecorded. Start it "
-            "without one (ulimit -Ht unlimited); the policy's resource_limits bound the agent"
-        )
-    return {resource.RLIMIT_CPU: caller}, None
+    callers: dict[int, tuple[int, int]] = {}
+    refusals: list[str] = []
+    for name, (what, unit, option) in LIFTED.items():
+        which = getattr(resource, name)
+        caller = resource.getrlimit(which)
+        if caller == unlimited:
+            continue
+        callers[which] = caller
+        try:
+            resource.setrlimit(which, unlimited)
+        except (OSError, ValueError):  # ValueError: Python's word for EPERM on a hard limit
+            hard = caller[1]
+            resource.setrlimit(which, (hard, hard))
+            refusals.append(f"a hard {what} limit ({name}, {hard} {unit}; ulimit -H{option} unlimited lifts it)")
+    if not refusals:
+        return callers, None
+    return callers, (
+        f"adl-exec was started with {' and '.join(refusals)} it cannot lift without CAP_SYS_RESOURCE: its "
+        "supervisor would be stopped by it, the session's end unrecorded. Start it without; the policy's "
+        "resource_limits bound the agent"
+    )

@@ -402,7 +402,7 @@ def prepare(
     that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself.
     `agent_limits`: resource limits (resource.RLIMIT_*: soft, hard) the agent gets, set by pid 2
     after it forked the creation guard: the caller's, which this process lifted for itself and for
-    the stage, init and the guard (command_start.lift_cpu_limit). `refusal`: why the launch must be
+    the stage, init and the guard (command_start.lift_limits). `refusal`: why the launch must be
     refused (its reason then), found by the caller before the stage is forked."""
     if small_init is None:
         small_init = ahead and made_by_parent is None and not join_later
