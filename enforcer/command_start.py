@@ -26,8 +26,9 @@ No inherited CPU-time or file-size limit for the enforcer's processes: RLIMIT_CP
 survive exec too. adl-exec's supervisor, which reads every kernel denial of the session, would be
 killed (SIGXCPU, then SIGKILL) by a flood of them or a long session; and the session's records would
 stop at the file-size limit (EFBIG) while the agent runs: either way its end unrecorded. Embedded
-adl-exec lifts both before it forks anything (`lift_limits`) and hands the caller's to the agent,
-whom they may be meant for (stage.prepare's `agent_limits`).
+adl-exec lifts both, and its soft RLIMIT_NOFILE to the hard one, before it forks anything
+(`lift_limits`) and hands the caller's to the agent, whom they may be meant for (stage.prepare's
+`agent_limits`).
 """
 
 from __future__ import annotations
@@ -92,10 +93,11 @@ LIFTED = {"RLIMIT_CPU": ("CPU-time", "s", "t"), "RLIMIT_FSIZE": ("file-size", "b
 
 
 def lift_limits() -> tuple[dict[int, tuple[int, int]], str | None]:
-    """Lift this process's RLIMIT_CPU and RLIMIT_FSIZE (see above). Returns the caller's limits, to
-    give the agent back (only those it had), and why the launch must be refused: a hard limit stays
-    unless this process has CAP_SYS_RESOURCE, and a supervisor it would stop cannot record the
-    session's end. A soft limit is raised to its hard one in any case (no privilege needed)."""
+    """Lift this process's RLIMIT_CPU and RLIMIT_FSIZE, and its soft RLIMIT_NOFILE (see above).
+    Returns the caller's limits, to give the agent back (only those changed), and why the launch
+    must be refused: a hard limit stays unless this process has CAP_SYS_RESOURCE, and a supervisor
+    it would stop cannot record the session's end. A soft limit is raised to its hard one in any
+    case (no privilege needed)."""
     import resource
 
     unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
@@ -113,6 +115,12 @@ def lift_limits() -> tuple[dict[int, tuple[int, int]], str | None]:
             hard = caller[1]
             resource.setrlimit(which, (hard, hard))
             refusals.append(f"a hard {what} limit ({name}, {hard} {unit}; ulimit -H{option} unlimited lifts it)")
+    # Descriptors: the soft limit only (the hard one is bounded by fs.nr_open, never unlimited). Too
+    # few, and the supervisor's kernel-denial reader failed on its first import while the agent ran.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        callers[resource.RLIMIT_NOFILE] = (soft, hard)
     if not refusals:
         return callers, None
     return callers, (

@@ -12,6 +12,7 @@ so that only the supervisor, which reads them all, would exceed it."""
 from __future__ import annotations
 
 import json
+import re
 import resource
 import sys
 
@@ -53,7 +54,7 @@ for i in range(60):
     except OSError:
         pass
 time.sleep(0.5)
-print("limit", *resource.getrlimit(resource.RLIMIT_FSIZE), "children")
+print("limit", *resource.getrlimit(resource.{name}), "children")
 sys.exit(7)
 """
 FSIZE = 30000  # past the launch's records, short of the session's
@@ -71,12 +72,13 @@ def _may_raise_hard_limits() -> bool:
     return bool(effective & (1 << CAP_SYS_RESOURCE))
 
 
-def _flood(sandbox: Sandbox, name: str) -> Result:
+def _flood(sandbox: Sandbox, name: str, printed: str | None = None) -> Result:
+    """The agent's flood for limit `name`; it prints its own limit `printed` (default: `name`)."""
     if name == "RLIMIT_CPU":
         return sandbox.python(CPU_FLOOD.format(denied=str(sandbox.outside / "private.txt")))
     for i in range(60):
         (sandbox.outside / f"f{i}.txt").write_text("x")
-    return sandbox.python(RECORD_FLOOD.format(outside=str(sandbox.outside)))
+    return sandbox.python(RECORD_FLOOD.format(outside=str(sandbox.outside), name=printed or name))
 
 
 def _ran_under(ran: Result, name: str, limit: tuple[str, str]) -> None:
@@ -110,3 +112,17 @@ def test_a_hard_limit_set_by_the_caller_binds_the_agent_or_the_launch_is_refused
     assert f"({name}, {LIMITS[name]} " in ran.err and "CAP_SYS_RESOURCE" in ran.err, ran.err
     assert ran.out == "" and "launch" not in ran.kinds() and "exit" not in ran.kinds()
     assert name in json.dumps(ran.record("refused")), ran.kinds()
+
+
+def test_a_low_descriptor_limit_set_by_the_caller_binds_the_agent_not_the_supervisor(sandbox: Sandbox) -> None:
+    """The soft RLIMIT_NOFILE: too low for the supervisor's kernel-denial reader, which opens modules
+    and its netlink socket while the agent runs (the count was then reported incomplete), but the
+    agent's to have."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    sandbox.wrap = _limited("RLIMIT_NOFILE", 14, hard)
+    ran = _flood(sandbox, "RLIMIT_FSIZE", "RLIMIT_NOFILE")  # distinct denials, each read from the kernel
+    assert ran.code == 7, (ran.code, ran.err[-2000:])
+    assert ran.out.split() == ["limit", "14", str(hard), "children"], ran.out
+    counted = re.search(r"kernel denials: (\d+)", ran.err)
+    assert "Too many open files" not in ran.err and counted and int(counted[1]) >= 60, ran.err
+    assert ran.kinds().count("exit") == 1
