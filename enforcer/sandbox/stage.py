@@ -133,18 +133,23 @@ class Stage:
         self._sock = sock
         self._status = status_read
         self._announced = False
+        self._lost: str | None = None  # why init is unknown, once the stage is found gone without it
 
     def _adopt_init(self) -> None:
         """Read init's pid (the stage's own if it could not fork one). The stage exits once it has
         announced init; it is collected later (_collect_stage), not waited for before the order."""
         if self._announced:
+            if self._lost is not None:  # for good: pid 2 may live on, but no order goes to it
+                raise StageError(self._lost)
             return
         self._announced = True
         if not self._announcement_or_stage_end():
-            raise StageError("the launch stage is gone before it announced the session's init")
+            self._lost = "the launch stage is gone before it announced the session's init"
+            raise StageError(self._lost)
         pid = pidns.read_pid(self._status)
         if pid is None:
-            raise StageError("the launch stage is gone before it forked the session's init")
+            self._lost = "the launch stage is gone before it forked the session's init"
+            raise StageError(self._lost)
         self.pid = pid
 
     def _announcement_or_stage_end(self) -> bool:
