@@ -1,9 +1,10 @@
 """The launch stage (enforcer/sandbox/stage.py) killed at each point of its short life (SIGKILL by
 root or the OOM killer): before it forks the session's init, after the fork but before it announces
-init, and after the announcement. Whatever the point, the launcher's reads and waits on the stage end:
-the launch fails with LaunchError (or, killed after its announcement, runs), and init and pid 2 do
-not outlive it. A stage killed between init's fork and its announcement used to leave the launcher
-reading the status pipe for good: init held its write end.
+init, and after the announcement; and init killed right after it was announced. Whatever the point,
+the launcher's reads and waits on the stage end: the launch fails with LaunchError (or, with the
+stage killed after its announcement, runs), and init and pid 2 do not outlive it. A stage killed
+between init's fork and its announcement used to leave the launcher reading the status pipe for
+good: init held its write end.
 
 Each launch runs in a child process of the test (the launcher, a child subreaper as adl-exec is),
 so that a launch that never ends is bounded and killed; the kill points are hooks on the functions
@@ -62,8 +63,11 @@ def _kill_stage_at(point: str, report: int) -> None:
             announce(fd, pid)
             return
         os.write(report, f"{pid}\n".encode())
-        if point == "announced":
+        if point in ("announced", "init-killed"):
             announce(fd, pid)
+        if point == "init-killed":  # the OOM killer's choice: init, before pid 2 took its order
+            os.kill(pid, signal.SIGKILL)
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
     if point == "before-fork":
@@ -147,7 +151,7 @@ def _assert_gone(inits: list[int]) -> None:
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["per-order-stage", "stage-forked-ahead"])
-@pytest.mark.parametrize("point", ["before-fork", "forked", "announced"])
+@pytest.mark.parametrize("point", ["before-fork", "forked", "announced", "init-killed"])
 def test_an_embedded_launch_ends_whenever_its_stage_is_killed(sandbox: Sandbox, point: str, ahead: bool) -> None:
     marker = sandbox.ws / "ran"
     answer, inits = _in_launcher(_launch(sandbox, marker, ahead), point)
@@ -156,7 +160,7 @@ def test_an_embedded_launch_ends_whenever_its_stage_is_killed(sandbox: Sandbox, 
         if point == "announced":  # init was handed over: the session goes on without the stage
             assert answer == "ran: exit 0", answer
             assert marker.exists()
-        else:
+        else:  # with init killed, pid 2 goes with it: before it announced itself or took the order
             assert answer.startswith("LaunchError: sandbox setup failed in the child: the launch stage is gone"), answer
             assert not marker.exists()
         assert len(inits) == (0 if point == "before-fork" else 1)
