@@ -21,6 +21,14 @@ session's init would find no child: the command ran, its end was never recorded.
 No inherited interval timer: a timer armed with setitimer or alarm also survives exec, and its
 signal (SIGALRM, SIGVTALRM, SIGPROF) ends the process by default: adl-exec's supervisor would die
 with the agent started and its end unrecorded. Each is disarmed.
+
+No inherited CPU-time or file-size limit for the enforcer's processes: RLIMIT_CPU and RLIMIT_FSIZE
+survive exec too. adl-exec's supervisor, which reads every kernel denial of the session, would be
+killed (SIGXCPU, then SIGKILL) by a flood of them or a long session; and the session's records would
+stop at the file-size limit (EFBIG) while the agent runs: either way its end unrecorded. Embedded
+adl-exec lifts both, and its soft RLIMIT_NOFILE to the hard one, before it forks anything
+(`lift_limits`) and hands the caller's to the agent, whom they may be meant for (stage.prepare's
+`agent_limits`).
 """
 
 from __future__ import annotations
@@ -78,3 +86,45 @@ def drop_working_directory() -> None:
     except OSError:
         working = ""  # deleted: relative entries are removed all the same
     sys.path[:] = trusted_import_path(sys.path, working)
+
+
+# What lift_limits lifts, each with how its refusal names it.
+LIFTED = {"RLIMIT_CPU": ("CPU-time", "s", "t"), "RLIMIT_FSIZE": ("file-size", "bytes", "f")}
+
+
+def lift_limits() -> tuple[dict[int, tuple[int, int]], str | None]:
+    """Lift this process's RLIMIT_CPU and RLIMIT_FSIZE, and its soft RLIMIT_NOFILE (see above).
+    Returns the caller's limits, to give the agent back (only those changed), and why the launch
+    must be refused: a hard limit stays unless this process has CAP_SYS_RESOURCE, and a supervisor
+    it would stop cannot record the session's end. A soft limit is raised to its hard one in any
+    case (no privilege needed)."""
+    import resource
+
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    callers: dict[int, tuple[int, int]] = {}
+    refusals: list[str] = []
+    for name, (what, unit, option) in LIFTED.items():
+        which = getattr(resource, name)
+        caller = resource.getrlimit(which)
+        if caller == unlimited:
+            continue
+        callers[which] = caller
+        try:
+            resource.setrlimit(which, unlimited)
+        except (OSError, ValueError):  # ValueError: Python's word for EPERM on a hard limit
+            hard = caller[1]
+            resource.setrlimit(which, (hard, hard))
+            refusals.append(f"a hard {what} limit ({name}, {hard} {unit}; ulimit -H{option} unlimited lifts it)")
+    # Descriptors: the soft limit only (the hard one is bounded by fs.nr_open, never unlimited). Too
+    # few, and the supervisor's kernel-denial reader failed on its first import while the agent ran.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        callers[resource.RLIMIT_NOFILE] = (soft, hard)
+    if not refusals:
+        return callers, None
+    return callers, (
+        f"adl-exec was started with {' and '.join(refusals)} it cannot lift without CAP_SYS_RESOURCE: its "
+        "supervisor would be stopped by it, the session's end unrecorded. Start it without; the policy's "
+        "resource_limits bound the agent"
+    )

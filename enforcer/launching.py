@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
+import signal
 import socket
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -500,6 +502,20 @@ def enter_as_caller(path: str, uid: int, gid: int) -> str:
     return _recordable(os.getcwd())
 
 
+def _end_lookup(pid: int) -> None:
+    """Kill a lookup child that did not answer and collect it if it dies soon; one held in the
+    kernel past SIGKILL (an uninterruptible wait) is left to end by itself, not waited for."""
+    pidfd = os.pidfd_open(pid)  # not yet collected: the pid is still the child's
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if poller.poll(1000):
+            os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+
+
 def _recordable(path: str) -> str:
     """`path`, which the launch record holds as text: a name that is not UTF-8 is refused as such
     (rather than as a failure of the audit log when the record cannot be written)."""
@@ -512,7 +528,11 @@ def _recordable(path: str) -> str:
 
 
 def _open_in_child(path: str, uid: int, gid: int) -> int:
-    """The directory as uid/gid find it, looked up in a child process with those credentials."""
+    """The directory as uid/gid find it, looked up in a child process with those credentials. A
+    lookup that has not answered within as_caller.LOOKUP_TIMEOUT_S (a filesystem that does not
+    answer) is refused, as from the lookup thread, and its child killed."""
+    from .sandbox.as_caller import LOOKUP_TIMEOUT_S
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -539,11 +559,20 @@ def _open_in_child(path: str, uid: int, gid: int) -> int:
         finally:
             os._exit(code)
     theirs.close()
+    ours.settimeout(LOOKUP_TIMEOUT_S)
     try:
         message, fds, _flags, _addr = socket.recv_fds(ours, 512, 1, socket.MSG_CMSG_CLOEXEC)
+    except BaseException as exc:
+        _end_lookup(pid)
+        if isinstance(exc, TimeoutError):
+            raise PermissionError(
+                f"working directory {path!r}: not reachable as uid {uid}: its lookup did not return within "
+                f"{LOOKUP_TIMEOUT_S:g} s (a filesystem that does not answer)"
+            ) from None
+        raise
     finally:
         ours.close()
-        os.waitpid(pid, 0)
+    os.waitpid(pid, 0)  # it has answered: it exits at once
     if not fds:
         detail = message.decode(errors="replace") or "the lookup failed"
         raise PermissionError(f"working directory {path!r}: not reachable as uid {uid}: {detail}")

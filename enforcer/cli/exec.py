@@ -208,8 +208,15 @@ def _main(argv: list[str]) -> int:
         import gc
 
         gc.freeze()
-    # Now, while this process is small: the stage runs on the other core while the imports below run.
-    prepared = None if args.explain else prepare(session, cgroup_group=settings.cgroup_group)
+    prepared = None
+    if not args.explain:
+        from ..command_start import lift_limits
+
+        # Before the stage, guardian and init are forked: they are the enforcer's too. The agent
+        # gets the caller's limits back (pid 2 sets them before its exec).
+        agent_limits, refusal = lift_limits()
+        # Now, while this process is small: the stage runs on the other core while the imports below run.
+        prepared = prepare(session, cgroup_group=settings.cgroup_group, agent_limits=agent_limits, refusal=refusal)
     try:
         from .exec_embedded import run_embedded
 

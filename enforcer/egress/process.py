@@ -3,10 +3,11 @@
 Forked by the launching process before the agent: it creates the agent's network namespace with its
 listeners (netns.py), hands the namespace to the launcher over a socketpair (SCM_RIGHTS), then loads
 its serving half (server.py) and serves DNS and TCP until the launcher says stop (or dies:
-PDEATHSIG). The launcher imports only this module: dnspython and the connection filter are loaded
-by the filter's process, after "ready", alongside the launch. It writes its own records to the same
-audit log with its own writer, like every other process that writes there. It holds no capability
-while it serves; the launcher reads the namespace's drop counters and hands them over with "stop".
+PDEATHSIG; a filter whose launcher died before it could set it ends at once). The launcher imports
+only this module: dnspython and the connection filter are loaded by the filter's process, after
+"ready", alongside the launch. It writes its own records to the same audit log with its own
+writer, like every other process that writes there. It holds no capability while it serves; the
+launcher reads the namespace's drop counters and hands them over with "stop".
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from ..audit import WriterSettings
 from ..command_start import drop_working_directory
 from ..egress_values import EgressValues
 from ..policy import Policy
-from ..sandbox import namespaces
+from ..sandbox import namespaces, pidns
 from ..sandbox.stage import close_all_but
 from . import netns
 
-PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 START_TIMEOUT_S = 30.0
@@ -93,17 +93,27 @@ def host_addresses() -> list[str]:
 
 def start(policy: Policy, settings: EgressValues, audit: AuditTarget, session: str) -> EgressProcess:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    pid = os.fork()
+    # Taken before the fork: opened in the filter, the parent's pid could already be its adopter's.
+    launcher = os.pidfd_open(os.getpid())
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(launcher)
+        ours.close()
+        theirs.close()
+        raise
     if pid == 0:
         code = 1
         try:
             ours.close()
+            pidns.die_with(launcher)  # a launcher gone before this: nothing of the filter's is started
             code = _serve(theirs, policy, settings, audit, session)
         except BaseException:
             with contextlib.suppress(OSError):
                 theirs.send(b"error " + traceback.format_exc(limit=3).encode()[-3000:])
         finally:
             os._exit(code)
+    os.close(launcher)
     theirs.close()
     ours.settimeout(START_TIMEOUT_S)
     try:
@@ -124,7 +134,6 @@ def start(policy: Policy, settings: EgressValues, audit: AuditTarget, session: s
 
 
 def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit: AuditTarget, session: str) -> int:
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the terminal's signals are for the agent; the launcher stops us
     null = os.open("/dev/null", os.O_RDWR)

@@ -73,6 +73,11 @@ def run(
     elif prepared.session != session:
         raise ValueError(f"the stage was prepared for {prepared.session}, not {session}")
     group = prepared.group
+    if prepared.refusal is not None:
+        prepared.discard()
+        if group is not None:
+            group.remove()
+        raise LaunchError(prepared.refusal)
     try:
         if group is None:
             raise OSError(prepared.cgroup_error)

@@ -92,7 +92,7 @@ def _start_small_init(
     if agent:
         os.close(joined_read)
         _wait_for_exit(stage)  # as _start_init: the hand-over to the launcher would deliver the signal
-        _die_with(launcher)  # kept across the exec: same credentials
+        die_with(launcher)  # kept across the exec: same credentials
         _close_all_but({0, 1, 2, status_fd, joined_write})
         os.set_inheritable(status_fd, True)
         os.set_inheritable(joined_write, True)
@@ -130,9 +130,11 @@ def _both_joined(own: OSError | None, joined_read: int) -> None:
         raise OSError(answer.decode(errors="replace") or "the session's init is gone before it joined its cgroup")
 
 
-def _die_with(launcher: int) -> None:
-    """Init's parent-death signal. Set after the hand-over, so the launcher may have died first:
-    the signal would then be tied to whichever process adopted init, and init ends here instead."""
+def die_with(launcher: int) -> None:
+    """This process's parent-death signal, `launcher` being a pidfd of its parent taken before it
+    was forked (or handed over) and closed here. The parent may have died before the signal was
+    set: it would then be tied to whichever process adopted this one, which ends here instead.
+    Init sets it after the hand-over; the egress filter at its start."""
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     poller = select.poll()
     poller.register(launcher, select.POLLIN)
@@ -161,7 +163,7 @@ def _start_init(stage: int, launcher: int, status_fd: int) -> None:
         # Only once the stage has handed its children to the launcher may the parent-death signal
         # be set (the hand-over delivers it).
         _wait_for_exit(stage)
-        _die_with(launcher)  # the launcher gone: the session goes
+        die_with(launcher)  # the launcher gone: the session goes
         target.start(agent)
         _close_all_but({0, 1, 2, status_fd})  # the order socket, the launcher's guardian socket
         _init_loop(agent, status_fd)  # never returns

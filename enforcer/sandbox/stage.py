@@ -66,6 +66,8 @@ from ..quick_dataclass import dataclass
 from . import cgroups, creation_guard, execmounts, guardian, landlock, namespaces, pidns, seccomp
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .creation_guard import DeniedNames
     from .execmounts import ExecMounts
     from .landlock import LandlockPlan
@@ -120,31 +122,63 @@ class Stage:
     child subreaper), is what the launcher then waits for. `pid` is init's once the stage has
     announced it, and the agent's wait status comes from init over the status pipe."""
 
-    def __init__(self, pid: int, sock: socket.socket, status_read: int) -> None:
+    def __init__(self, pid: int, sock: socket.socket, status_read: int, stage_fd: int = -1) -> None:
         self.pid = pid
         self._stage_pid = pid
+        # The stage's pidfd, taken while it is surely not reaped: its death is seen beside the status
+        # pipe, whose other end init and pid 2 may hold from a stage killed before it announced init.
+        self._stage_fd = stage_fd
         self.agent_pid: int | None = None  # the process that becomes the agent, as the host sees it
         self._started = False
         self._sock = sock
         self._status = status_read
         self._announced = False
+        self._lost: str | None = None  # why init is unknown, once the stage is found gone without it
 
     def _adopt_init(self) -> None:
         """Read init's pid (the stage's own if it could not fork one). The stage exits once it has
         announced init; it is collected later (_collect_stage), not waited for before the order."""
         if self._announced:
+            if self._lost is not None:  # for good: pid 2 may live on, but no order goes to it
+                raise StageError(self._lost)
             return
         self._announced = True
+        if not self._announcement_or_stage_end():
+            self._lost = "the launch stage is gone before it announced the session's init"
+            raise StageError(self._lost)
         pid = pidns.read_pid(self._status)
         if pid is None:
-            raise StageError("the launch stage is gone before it forked the session's init")
+            self._lost = "the launch stage is gone before it forked the session's init"
+            raise StageError(self._lost)
         self.pid = pid
+
+    def _announcement_or_stage_end(self) -> bool:
+        """Wait until the status pipe is readable or the stage has ended; False if the stage ended
+        with nothing written. A stage killed between init's fork and its announcement leaves the
+        pipe's write end to init (and it never reaches end of stream while init lives); init and
+        pid 2 then end once the order socket is closed, and with the session's cgroup."""
+        if self._stage_fd < 0:
+            return True  # no pidfd: end of stream is the only sign
+        poller = select.poll()
+        poller.register(self._status, select.POLLIN)
+        poller.register(self._stage_fd, select.POLLIN)
+        ready = {fd for fd, _events in poller.poll()}
+        if self._status in ready:
+            return True
+        # The stage writes its announcement before it exits: once it has exited, what it wrote is in the pipe.
+        return bool(_readable_now(self._status))
 
     def _collect_stage(self) -> None:
         if self._stage_pid != self.pid:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self._stage_pid, 0)
             self._stage_pid = self.pid
+        self._close_stage_fd()
+
+    def _close_stage_fd(self) -> None:
+        if self._stage_fd >= 0:
+            os.close(self._stage_fd)
+            self._stage_fd = -1
 
     def start(self, order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
         """Hand the stage its order and return once it has exec'd the agent; StageError if it failed.
@@ -256,6 +290,7 @@ class Stage:
                 os.waitpid(self.pid, 0)
         if self._announced:
             self._collect_stage()
+        self._close_stage_fd()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
@@ -332,6 +367,7 @@ class Prepared:
     guardian: Guardian | ParentWatches
     group: cgroups.Cgroup | None
     cgroup_error: str | None  # why there is no group: reported when the launch is attempted
+    refusal: str | None = None  # why the launch must be refused, found before the stage was forked
 
     def discard(self) -> None:
         """Let go of what a launch did not use, and collect the guardian (safe after a launch too)."""
@@ -353,6 +389,8 @@ def prepare(
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
     small_init: bool | None = None,
+    agent_limits: Mapping[int, tuple[int, int]] | None = None,
+    refusal: str | None = None,
 ) -> Prepared:
     """Create the session's cgroup and fork its guardian and stage. `ahead`: the order will come
     later, so the stage builds the seccomp programs meanwhile (a launcher forking on the launch path
@@ -366,7 +404,11 @@ def prepare(
     `small_init`: the session's init is exec'd as a small interpreter of its own (pidns.py) rather
     than staying a fork of the stage; by default for a stage forked ahead by a launcher of its own
     (its start-up then overlaps the launcher's; a daemon session's init is a fork of a supervisor
-    that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself."""
+    that holds little of its own). Not with `join_later`, whose pid 2 moves a forked init itself.
+    `agent_limits`: resource limits (resource.RLIMIT_*: soft, hard) the agent gets, set by pid 2
+    after it forked the creation guard: the caller's, which this process lifted for itself and for
+    the stage, init and the guard (command_start.lift_limits). `refusal`: why the launch must be
+    refused (its reason then), found by the caller before the stage is forked."""
     if small_init is None:
         small_init = ahead and made_by_parent is None and not join_later
     if small_init and join_later:
@@ -394,10 +436,28 @@ def prepare(
         join_later=join_later,
         signal_mask=signal_mask,
         small_init=small_init,
+        agent_limits=dict(agent_limits or {}),
     )
     pid, sock = _fork(main)
     os.close(status_write)
-    return Prepared(session, Stage(pid, sock, status_read), watcher, group, error)
+    try:
+        stage_fd = os.pidfd_open(pid)  # not reaped before Stage collects it: the pid is still the stage's
+    except OSError:
+        # Without it a stage killed before it announced init would leave the launch waiting for good.
+        sock.close()
+        os.close(status_read)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        watcher.reap()  # a guardian removes the session's cgroup once released
+        raise
+    return Prepared(session, Stage(pid, sock, status_read, stage_fd), watcher, group, error, refusal)
+
+
+def _readable_now(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _fork(main: Any) -> tuple[int, socket.socket]:
@@ -439,6 +499,7 @@ def _stage_main(
     join_later: bool = False,
     signal_mask: frozenset[int] | None = None,
     small_init: bool = False,
+    agent_limits: dict[int, tuple[int, int]] | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if signal_mask is not None:  # before init and the future agent are forked: they inherit it
@@ -509,7 +570,7 @@ def _stage_main(
         close_all_but({0, 1, 2, sock.fileno(), *kept})
         step = "cwd"
         os.chdir(order.cwd)
-        _apply(order, netns_fd, report_fd)
+        _apply(order, netns_fd, report_fd, agent_limits or {})
         step = "exec"
         if sock.recv(len(GO)) != GO:
             os._exit(125)  # the launcher let go before the agent's start: nothing runs
@@ -571,7 +632,7 @@ def _report_failure(sock: socket.socket, step: str, exc: BaseException | None) -
     os._exit(125)
 
 
-def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> None:
+def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, limits: dict[int, tuple[int, int]]) -> None:
     libc = pidns.LIBC
     step = "seccomp"
     try:
@@ -628,6 +689,9 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None) -> No
                 landlock.restrict(outer)
             guard_socket, guard_forker = _fork_guard(order.guard, report_fd, rules if order.landlock.abi else None)
             os.close(report_fd)
+        step = "resource limits"
+        for which, limit in limits.items():  # lowered only: allowed without privileges
+            resource.setrlimit(which, limit)
         if order.landlock.abi:
             step = "landlock"
             landlock.restrict(rules)

@@ -236,3 +236,45 @@ def test_a_lookup_that_returns_within_the_limit_is_used(tree: Path) -> None:
         assert os.path.samefile(f"/proc/self/fd/{fd}", tree / "public" / "inside")
     finally:
         os.close(fd)
+
+
+def test_a_child_lookup_that_never_returns_refuses_the_launch_in_time_and_is_killed(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same hung mount where the lookup runs in a child process (no per-thread lookup on this
+    architecture): the launch is refused after LOOKUP_TIMEOUT_S and the child killed and collected,
+    nothing of it left open."""
+    monkeypatch.setattr(as_caller, "_SYS_SETGROUPS", None)
+    monkeypatch.setattr(as_caller, "LOOKUP_TIMEOUT_S", 0.3)
+    target = str(tree / "public" / "inside")
+
+    def check() -> None:
+        real_open = os.open
+
+        def hanging_open(path: Any, *args: Any, **kw: Any) -> int:
+            if path == target:
+                time.sleep(20)  # the stand-in for a lookup blocked in the kernel
+            return real_open(path, *args, **kw)
+
+        os.open = hanging_open  # type: ignore[assignment]  # this forked check's copy only
+        before = set(os.listdir("/proc/self/fd"))
+        started = time.monotonic()
+        try:
+            launching.enter_as_caller(target, *CALLER)
+        except PermissionError as exc:
+            assert "not reachable as uid 54321: its lookup did not return within 0.3 s" in str(exc), exc
+        else:
+            raise AssertionError("the hung lookup was not refused")
+        finally:
+            os.open = real_open
+        assert time.monotonic() - started < 5
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass  # the lookup's child was killed and collected
+        else:
+            raise AssertionError("the lookup's child is left")
+        assert set(os.listdir("/proc/self/fd")) == before
+        assert os.getcwd() != target
+
+    _in_child(check)

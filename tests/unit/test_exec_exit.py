@@ -117,7 +117,7 @@ def test_an_embedded_launch_freezes_what_it_shares_with_the_stage(tmp_path: Path
 
         seen = []
 
-        def prepare(session, cgroup_group):
+        def prepare(session, cgroup_group, **_limits):
             seen.append(gc.get_freeze_count())
             return None
 
