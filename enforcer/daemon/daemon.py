@@ -37,9 +37,9 @@ from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .orders import SessionStarted
 from .quota import UidBudget
-from .registry import SessionRegistry
+from .registry import SessionBounds, SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
-from .spawner import SpawnerHandle
+from .spawner import AGENTS_TASKS_SHARE, SpawnerHandle
 from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
 from .threads import TaskLimitedPool
 
@@ -179,6 +179,7 @@ class Daemon:
                 max_connections=self.settings.max_launch_connections,
                 refusals_detailed=self.settings.launch_refusals_per_uid,
                 refusal_window_s=self.settings.audit_budget_window_s,
+                sessions=self._session_bounds(),
             ),
         )
         self._launch.start(0o660, group)
@@ -186,6 +187,15 @@ class Daemon:
         self._started = True
         self._update_health()
         self.systemd.send("READY=1", self._status_line())
+
+    def _session_bounds(self) -> SessionBounds:
+        """The operator's bounds on sessions; a uid's tasks as its share of all sessions' (spawner.py)."""
+        sessions_tasks = cgroups.host_tasks() * AGENTS_TASKS_SHARE
+        return SessionBounds(
+            per_uid=self.settings.max_sessions_per_uid,
+            total=self.settings.max_sessions,
+            tasks_per_uid=int(sessions_tasks * self.settings.session_tasks_share_per_uid),
+        )
 
     def run_forever(self) -> None:
         watchdog_s = self.systemd.watchdog_s
@@ -359,7 +369,9 @@ class Daemon:
             if isinstance(event, SessionStarted):
                 self.registry.set_pid(event.session, event.pid)
             else:
-                self.registry.end(event.session)
+                record = self.registry.end(event.session)
+                if record is not None and self._launch is not None:
+                    self._launch.session_ended(record, event.status)
         if not self._stop_wanted.is_set():
             log.error("the spawner stopped; launches are refused until the daemon restarts")
             with contextlib.suppress(OSError):

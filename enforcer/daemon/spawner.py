@@ -47,12 +47,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, records
 from ..framing import FrameError, recv_frame, send_frame
 from .orders import (
+    REFUSAL_COUNTED,
+    REFUSAL_RECORDED,
     LaunchOrder,
     OrderError,
     SessionGone,
@@ -573,18 +577,26 @@ def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> bool:
     remembers them), so that the supervisor forked next finds them compiled: one compilation per
     set of documents and settings instead of one per session. What fails here is left to the
     supervisor, which compiles the documents itself and refuses the session with the reason.
-    Whether something was compiled (supervisors forked before it would compile it again)."""
-    from .. import launching
+    Whether something was compiled (supervisors forked before it would compile it again): a policy
+    PolicyDocuments.load remembered is the very object it returned before, a new one is not."""
     from ..policy.errors import Refusal
 
-    before = [id(entry) for entry in launching._COMPILED.values()]
     try:
-        policy_documents(order, config).load()
+        compiled = policy_documents(order, config).load()
     except (Refusal, OSError):
-        pass
+        return False
     except Exception as exc:  # never the spawner's end: the supervisor meets it too and refuses
         print(f"adl-enforcerd spawner: compiling ahead failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return [id(entry) for entry in launching._COMPILED.values()] != before
+        return False
+    if _LOADED.get(id(compiled)) is compiled:
+        return False
+    _LOADED[id(compiled)] = compiled
+    return True
+
+
+# What PolicyDocuments.load returned in this process, by id: an entry goes when its policy does (once
+# launching forgets it), so an id is never found again for another object.
+_LOADED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def policy_documents(order: LaunchOrder, config: SpawnerConfig) -> PolicyDocuments:
@@ -877,7 +889,7 @@ def _supervise_prepared(
     joining: _Join,
 ) -> int:
     from .. import launching
-    from ..audit import AuditWriter, WriterSettings
+    from ..audit import WriterSettings
     from ..sandbox.identity import Identity
 
     prepared = made.prepared
@@ -890,9 +902,17 @@ def _supervise_prepared(
                 pass
         made.kill()
 
+    opened: list[
+        SessionWriter
+    ] = []  # the session's writer, once open: what it wrote or withheld decides the exit status
+
     def open_audit() -> AuditWriter:
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
-        return AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings)
+        writer = SessionWriter(
+            config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings, order=order
+        )
+        opened.append(writer)
+        return writer
 
     try:
         _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
@@ -925,27 +945,61 @@ def _supervise_prepared(
     result = launching.launch(
         request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait, report=report
     )
+    if opened and opened[0].withheld:
+        return REFUSAL_COUNTED
+    if opened and opened[0].refused:
+        return REFUSAL_RECORDED
     return 1 if isinstance(result, launching.Refused) else 0
+
+
+class SessionWriter(AuditWriter):
+    """A supervisor's audit writer. It withholds the session's refusal when that would be the
+    session's first record and the order says its caller's refusals are counted only: a caller must
+    not flood the log every session shares with refusals only a supervisor finds (a cwd it may not
+    use...). Once the session has a launch record, its end is always recorded."""
+
+    def __init__(self, *args: Any, order: LaunchOrder, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order = order
+        self.wrote = False  # a record of the session
+        self.refused = False  # its refusal, written
+        self.withheld = False  # its refusal, withheld: the daemon counts it
+
+    def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
+        refusal = [e for e in entries if e.kind == records.REFUSED and e.corr == self.order.session]
+        if refusal and not self.wrote and not self.order.refusal_detailed:
+            self.withheld = True
+            # Unavailable to the launch path: it refuses the session all the same and tells the caller.
+            raise AuditUnavailable("counted only: the caller's launch refusals are beyond their budget")
+        receipts = super().append_many(entries, sync=sync)
+        self.wrote = self.wrote or any(e.corr == self.order.session for e in entries)
+        self.refused = self.refused or bool(refusal)
+        return receipts
 
 
 def _refuse_unstarted(order: LaunchOrder, config: SpawnerConfig, client: socket.socket, detail: str) -> int:
     """A session whose supervisor could not start what it needs (no task left: the unit's or a pids
-    cgroup's limit): recorded as refused and its caller told so."""
+    cgroup's limit): recorded as refused (or only counted, as the order says) and its caller told so."""
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..audit.events import caller_fields
     from ..session import record_refusal
     from ..v1 import enforcer_pb2 as pb
 
-    with contextlib.suppress(AuditUnavailable, OSError):
-        writer = AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=WriterSettings())
-        try:
-            record_refusal(writer, None, order.session, detail, list(order.argv), caller_fields(order.uid, order.cwd))
-        finally:
-            writer.close()
+    status = REFUSAL_COUNTED
+    if order.refusal_detailed:
+        status = 1  # unless it is recorded
+        with contextlib.suppress(AuditUnavailable, OSError):
+            writer = AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=WriterSettings())
+            try:
+                argv = list(order.argv)
+                record_refusal(writer, None, order.session, detail, argv, caller_fields(order.uid, order.cwd))
+                status = REFUSAL_RECORDED
+            finally:
+                writer.close()
     ended = pb.SessionEnded(session=order.session, reason="refused", exit_code=125, detail=detail)
     with contextlib.suppress(OSError, FrameError):
         send_frame(client, ended.SerializeToString())
-    return 1
+    return status
 
 
 def session_ended(session: str, result: Result) -> Any:
