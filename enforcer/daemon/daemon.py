@@ -11,7 +11,9 @@ import grp
 import logging
 import math
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -48,6 +50,7 @@ VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
+SPAWNER_EXIT_S = 5.0  # how long a stopping daemon waits for its spawner to clean up and exit
 # Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
 # the usual Check is far smaller, and deciding one this size with PII at every turn would hold up
 # every request that arrived with it.
@@ -231,6 +234,7 @@ class Daemon:
         self._stop_wanted.set()
 
     def stop(self) -> None:
+        self._stop_wanted.set()  # whatever ended run_forever: the spawner's end below is expected
         self.systemd.send("STOPPING=1")
         self._serving = False
         for name in ("", *SERVICES):
@@ -263,7 +267,25 @@ class Daemon:
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
         with contextlib.suppress(OSError):
+            # shutdown first: the spawner-events thread's recv holds the socket open past close()
+            self.spawner.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.spawner.sock.close()
+        self._wait_for_spawner(SPAWNER_EXIT_S)
+
+    def _wait_for_spawner(self, timeout_s: float) -> None:
+        """Let the spawner, which sees its socket closed, end its prepared supervisors and remove
+        their cgroup and the helpers' directories: it dies with this process, maybe half way."""
+        try:
+            pidfd = os.pidfd_open(self.spawner.pid)
+        except OSError:  # gone and collected already, or no pidfds: nothing to wait for
+            return
+        try:
+            select.select([pidfd], [], [], timeout_s)
+        finally:
+            os.close(pidfd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.spawner.pid, os.WNOHANG)
 
     # -- policies -------------------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ before any order, each with its stage, the stage's init and the future agent for
 (stage.prepare with join_later), so that an order finds them made: the forks leave its path. They
 hold nothing of a session: no id, no caller, no cgroup of a session (a session's cgroup is named by
 its id, which the daemon draws with the order, and nothing but running sessions may be found in the
-sessions' group); they stay in the spawner's cgroup until an order. Each order is handed whole to
+sessions' group); until an order they are in a cgroup of their own in the helpers' directory
+(<cgroup_group>.helpers/prepared-<spawner pid>), under the bound on all helpers' tasks and one of
+its own. Each order is handed whole to
 the first one waiting (the order, the caller's descriptors, the cgroups made for it), over a
 socket only the spawner and that supervisor hold, which is closed once the order is sent: no
 prepared supervisor ever gets a second order, and one whose hand-over failed is killed, never
@@ -82,6 +84,9 @@ HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgrou
 AGENTS_TASKS_SHARE = 0.4
 HELPERS_TASKS_SHARE = 0.2
 HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
+# The tasks of each prepared supervisor with its stage, init and future agent (a handful: the rest is
+# room for one that has its order and has not moved into its session's cgroups yet).
+PREPARED_PIDS = 16
 _libc = ctypes.CDLL(None, use_errno=True)
 # A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
 # the CPU the launch in progress needs.
@@ -174,6 +179,12 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
         _serve_orders(sock, config, sessions)
     finally:
         _end_waiting(sessions)
+        from ..sandbox import cgroups
+
+        with contextlib.suppress(OSError):  # what is still dying there goes with the rest
+            prepared = cgroups.existing(group=config.cgroup_group + HELPERS_SUFFIX).get(_prepared_name())
+            if prepared is not None:
+                prepared.remove(timeout=2)
         _remove_helper_groups(config)
 
 
@@ -297,16 +308,18 @@ def _first_uses() -> None:
         raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 
 
-def _remove_helper_groups(config: SpawnerConfig) -> None:
-    """The helpers' group directories, once empty (a supervisor still running keeps its own)."""
+def _remove_helper_groups(config: SpawnerConfig, keep: str | None = None) -> None:
+    """The helpers' group directories, once empty (a supervisor still running keeps its own), but
+    `keep`."""
     from ..sandbox import cgroups
 
     with contextlib.suppress(OSError):
         for base in cgroups.group_directories(group=config.cgroup_group + HELPERS_SUFFIX):
             if base.is_dir():
                 for directory in base.iterdir():
-                    with contextlib.suppress(OSError):
-                        directory.rmdir()
+                    if directory.name != keep:
+                        with contextlib.suppress(OSError):
+                            directory.rmdir()
                 with contextlib.suppress(OSError):
                     base.rmdir()
 
@@ -452,6 +465,11 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
     if len(sessions.waiting) >= config.prepared_sessions or time.monotonic() < sessions.prepare_at:
         return
     try:
+        joins = _prepared_cgroup(config).join_files()
+    except OSError as exc:  # nothing is forked that no bound holds
+        _prepare_later(sessions, f"no supervisor could be prepared: its cgroup: {exc}")
+        return
+    try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     except OSError as exc:  # out of descriptors (or memory): the spawner's end would be every session's
         _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
@@ -472,7 +490,7 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
         try:
             ours.close()
             _in_child(sock, sessions)
-            code = _await_order(theirs, config)
+            code = _await_order(theirs, config, joins)
         finally:
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
@@ -637,6 +655,30 @@ def _refuse_order(sock: socket.socket, data: bytes, fds: list[int], error: Order
         send_frame(sock, SessionGone(session, 125).to_json())
 
 
+def _prepared_name() -> str:
+    """The prepared supervisors' cgroup, in the helpers' directory: named by this spawner, so that
+    one a spawner killed left behind is never taken for this one's."""
+    return f"prepared-{os.getpid()}"
+
+
+def _prepared_cgroup(config: SpawnerConfig) -> Any:
+    """The cgroup every prepared supervisor joins before it forks its stage, made when missing: in
+    the helpers' directory, so under the bound on all root helpers' tasks (HELPERS_TASKS_SHARE), and
+    bounded itself to PREPARED_PIDS tasks per prepared supervisor. Each moves out at its order (the
+    supervisor into its helpers' cgroup, init and the future agent into the session's). No memory
+    limit: pages touched here stay charged here once their process moves on, so a limit would count
+    running sessions' memory against the next preparations."""
+    from ..sandbox import cgroups
+
+    helpers = config.cgroup_group + HELPERS_SUFFIX
+    group = cgroups.existing(group=helpers).get(_prepared_name())
+    if group is None:
+        group = cgroups.create(_prepared_name(), group=helpers)
+    group.apply(cgroups.Limits(pids_max=PREPARED_PIDS * max(1, config.prepared_sessions)))
+    cgroups.bound_siblings(group, int(cgroups.host_tasks() * HELPERS_TASKS_SHARE))
+    return group
+
+
 def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
     """The cgroup of a session's root helpers (its supervisor, and the egress filter it starts):
     their memory and processes are counted and bounded as the agent's are, in a group of their own
@@ -689,7 +731,8 @@ def _reap(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> No
             with contextlib.suppress(OSError):
                 group.remove(timeout=2)  # an egress filter left behind goes with it
             if not sessions.helpers:  # the last one: no empty directory is left when the daemon stops
-                _remove_helper_groups(config)
+                # The prepared supervisors' group stays: one forked a moment ago may not have joined it yet.
+                _remove_helper_groups(config, keep=_prepared_name())
         session = sessions.children.pop(pid, None)
         if session is not None:
             event = SessionGone(session, os.waitstatus_to_exitcode(status))
@@ -705,12 +748,21 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
     return Masks((config.audit_dir,), (config.audit_key,), "daemon_files", detail)
 
 
-def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
-    """A prepared supervisor: fork the stage (its init and future agent), wait for one order on
-    `link`, then supervise that session. It ends without one when the spawner closes `link`, or
-    when its stage failed or is gone (the spawner then prepares another); an order the spawner
-    managed to send is taken all the same, never lost unrecorded."""
+def _await_order(link: socket.socket, config: SpawnerConfig, joins: list[str]) -> int:
+    """A prepared supervisor: join the prepared supervisors' cgroup (`joins`, its cgroup.procs
+    files), fork the stage (its init and future agent, in that cgroup too), wait for one order on
+    `link`, then supervise that session. It ends without one when the spawner closes `link`, when
+    it cannot join, or when its stage failed or is gone (the spawner then prepares another); an
+    order the spawner managed to send is taken all the same, never lost unrecorded."""
     from ..sandbox.stage import StageError, prepare
+
+    try:
+        for path in joins:
+            with open(path, "w") as f:
+                f.write("0")
+    except OSError as exc:  # nothing is forked outside the bound
+        print(f"adl-enforcerd spawner: a prepared supervisor cannot join its cgroup: {exc}", file=sys.stderr)
+        return 1
 
     # SIGUSR1 stays blocked here until the order's handler is set (see _prepare_one), but not in
     # the stage: the agent would inherit the mask (a supervisor forked at its order has unblocked

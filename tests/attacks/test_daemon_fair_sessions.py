@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
+from enforcer.daemon.spawner import HELPERS_SUFFIX, HELPERS_TASKS_SHARE, PREPARED_PIDS
+from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import REPO, RunningDaemon
+from ..helpers.prepared import children, ready, spawner_of, until, waiting
 from ..helpers.sandbox import AGENT_GID, AGENT_UID
 
 pytestmark = [
@@ -164,3 +167,40 @@ def test_refusals_only_a_supervisor_finds_are_summarised_past_the_budget(daemon:
     assert summary["refusals_counted_only"] == 7, summary
     # The other uid's session was neither refused nor counted.
     assert not [r for r in _refused_records(daemon) if r["payload"].get("caller_uid") == AGENT_UID]
+
+
+def _pids_cgroup(pid: int) -> str:
+    """The pids cgroup `pid` is in (v1's pids hierarchy, or v2's one)."""
+    lines = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+    v1 = [path for _, controllers, path in lines if "pids" in controllers.split(",")]
+    return v1[0] if v1 else next(path for _, controllers, path in lines if controllers == "")
+
+
+def test_prepared_supervisors_and_their_stages_are_under_the_helpers_bound(daemon: RunningDaemon) -> None:
+    """Before, the supervisors prepared before any order, their stage's init and future agent sat in
+    the spawner's cgroup, which no pids bound of the daemon's holds."""
+    prepared = ready(daemon)
+    spawner = spawner_of(daemon)
+    where = f"/{daemon.group}{HELPERS_SUFFIX}/prepared-{spawner}"
+    members = [*prepared, *(p for inits in prepared.values() for p in inits)]
+    members += [child for inits in prepared.values() for init in inits for child in children(init)]
+    assert len(members) >= 2 * 3, prepared  # each: the supervisor, init, the future agent
+    for pid in members:
+        assert _pids_cgroup(pid).endswith(where), (pid, Path(f"/proc/{pid}/cgroup").read_text())
+    group = cgroups.existing(group=daemon.group + HELPERS_SUFFIX)[f"prepared-{spawner}"]
+    pids = group.pids_directory()
+    assert (pids / "pids.max").read_text().strip() == str(PREPARED_PIDS * 2)
+    current = int((pids / "pids.current").read_text())
+    print(f"two prepared supervisors with their stages: {current} tasks (pids.max {PREPARED_PIDS * 2})")
+    assert len(members) <= current <= PREPARED_PIDS * 2
+    # The directory holding it bounds every root helper's tasks together.
+    assert (pids.parent / "pids.max").read_text().strip() == str(int(cgroups.host_tasks() * HELPERS_TASKS_SHARE))
+    # A session handed to one leaves the group: its agent runs in the session's cgroup.
+    result = daemon.adl_exec("python3", "-c", "print(open('/proc/self/cgroup').read())")
+    assert result.returncode == 0, result.stderr
+    assert "prepared-" not in result.stdout and daemon.group in result.stdout, result.stdout
+    assert until(lambda: len(waiting(daemon)) == 2, 15), "another is prepared in the same group"
+    assert all(_pids_cgroup(pid).endswith(where) for pid in waiting(daemon))
+    # A stopping daemon leaves no directory behind, the prepared supervisors' included.
+    assert daemon.stop() == 0
+    assert not [d for d in cgroups.group_directories(group=daemon.group + HELPERS_SUFFIX) if d.exists()]
