@@ -569,9 +569,10 @@ class LaunchServer:
                 )
 
     def _ended_here(self, session: SessionRecord, status: int = 1) -> None:
-        """A session that ends before the spawner had its order (exit `status` as a supervisor's)."""
-        self.registry.end(session.session)
-        self.session_ended(session, status)
+        """A session that ends before the spawner had its order (exit `status` as a supervisor's);
+        accounted for here only if the spawner's report of its end has not been already."""
+        if self.registry.end(session.session) is not None:
+            self.session_ended(session, status)
 
     def session_ended(self, session: SessionRecord, status: int) -> None:
         """Account for how a session ended in its caller's refusal budget: a refusal its supervisor

@@ -174,6 +174,9 @@ def start(config: SpawnerConfig, close: list[int] | None = None) -> SpawnerHandl
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     load_what_supervisors_run()
+    # What a spawner killed before its cleanup left empty (its prepared supervisors' cgroup...): one
+    # daemon at a time holds the cgroup group, so nothing empty there is another's.
+    _remove_helper_groups(config)
     sessions = _Sessions(_sessions_guardian(config))
     try:
         _serve_orders(sock, config, sessions)
@@ -997,11 +1000,11 @@ def _supervise_prepared(
     result = launching.launch(
         request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait, report=report
     )
-    if opened and opened[0].withheld:
+    if opened and opened[0].withheld:  # not in the log: the daemon must count it
         return REFUSAL_COUNTED
-    if opened and opened[0].refused:
-        return REFUSAL_RECORDED
-    return 1 if isinstance(result, launching.Refused) else 0
+    if isinstance(result, launching.Refused):
+        return REFUSAL_RECORDED if opened and opened[0].refused else 1
+    return 0
 
 
 class SessionWriter(AuditWriter):
