@@ -204,3 +204,16 @@ def test_prepared_supervisors_and_their_stages_are_under_the_helpers_bound(daemo
     # A stopping daemon leaves no directory behind, the prepared supervisors' included.
     assert daemon.stop() == 0
     assert not [d for d in cgroups.group_directories(group=daemon.group + HELPERS_SUFFIX) if d.exists()]
+
+
+def test_a_restarted_daemon_removes_what_a_killed_spawner_left(daemon: RunningDaemon) -> None:
+    """A daemon killed outright (SIGKILL) leaves its prepared supervisors' cgroup behind, emptied
+    as they die with it; the next spawner removes it rather than let them pile up."""
+    ready(daemon)
+    old = f"prepared-{spawner_of(daemon)}"
+    daemon.kill()
+    helpers = daemon.group + HELPERS_SUFFIX
+    assert until(lambda: not cgroups.existing(group=helpers)[old].members(), 10)
+    assert old in cgroups.existing(group=helpers)
+    daemon.start()
+    assert old not in cgroups.existing(group=helpers)
