@@ -167,6 +167,14 @@ class Daemon:
         self._servers.append(self._grpc_server(self._relay.internal, 0o600, None, admin=False))
         self._relay.start(0o660, group)
         self._servers.append(self._grpc_server(self.settings.admin_socket, 0o600, None, admin=True))
+        bounds = self._session_bounds()
+        if bounds.tasks_per_uid is not None and self.settings.max_pids > bounds.tasks_per_uid:
+            log.warning(
+                "max_pids (%d) exceeds one uid's share of the sessions' tasks on this host (%d, "
+                "session_tasks_share_per_uid): launches asking for more are refused",
+                self.settings.max_pids,
+                bounds.tasks_per_uid,
+            )
         self._launch = LaunchServer(
             self.settings.launch_socket,
             self.store,
@@ -182,7 +190,7 @@ class Daemon:
                 max_connections=self.settings.max_launch_connections,
                 refusals_detailed=self.settings.launch_refusals_per_uid,
                 refusal_window_s=self.settings.audit_budget_window_s,
-                sessions=self._session_bounds(),
+                sessions=bounds,
             ),
         )
         self._launch.start(0o660, group)
