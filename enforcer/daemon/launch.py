@@ -543,15 +543,13 @@ class LaunchServer:
             )
             conn.settimeout(None)  # the supervisor owns the connection from here
             if not self.spawner.launch(order, [*fds, conn.fileno()], lambda: session.terminating):
+                # The operator's doing, not a refusal of the caller's: recorded whatever its budget.
+                self._ended_here(session)
                 detail = "terminated by TerminateSession before the agent started"
-                if session.refusal_detailed:  # the unit reserved for it stays taken
-                    self.registry.end(session.session)
-                    with contextlib.suppress(AuditUnavailable):
-                        record_refusal(
-                            self.sink, entry.policy, session.session, detail, argv, caller_fields(caller.uid, cwd)
-                        )
-                else:
-                    self._ended_here(session, REFUSAL_COUNTED)
+                with contextlib.suppress(AuditUnavailable):
+                    record_refusal(
+                        self.sink, entry.policy, session.session, detail, argv, caller_fields(caller.uid, cwd)
+                    )
                 send_frame(
                     conn,
                     pb.SessionEnded(

@@ -964,7 +964,12 @@ def _supervise_prepared(
     def open_audit() -> AuditWriter:
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
         writer = SessionWriter(
-            config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings, order=order
+            config.audit_dir,
+            config.audit_key,
+            source="adl-enforcerd",
+            settings=settings,
+            order=order,
+            terminated=terminated.is_set,
         )
         opened.append(writer)
         return writer
@@ -1011,18 +1016,19 @@ class SessionWriter(AuditWriter):
     """A supervisor's audit writer. It withholds the session's refusal when that would be the
     session's first record and the order says its caller's refusals are counted only: a caller must
     not flood the log every session shares with refusals only a supervisor finds (a cwd it may not
-    use...). Once the session has a launch record, its end is always recorded."""
+    use...). Once the session has a launch record, its end is always recorded, and so is a
+    TerminateSession (the operator's doing, not a refusal of the caller's)."""
 
-    def __init__(self, *args: Any, order: LaunchOrder, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, order: LaunchOrder, terminated: Callable[[], bool], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.order = order
+        self.order, self.terminated = order, terminated
         self.wrote = False  # a record of the session
         self.refused = False  # its refusal, written
         self.withheld = False  # its refusal, withheld: the daemon counts it
 
     def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
         refusal = [e for e in entries if e.kind == records.REFUSED and e.corr == self.order.session]
-        if refusal and not self.wrote and not self.order.refusal_detailed:
+        if refusal and not self.wrote and not self.order.refusal_detailed and not self.terminated():
             self.withheld = True
             # Unavailable to the launch path: it refuses the session all the same and tells the caller.
             raise AuditUnavailable("counted only: the caller's launch refusals are beyond their budget")
