@@ -106,3 +106,34 @@ def test_a_unit_reserved_ahead_is_given_back_or_kept() -> None:
     budget.release(A, 0, 20.0)  # its slot slid out long ago: nothing weighs any more, nothing to give
     assert budget.used(A, 20.0) == 0
     assert budget.reserve(A, 20.0)[0]
+
+
+def test_ends_racing_registrations_never_let_a_uid_pass_its_bound() -> None:
+    """Launches that wait for an ending session, and ends, from many threads at once: at no moment
+    does the uid run more than its bound, and every session that ended freed its place."""
+    registry, bounds = SessionRegistry(), SessionBounds(per_uid=2, total=3)
+    lock = threading.Lock()
+    peak, running, refused = [0], [0], [0]
+
+    def churn() -> None:
+        for _ in range(200):
+            try:
+                record = _register(registry, A, bounds, wait_s=0.005)
+            except SessionLimit:
+                with lock:
+                    refused[0] += 1
+                continue
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0], len(registry.all()))
+                running[0] -= 1
+            registry.end(record.session)
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak[0] <= 2, peak
+    assert registry.all() == []
+    assert _register(registry, A, bounds) and _register(registry, B, bounds)
