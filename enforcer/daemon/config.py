@@ -81,6 +81,28 @@ class Settings(EnforcerSettings):
         le=4096,
         description="WaitApproval calls waiting at once, a quarter per uid; they get threads beyond `workers`",
     )
+    max_sessions_per_uid: int = Field(
+        default=32,
+        ge=1,
+        description="sessions one caller uid may run at once, whatever the agents; beyond, its launches are "
+        "refused (and recorded, within launch_refusals_per_uid): one member of socket_group cannot take the "
+        "sessions' tasks and the daemon's memory from the others. Root never runs a session, so never counts",
+    )
+    max_sessions: int = Field(
+        default=256,
+        ge=1,
+        description="sessions running at once, every caller together: each holds a root supervisor and its "
+        "egress filter besides the agent; beyond, launches are refused",
+    )
+    session_tasks_share_per_uid: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="the share of all sessions' tasks (40% of the host's: kernel.pid_max or threads-max, the "
+        "lower) one caller uid's sessions may hold together, counted by the pids_max each asked for; a launch "
+        "that would pass it is refused. Sessions at their own limit fill the bound every caller shares; "
+        "at 0.25 it takes four uids to do so",
+    )
     max_pids: int = Field(
         default=4096, ge=1, description="the largest pids_max a caller may ask for; larger launches are refused"
     )

@@ -11,7 +11,9 @@ import grp
 import logging
 import math
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -37,9 +39,9 @@ from .inline import InlineUnary, InlineUnavailable
 from .launch import LaunchLimits, LaunchServer
 from .orders import SessionStarted
 from .quota import UidBudget
-from .registry import SessionRegistry
+from .registry import SessionBounds, SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
-from .spawner import SpawnerHandle
+from .spawner import AGENTS_TASKS_SHARE, SpawnerHandle
 from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
 from .threads import TaskLimitedPool
 
@@ -48,6 +50,7 @@ VERSION = "0.1.0"
 SERVICES = ("enforcer.v1.Enforcer", "enforcer.v1.Admin")
 CHECK_BATCH = f"/{SERVICES[0]}/CheckBatch"
 TICK_S = 0.1
+SPAWNER_EXIT_S = 5.0  # how long a stopping daemon waits for its spawner to clean up and exit
 # Checks larger than this are decided on a thread beside the inline loop, not on it (see inline.py):
 # the usual Check is far smaller, and deciding one this size with PII at every turn would hold up
 # every request that arrived with it.
@@ -164,6 +167,14 @@ class Daemon:
         self._servers.append(self._grpc_server(self._relay.internal, 0o600, None, admin=False))
         self._relay.start(0o660, group)
         self._servers.append(self._grpc_server(self.settings.admin_socket, 0o600, None, admin=True))
+        bounds = self._session_bounds()
+        if bounds.tasks_per_uid is not None and self.settings.max_pids > bounds.tasks_per_uid:
+            log.warning(
+                "max_pids (%d) exceeds one uid's share of the sessions' tasks on this host (%d, "
+                "session_tasks_share_per_uid): launches asking for more are refused",
+                self.settings.max_pids,
+                bounds.tasks_per_uid,
+            )
         self._launch = LaunchServer(
             self.settings.launch_socket,
             self.store,
@@ -179,6 +190,7 @@ class Daemon:
                 max_connections=self.settings.max_launch_connections,
                 refusals_detailed=self.settings.launch_refusals_per_uid,
                 refusal_window_s=self.settings.audit_budget_window_s,
+                sessions=bounds,
             ),
         )
         self._launch.start(0o660, group)
@@ -186,6 +198,15 @@ class Daemon:
         self._started = True
         self._update_health()
         self.systemd.send("READY=1", self._status_line())
+
+    def _session_bounds(self) -> SessionBounds:
+        """The operator's bounds on sessions; a uid's tasks as its share of all sessions' (spawner.py)."""
+        sessions_tasks = cgroups.host_tasks() * AGENTS_TASKS_SHARE
+        return SessionBounds(
+            per_uid=self.settings.max_sessions_per_uid,
+            total=self.settings.max_sessions,
+            tasks_per_uid=int(sessions_tasks * self.settings.session_tasks_share_per_uid),
+        )
 
     def run_forever(self) -> None:
         watchdog_s = self.systemd.watchdog_s
@@ -221,6 +242,7 @@ class Daemon:
         self._stop_wanted.set()
 
     def stop(self) -> None:
+        self._stop_wanted.set()  # whatever ended run_forever: the spawner's end below is expected
         self.systemd.send("STOPPING=1")
         self._serving = False
         for name in ("", *SERVICES):
@@ -253,7 +275,25 @@ class Daemon:
             self.sink.append(records.DAEMON_STOP, {"pid": os.getpid(), "sessions_ended": ended}, priority="high")
         self.sink.close()
         with contextlib.suppress(OSError):
+            # shutdown first: the spawner-events thread's recv holds the socket open past close()
+            self.spawner.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
             self.spawner.sock.close()
+        self._wait_for_spawner(SPAWNER_EXIT_S)
+
+    def _wait_for_spawner(self, timeout_s: float) -> None:
+        """Let the spawner, which sees its socket closed, end its prepared supervisors and remove
+        their cgroup and the helpers' directories: it dies with this process, maybe half way."""
+        try:
+            pidfd = os.pidfd_open(self.spawner.pid)
+        except OSError:  # gone and collected already, or no pidfds: nothing to wait for
+            return
+        try:
+            select.select([pidfd], [], [], timeout_s)
+        finally:
+            os.close(pidfd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.spawner.pid, os.WNOHANG)
 
     # -- policies -------------------------------------------------------------------------------
 
@@ -359,7 +399,9 @@ class Daemon:
             if isinstance(event, SessionStarted):
                 self.registry.set_pid(event.session, event.pid)
             else:
-                self.registry.end(event.session)
+                record = self.registry.end(event.session)
+                if record is not None and self._launch is not None:
+                    self._launch.session_ended(record, event.status)
         if not self._stop_wanted.is_set():
             log.error("the spawner stopped; launches are refused until the daemon restarts")
             with contextlib.suppress(OSError):

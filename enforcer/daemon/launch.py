@@ -2,9 +2,11 @@
 
 A plain unix socket, not gRPC, because the daemon must learn the caller's uid from the kernel
 (SO_PEERCRED) and receive its stdin, stdout and stderr (SCM_RIGHTS). The agent runs as that uid.
-The daemon decides here (who may launch the agent, known agent, max_concurrent, what the caller
-may widen), registers the session, answers LaunchReply, and hands the order to the spawner; the
-session's supervisor sends SessionEnded on this connection.
+The daemon decides here (who may launch the agent, known agent, what the caller may widen, the
+bounds on sessions: max_concurrent, per uid, in all), registers the session, answers LaunchReply,
+and hands the order to the spawner; the session's supervisor sends SessionEnded on this connection.
+A refusal only the supervisor finds counts in its caller's launch refusals as the daemon's own do
+(session_ended).
 
 One thread reads every connection's request without blocking, so a caller that connects and sends
 nothing, or trickles its request, holds a file descriptor until the whole-request deadline and no
@@ -39,13 +41,14 @@ from ..sandbox import DOMAINS
 from ..session import record_refusal
 from ..v1 import enforcer_pb2 as pb
 from .auditsink import AuditSink
-from .orders import LaunchOrder, OrderError
+from .orders import REFUSAL_COUNTED, REFUSAL_RECORDED, LaunchOrder, OrderError
 from .quota import UidBudget, record_overflows
-from .registry import SessionLimit, SessionRegistry
+from .registry import SessionBounds, SessionLimit, SessionRecord, SessionRegistry
 from .spawner import SpawnerHandle
 from .store import AgentEntry, PolicyStore
 
-# How long a launch at an agent's max_concurrent waits for a session that is ending (registry.py).
+# How long a launch at a full bound (max_concurrent, per uid, in all) waits for a session that is
+# ending (registry.py).
 ENDING_SESSION_WAIT_S = 1.0
 log = logging.getLogger("adl-enforcerd")
 MAX_ARGV = 4096
@@ -90,6 +93,7 @@ class LaunchLimits:
     max_connections: int = 4096
     refusals_detailed: int = REFUSALS_DETAILED  # per caller uid and window
     refusal_window_s: float = REFUSAL_WINDOW_S
+    sessions: SessionBounds = field(default_factory=SessionBounds)  # per uid, in all, tasks per uid
 
 
 @dataclass(frozen=True)
@@ -487,6 +491,7 @@ class LaunchServer:
             self._refuse(conn, caller, widening, argv, cwd, entry.policy)
             return
         limits = entry.policy.limits
+        pids_max = request.pids_max or DEFAULT_PIDS_MAX
         try:
             session = self.registry.register(
                 entry.key,
@@ -496,10 +501,16 @@ class LaunchServer:
                 tuple(argv),
                 int(time.time() * 1000),
                 wait_s=ENDING_SESSION_WAIT_S,
+                bounds=self.limits.sessions,
+                pids_max=pids_max,
             )
         except SessionLimit as exc:
             self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)
             return
+        # A unit of the caller's refusal budget for the refusal its supervisor may find (given back
+        # when the session ends without one): taken ahead, so that a caller's launches in flight
+        # cannot all find room in its budget and each write a refusal in detail.
+        session.refusal_detailed, session.refusal_slot = self._refusals.reserve(caller.uid, time.monotonic())
         try:
             order = LaunchOrder(
                 session=session.session,
@@ -513,10 +524,11 @@ class LaunchServer:
                 uid=caller.uid,
                 gid=caller.gid,
                 accept_unenforced=tuple(request.accept_unenforced),
-                pids_max=request.pids_max or DEFAULT_PIDS_MAX,
+                pids_max=pids_max,
+                refusal_detailed=session.refusal_detailed,
             )
         except OrderError as exc:  # what the checks above let through, the order refuses too
-            self.registry.end(session.session)
+            self._ended_here(session)
             self._refuse(conn, caller, str(exc), argv, cwd, entry.policy)
             return
         try:
@@ -531,7 +543,8 @@ class LaunchServer:
             )
             conn.settimeout(None)  # the supervisor owns the connection from here
             if not self.spawner.launch(order, [*fds, conn.fileno()], lambda: session.terminating):
-                self.registry.end(session.session)
+                # The operator's doing, not a refusal of the caller's: recorded whatever its budget.
+                self._ended_here(session)
                 detail = "terminated by TerminateSession before the agent started"
                 with contextlib.suppress(AuditUnavailable):
                     record_refusal(
@@ -544,7 +557,7 @@ class LaunchServer:
                     ).SerializeToString(),
                 )
         except (OSError, FrameError) as exc:
-            self.registry.end(session.session)
+            self._ended_here(session)
             with contextlib.suppress(OSError, FrameError):
                 send_frame(
                     conn,
@@ -552,6 +565,44 @@ class LaunchServer:
                         session=session.session, reason="refused", exit_code=125, detail=f"spawner unavailable: {exc}"
                     ).SerializeToString(),
                 )
+
+    def _ended_here(self, session: SessionRecord, status: int = 1) -> None:
+        """A session that ends before the spawner had its order (exit `status` as a supervisor's);
+        accounted for here only if the spawner's report of its end has not been already."""
+        if self.registry.end(session.session) is not None:
+            self.session_ended(session, status)
+
+    def session_ended(self, session: SessionRecord, status: int) -> None:
+        """Account for how a session ended in its caller's refusal budget: a refusal its supervisor
+        recorded keeps the unit reserved for it (or, recorded without one, costs one more), one it
+        withheld is counted for the summary, and any other end gives the unit back."""
+        now = time.monotonic()
+        if status == REFUSAL_COUNTED:
+            if self._refusals.count(session.uid, now) == 1:
+                with contextlib.suppress(AuditUnavailable):
+                    self._counting_begins(session.uid)
+        elif status == REFUSAL_RECORDED:
+            if not session.refusal_detailed:  # after its launch record: recorded all the same
+                self._refusals.add(session.uid, now, 1)
+        elif session.refusal_slot is not None:
+            self._refusals.release(session.uid, session.refusal_slot, now)
+        session.refusal_slot = None  # once: an end is accounted for once
+
+    def _counting_begins(self, uid: int) -> None:
+        """Say in the log that the uid's refusals are counted only from now on in this window."""
+        window = self._refusals.window_s
+        self.sink.append(
+            records.REFUSED,
+            {
+                **refused_members(
+                    f"more than {self._refusals.capacity} launch refusals of uid {uid} within "
+                    f"{window:g} s: the rest of the window's are counted, in a summary when it ends"
+                ),
+                "caller_uid": uid,
+            },
+            corr="launch",
+            priority="high",
+        )
 
     def _refuse(
         self,
@@ -572,18 +623,6 @@ class LaunchServer:
                     fields["argv_cut"] = cut
                 record_refusal(self.sink, policy, "launch", reason, kept, fields)
             elif counted == 1:  # the log says when it stops detailing this uid's refusals
-                window = self._refusals.window_s
-                self.sink.append(
-                    records.REFUSED,
-                    {
-                        **refused_members(
-                            f"more than {self._refusals.capacity} launch refusals of uid {caller.uid} within "
-                            f"{window:g} s: the rest of the window's are counted, in a summary when it ends"
-                        ),
-                        "caller_uid": caller.uid,
-                    },
-                    corr="launch",
-                    priority="high",
-                )
+                self._counting_begins(caller.uid)
         with contextlib.suppress(OSError, FrameError):
             send_frame(conn, pb.LaunchReply(accepted=False, refusal=reason).SerializeToString())

@@ -62,6 +62,10 @@ class LaunchOrder:
     gid: int
     accept_unenforced: tuple[str, ...]
     pids_max: int
+    # Whether a refusal the supervisor finds before the session's launch record may be recorded in
+    # detail: False once the caller's launch refusals are beyond its budget (quota.py); the supervisor
+    # then only reports it (REFUSAL_COUNTED) and the daemon counts it in the uid's summary.
+    refusal_detailed: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -77,6 +81,7 @@ class LaunchOrder:
             "gid": _is_int(self.gid) and self.gid >= 0,
             "accept_unenforced": _is_texts(self.accept_unenforced),
             "pids_max": _is_int(self.pids_max) and self.pids_max > 0,
+            "refusal_detailed": isinstance(self.refusal_detailed, bool),
         }
         wrong = [name for name, ok in checks.items() if not ok]
         if wrong:
@@ -169,9 +174,17 @@ class SessionStarted:
         return _encode("started", {"session": self.session, "pid": self.pid})
 
 
+# A supervisor's exit status that tells the daemon its session was refused before it ran (no other
+# path of a supervisor exits with these): the refusal was recorded in detail, or withheld and only to
+# be counted in its caller's summary of launch refusals (the order's refusal_detailed was False).
+REFUSAL_RECORDED = 3
+REFUSAL_COUNTED = 4
+
+
 @dataclass(frozen=True)
 class SessionGone:
-    """The spawner to the daemon: a session's supervisor ended (or its order was refused: 125)."""
+    """The spawner to the daemon: a session's supervisor ended, with its exit status (REFUSAL_RECORDED,
+    REFUSAL_COUNTED: refused before it ran), or its order was refused (125)."""
 
     session: str
     status: int

@@ -102,6 +102,44 @@ class UidBudget:
             window.counted += requests
             return False, window.counted
 
+    def reserve(self, uid: int, now: float) -> tuple[bool, int | None]:
+        """Take one unit ahead, for a record that may or may not be written later: (whether it may
+        be written in detail, the slot it was taken in, for release(); None when nothing was taken)."""
+        if uid in self.exempt:
+            return True, None
+        with self._lock:
+            window = self._window(uid, now)
+            slot = self._slide(window, now)
+            if window.used + 1 > self.capacity:
+                return False, None
+            self._grant(window, slot, 1)
+            return True, slot
+
+    def release(self, uid: int, slot: int, now: float) -> None:
+        """Give back a unit reserve() took in `slot`, its record not written. Once the slot has
+        slid out of the window the unit weighs on nothing any more: nothing to give back."""
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is None:
+                return
+            self._slide(window, now)
+            for entry in window.slots:
+                if entry[0] == slot and entry[1] > 0:
+                    entry[1] -= 1
+                    window.used -= 1
+                    return
+
+    def count(self, uid: int, now: float) -> int:
+        """Count one request refused beyond the budget elsewhere (nothing of it written): the uid's
+        requests counted only in this window so far, this one included (0 for an exempt uid)."""
+        if uid in self.exempt:
+            return 0
+        with self._lock:
+            window = self._window(uid, now)
+            self._slide(window, now)
+            window.counted += 1
+            return window.counted
+
     def add(self, uid: int, now: float, cost: int) -> None:
         """Charge `cost` more to the uid's window, beyond its capacity if need be: what was written
         for requests already taken cost more than was taken for them, and the uid's next requests

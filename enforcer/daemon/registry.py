@@ -1,4 +1,6 @@
-"""Sessions the daemon launched: who runs them, their secret, and max_concurrent per agent."""
+"""Sessions the daemon launched: who runs them, their secret, and the bounds on how many run: per
+agent (its policy's max_concurrent), per caller uid and in all (the operator's), and the tasks a uid's
+sessions may hold together (their pids_max, against its share of all sessions' tasks)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ class SessionLimit(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class SessionBounds:
+    """The operator's bounds on sessions (Settings: max_sessions_per_uid, max_sessions, and the
+    tasks a uid's sessions may ask for together); None: unbounded."""
+
+    per_uid: int | None = None
+    total: int | None = None
+    tasks_per_uid: int | None = None  # the sum of the pids_max of one uid's sessions
+
+
 @dataclass
 class SessionRecord:
     session: str
@@ -23,8 +35,13 @@ class SessionRecord:
     argv: tuple[str, ...]
     started_ms: int
     token: str = field(repr=False)
+    pids_max: int = 0  # the session's own tasks limit: what it holds of its uid's share
     pid: int = 0  # the session supervisor's pid, once the spawner reports it
     terminating: bool = False  # TerminateSession was asked: the launch, if not sent yet, is not
+    # Whether a refusal its supervisor finds may be recorded in detail, and the unit of its uid's
+    # refusal budget taken for it (launch.py): given back when the session ends unrefused.
+    refusal_detailed: bool = True
+    refusal_slot: int | None = None
 
 
 class SessionRegistry:
@@ -47,22 +64,23 @@ class SessionRegistry:
         argv: tuple[str, ...],
         now_ms: int,
         wait_s: float = 0.0,
+        bounds: SessionBounds | None = None,
+        pids_max: int = 0,
     ) -> SessionRecord:
         """Count and register in one step, so two launches cannot both take the last slot. A full
-        agent waits up to `wait_s` for a slot: a session's supervisor tells its client that it ended
+        bound waits up to `wait_s` for a slot: a session's supervisor tells its client that it ended
         a moment before the daemon hears of it, and the client may launch again at once."""
+        bounds = bounds or SessionBounds()
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:
-                running = sum(1 for s in self._sessions.values() if s.agent == agent)
+                full = self._full(agent, max_concurrent, uid, bounds, pids_max)
                 left = deadline - time.monotonic()
-                if max_concurrent is None or running < max_concurrent or left <= 0:
+                if full is None or left <= 0:
                     break
                 self._ended.wait(left)
-            if max_concurrent is not None and running >= max_concurrent:
-                raise SessionLimit(
-                    f"agent {agent!r} already runs {running} session(s); max_concurrent is {max_concurrent}"
-                )
+            if full is not None:
+                raise SessionLimit(full)
             record = SessionRecord(
                 session="session-" + secrets.token_hex(8),
                 agent=agent,
@@ -71,9 +89,37 @@ class SessionRegistry:
                 argv=argv,
                 started_ms=now_ms,
                 token=secrets.token_urlsafe(24),
+                pids_max=pids_max,
             )
             self._sessions[record.session] = record
             return record
+
+    def _full(
+        self, agent: str, max_concurrent: int | None, uid: int, bounds: SessionBounds, pids_max: int
+    ) -> str | None:
+        """Which bound one more session would pass, as its refusal says it; None: none. Under the lock."""
+        sessions = self._sessions.values()
+        if max_concurrent is not None:
+            running = sum(1 for s in sessions if s.agent == agent)
+            if running >= max_concurrent:
+                return f"agent {agent!r} already runs {running} session(s); max_concurrent is {max_concurrent}"
+        if bounds.per_uid is not None:
+            running = sum(1 for s in sessions if s.uid == uid)
+            if running >= bounds.per_uid:
+                return (
+                    f"uid {uid} already runs {running} session(s); the operator's max_sessions_per_uid is "
+                    f"{bounds.per_uid}"
+                )
+        if bounds.total is not None and len(self._sessions) >= bounds.total:
+            return f"{len(self._sessions)} sessions already run; the operator's max_sessions is {bounds.total}"
+        if bounds.tasks_per_uid is not None:
+            held = sum(s.pids_max for s in sessions if s.uid == uid)
+            if held + pids_max > bounds.tasks_per_uid:
+                return (
+                    f"uid {uid}'s sessions already hold {held} tasks (their pids_max); {pids_max} more would "
+                    f"pass its share of {bounds.tasks_per_uid} (the operator's session_tasks_share_per_uid)"
+                )
+        return None
 
     def set_pid(self, session: str, pid: int) -> None:
         with self._lock:

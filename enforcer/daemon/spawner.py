@@ -14,7 +14,9 @@ before any order, each with its stage, the stage's init and the future agent for
 (stage.prepare with join_later), so that an order finds them made: the forks leave its path. They
 hold nothing of a session: no id, no caller, no cgroup of a session (a session's cgroup is named by
 its id, which the daemon draws with the order, and nothing but running sessions may be found in the
-sessions' group); they stay in the spawner's cgroup until an order. Each order is handed whole to
+sessions' group); until an order they are in a cgroup of their own in the helpers' directory
+(<cgroup_group>.helpers/prepared-<spawner pid>), under the bound on all helpers' tasks and one of
+its own. Each order is handed whole to
 the first one waiting (the order, the caller's descriptors, the cgroups made for it), over a
 socket only the spawner and that supervisor hold, which is closed once the order is sent: no
 prepared supervisor ever gets a second order, and one whose hand-over failed is killed, never
@@ -47,12 +49,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, records
 from ..framing import FrameError, recv_frame, send_frame
 from .orders import (
+    REFUSAL_COUNTED,
+    REFUSAL_RECORDED,
     LaunchOrder,
     OrderError,
     SessionGone,
@@ -78,6 +84,9 @@ HELPERS_SUFFIX = ".helpers"  # cgroup directory of the sessions' helpers: <cgrou
 AGENTS_TASKS_SHARE = 0.4
 HELPERS_TASKS_SHARE = 0.2
 HELPER_PIDS = 128  # the supervisor's threads and children, and the egress filter's besides its connections
+# The tasks of each prepared supervisor with its stage, init and future agent (a handful: the rest is
+# room for one that has its order and has not moved into its session's cgroups yet).
+PREPARED_PIDS = 16
 _libc = ctypes.CDLL(None, use_errno=True)
 # A prepared supervisor is forked once orders have paused this long: its forks would otherwise take
 # the CPU the launch in progress needs.
@@ -165,11 +174,20 @@ def start(config: SpawnerConfig, close: list[int] | None = None) -> SpawnerHandl
 
 def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     load_what_supervisors_run()
+    # What a spawner killed before its cleanup left empty (its prepared supervisors' cgroup...): one
+    # daemon at a time holds the cgroup group, so nothing empty there is another's.
+    _remove_helper_groups(config)
     sessions = _Sessions(_sessions_guardian(config))
     try:
         _serve_orders(sock, config, sessions)
     finally:
         _end_waiting(sessions)
+        from ..sandbox import cgroups
+
+        with contextlib.suppress(OSError):  # what is still dying there goes with the rest
+            prepared = cgroups.existing(group=config.cgroup_group + HELPERS_SUFFIX).get(_prepared_name())
+            if prepared is not None:
+                prepared.remove(timeout=2)
         _remove_helper_groups(config)
 
 
@@ -293,16 +311,18 @@ def _first_uses() -> None:
         raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 
 
-def _remove_helper_groups(config: SpawnerConfig) -> None:
-    """The helpers' group directories, once empty (a supervisor still running keeps its own)."""
+def _remove_helper_groups(config: SpawnerConfig, keep: str | None = None) -> None:
+    """The helpers' group directories, once empty (a supervisor still running keeps its own), but
+    `keep`."""
     from ..sandbox import cgroups
 
     with contextlib.suppress(OSError):
         for base in cgroups.group_directories(group=config.cgroup_group + HELPERS_SUFFIX):
             if base.is_dir():
                 for directory in base.iterdir():
-                    with contextlib.suppress(OSError):
-                        directory.rmdir()
+                    if directory.name != keep:
+                        with contextlib.suppress(OSError):
+                            directory.rmdir()
                 with contextlib.suppress(OSError):
                     base.rmdir()
 
@@ -448,6 +468,11 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
     if len(sessions.waiting) >= config.prepared_sessions or time.monotonic() < sessions.prepare_at:
         return
     try:
+        joins = _prepared_cgroup(config).join_files()
+    except OSError as exc:  # nothing is forked that no bound holds
+        _prepare_later(sessions, f"no supervisor could be prepared: its cgroup: {exc}")
+        return
+    try:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     except OSError as exc:  # out of descriptors (or memory): the spawner's end would be every session's
         _prepare_later(sessions, f"no supervisor could be prepared: {exc}")
@@ -468,7 +493,7 @@ def _prepare_one(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig
         try:
             ours.close()
             _in_child(sock, sessions)
-            code = _await_order(theirs, config)
+            code = _await_order(theirs, config, joins)
         finally:
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
@@ -573,18 +598,26 @@ def _compile_ahead(order: LaunchOrder, config: SpawnerConfig) -> bool:
     remembers them), so that the supervisor forked next finds them compiled: one compilation per
     set of documents and settings instead of one per session. What fails here is left to the
     supervisor, which compiles the documents itself and refuses the session with the reason.
-    Whether something was compiled (supervisors forked before it would compile it again)."""
-    from .. import launching
+    Whether something was compiled (supervisors forked before it would compile it again): a policy
+    PolicyDocuments.load remembered is the very object it returned before, a new one is not."""
     from ..policy.errors import Refusal
 
-    before = [id(entry) for entry in launching._COMPILED.values()]
     try:
-        policy_documents(order, config).load()
+        compiled = policy_documents(order, config).load()
     except (Refusal, OSError):
-        pass
+        return False
     except Exception as exc:  # never the spawner's end: the supervisor meets it too and refuses
         print(f"adl-enforcerd spawner: compiling ahead failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return [id(entry) for entry in launching._COMPILED.values()] != before
+        return False
+    if _LOADED.get(id(compiled)) is compiled:
+        return False
+    _LOADED[id(compiled)] = compiled
+    return True
+
+
+# What PolicyDocuments.load returned in this process, by id: an entry goes when its policy does (once
+# launching forgets it), so an id is never found again for another object.
+_LOADED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def policy_documents(order: LaunchOrder, config: SpawnerConfig) -> PolicyDocuments:
@@ -623,6 +656,30 @@ def _refuse_order(sock: socket.socket, data: bytes, fds: list[int], error: Order
             os.close(fd)
     if session is not None:
         send_frame(sock, SessionGone(session, 125).to_json())
+
+
+def _prepared_name() -> str:
+    """The prepared supervisors' cgroup, in the helpers' directory: named by this spawner, so that
+    one a spawner killed left behind is never taken for this one's."""
+    return f"prepared-{os.getpid()}"
+
+
+def _prepared_cgroup(config: SpawnerConfig) -> Any:
+    """The cgroup every prepared supervisor joins before it forks its stage, made when missing: in
+    the helpers' directory, so under the bound on all root helpers' tasks (HELPERS_TASKS_SHARE), and
+    bounded itself to PREPARED_PIDS tasks per prepared supervisor. Each moves out at its order (the
+    supervisor into its helpers' cgroup, init and the future agent into the session's). No memory
+    limit: pages touched here stay charged here once their process moves on, so a limit would count
+    running sessions' memory against the next preparations."""
+    from ..sandbox import cgroups
+
+    helpers = config.cgroup_group + HELPERS_SUFFIX
+    group = cgroups.existing(group=helpers).get(_prepared_name())
+    if group is None:
+        group = cgroups.create(_prepared_name(), group=helpers)
+    group.apply(cgroups.Limits(pids_max=PREPARED_PIDS * max(1, config.prepared_sessions)))
+    cgroups.bound_siblings(group, int(cgroups.host_tasks() * HELPERS_TASKS_SHARE))
+    return group
 
 
 def _helpers_cgroup(session: str, config: SpawnerConfig) -> Any:
@@ -677,7 +734,8 @@ def _reap(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> No
             with contextlib.suppress(OSError):
                 group.remove(timeout=2)  # an egress filter left behind goes with it
             if not sessions.helpers:  # the last one: no empty directory is left when the daemon stops
-                _remove_helper_groups(config)
+                # The prepared supervisors' group stays: one forked a moment ago may not have joined it yet.
+                _remove_helper_groups(config, keep=_prepared_name())
         session = sessions.children.pop(pid, None)
         if session is not None:
             event = SessionGone(session, os.waitstatus_to_exitcode(status))
@@ -693,12 +751,21 @@ def daemon_masks(config: SpawnerConfig) -> Masks:
     return Masks((config.audit_dir,), (config.audit_key,), "daemon_files", detail)
 
 
-def _await_order(link: socket.socket, config: SpawnerConfig) -> int:
-    """A prepared supervisor: fork the stage (its init and future agent), wait for one order on
-    `link`, then supervise that session. It ends without one when the spawner closes `link`, or
-    when its stage failed or is gone (the spawner then prepares another); an order the spawner
-    managed to send is taken all the same, never lost unrecorded."""
+def _await_order(link: socket.socket, config: SpawnerConfig, joins: list[str]) -> int:
+    """A prepared supervisor: join the prepared supervisors' cgroup (`joins`, its cgroup.procs
+    files), fork the stage (its init and future agent, in that cgroup too), wait for one order on
+    `link`, then supervise that session. It ends without one when the spawner closes `link`, when
+    it cannot join, or when its stage failed or is gone (the spawner then prepares another); an
+    order the spawner managed to send is taken all the same, never lost unrecorded."""
     from ..sandbox.stage import StageError, prepare
+
+    try:
+        for path in joins:
+            with open(path, "w") as f:
+                f.write("0")
+    except OSError as exc:  # nothing is forked outside the bound
+        print(f"adl-enforcerd spawner: a prepared supervisor cannot join its cgroup: {exc}", file=sys.stderr)
+        return 1
 
     # SIGUSR1 stays blocked here until the order's handler is set (see _prepare_one), but not in
     # the stage: the agent would inherit the mask (a supervisor forked at its order has unblocked
@@ -877,7 +944,7 @@ def _supervise_prepared(
     joining: _Join,
 ) -> int:
     from .. import launching
-    from ..audit import AuditWriter, WriterSettings
+    from ..audit import WriterSettings
     from ..sandbox.identity import Identity
 
     prepared = made.prepared
@@ -890,9 +957,22 @@ def _supervise_prepared(
                 pass
         made.kill()
 
+    opened: list[
+        SessionWriter
+    ] = []  # the session's writer, once open: what it wrote or withheld decides the exit status
+
     def open_audit() -> AuditWriter:
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
-        return AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=settings)
+        writer = SessionWriter(
+            config.audit_dir,
+            config.audit_key,
+            source="adl-enforcerd",
+            settings=settings,
+            order=order,
+            terminated=terminated.is_set,
+        )
+        opened.append(writer)
+        return writer
 
     try:
         _thread.start_new_thread(stop_when_caller_leaves, ())  # not waited for, as _Join's
@@ -925,27 +1005,62 @@ def _supervise_prepared(
     result = launching.launch(
         request, open_audit, prepared=prepared, terminated=terminated.is_set, before_fork=joining.wait, report=report
     )
-    return 1 if isinstance(result, launching.Refused) else 0
+    if opened and opened[0].withheld:  # not in the log: the daemon must count it
+        return REFUSAL_COUNTED
+    if isinstance(result, launching.Refused):
+        return REFUSAL_RECORDED if opened and opened[0].refused else 1
+    return 0
+
+
+class SessionWriter(AuditWriter):
+    """A supervisor's audit writer. It withholds the session's refusal when that would be the
+    session's first record and the order says its caller's refusals are counted only: a caller must
+    not flood the log every session shares with refusals only a supervisor finds (a cwd it may not
+    use...). Once the session has a launch record, its end is always recorded, and so is a
+    TerminateSession (the operator's doing, not a refusal of the caller's)."""
+
+    def __init__(self, *args: Any, order: LaunchOrder, terminated: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order, self.terminated = order, terminated
+        self.wrote = False  # a record of the session
+        self.refused = False  # its refusal, written
+        self.withheld = False  # its refusal, withheld: the daemon counts it
+
+    def append_many(self, entries: Sequence[Entry], *, sync: bool = False) -> list[Receipt]:
+        refusal = [e for e in entries if e.kind == records.REFUSED and e.corr == self.order.session]
+        if refusal and not self.wrote and not self.order.refusal_detailed and not self.terminated():
+            self.withheld = True
+            # Unavailable to the launch path: it refuses the session all the same and tells the caller.
+            raise AuditUnavailable("counted only: the caller's launch refusals are beyond their budget")
+        receipts = super().append_many(entries, sync=sync)
+        self.wrote = self.wrote or any(e.corr == self.order.session for e in entries)
+        self.refused = self.refused or bool(refusal)
+        return receipts
 
 
 def _refuse_unstarted(order: LaunchOrder, config: SpawnerConfig, client: socket.socket, detail: str) -> int:
     """A session whose supervisor could not start what it needs (no task left: the unit's or a pids
-    cgroup's limit): recorded as refused and its caller told so."""
+    cgroup's limit): recorded as refused (or only counted, as the order says) and its caller told so."""
     from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..audit.events import caller_fields
     from ..session import record_refusal
     from ..v1 import enforcer_pb2 as pb
 
-    with contextlib.suppress(AuditUnavailable, OSError):
-        writer = AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=WriterSettings())
-        try:
-            record_refusal(writer, None, order.session, detail, list(order.argv), caller_fields(order.uid, order.cwd))
-        finally:
-            writer.close()
+    status = REFUSAL_COUNTED
+    if order.refusal_detailed:
+        status = 1  # unless it is recorded
+        with contextlib.suppress(AuditUnavailable, OSError):
+            writer = AuditWriter(config.audit_dir, config.audit_key, source="adl-enforcerd", settings=WriterSettings())
+            try:
+                argv = list(order.argv)
+                record_refusal(writer, None, order.session, detail, argv, caller_fields(order.uid, order.cwd))
+                status = REFUSAL_RECORDED
+            finally:
+                writer.close()
     ended = pb.SessionEnded(session=order.session, reason="refused", exit_code=125, detail=detail)
     with contextlib.suppress(OSError, FrameError):
         send_frame(client, ended.SerializeToString())
-    return 1
+    return status
 
 
 def session_ended(session: str, result: Result) -> Any:

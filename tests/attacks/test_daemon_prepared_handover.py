@@ -91,7 +91,7 @@ def _hand_over_while_held(pipes: Pipes) -> tuple[int, int | None, bool]:
         code = 1
         try:
             ours.close()
-            code = spawner._await_order(theirs, SimpleNamespace(cgroup_group="unused"))  # type: ignore[arg-type]
+            code = spawner._await_order(theirs, SimpleNamespace(cgroup_group="unused"), [])  # type: ignore[arg-type]
         finally:
             os._exit(code)
     theirs.close()

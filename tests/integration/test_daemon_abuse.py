@@ -26,6 +26,7 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import FAST_AAIF, REPO, RunningDaemon, tool_request
+from ..helpers.prepared import spawner_of
 from ..helpers.sandbox import Sandbox, agent_tmp_dir
 
 pytestmark = [pytest.mark.daemon, pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root")]
@@ -899,10 +900,12 @@ def test_a_sessions_root_helpers_are_accounted_to_a_bounded_cgroup(daemon_root: 
             assert limits and limits[0] == 512 << 20, limits
             daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=session))
             client.wait(timeout=20)
+            # Removed with its supervisor: only the prepared supervisors' own group is left.
+            prepared = {f"prepared-{spawner_of(daemon)}"}
             deadline = time.monotonic() + 10
-            while cgroups.existing(group=f"{daemon.group}.helpers") and time.monotonic() < deadline:
+            while set(cgroups.existing(group=f"{daemon.group}.helpers")) - prepared and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert cgroups.existing(group=f"{daemon.group}.helpers") == {}  # removed with its supervisor
+            assert set(cgroups.existing(group=f"{daemon.group}.helpers")) <= prepared
         finally:
             if client.poll() is None:
                 client.kill()

@@ -247,15 +247,17 @@ def test_the_spawner_compiles_an_orders_documents_before_it_forks_the_supervisor
     adl = {**base_adl(id="did:web:agents.example:ahead"), "description": f"compiled ahead {uuid.uuid4()}"}
     launch = order(adl=adl)
     before = set(launching._COMPILED)
-    spawner._compile_ahead(launch, settings)
+    assert spawner._compile_ahead(launch, settings), "compiled: the supervisors prepared before are retired"
     (key,) = set(launching._COMPILED) - before
     compiled = spawner.policy_documents(launch, settings).load()
     assert compiled is launching._COMPILED[key].compiled
     assert compiled.policy.agent_id == "did:web:agents.example:ahead"
+    assert not spawner._compile_ahead(launch, settings), "compiled before: nothing to retire"
+    assert spawner._compile_ahead(order(adl={**adl, "description": f"another {uuid.uuid4()}"}), settings)
 
     rejected = order(adl={"adl_spec": "0.3.0", "name": "Coder"})  # required members missing
     before = set(launching._COMPILED)
-    spawner._compile_ahead(rejected, settings)  # the spawner goes on
+    assert not spawner._compile_ahead(rejected, settings)  # the spawner goes on
     assert set(launching._COMPILED) == before
     with pytest.raises(Refusal):
         spawner.policy_documents(rejected, settings).load()
