@@ -72,16 +72,20 @@ class SessionRegistry:
         bound waits up to `wait_s` for a slot: a session's supervisor tells its client that it ended
         a moment before the daemon hears of it, and the client may launch again at once. Each
         waiting launch holds a thread and its caller's descriptors in the daemon: a uid may have as
-        many waiting as its bound lets it run (no more of its sessions can end), the rest are refused
-        at once."""
+        many waiting as its bound lets it run (no more of its sessions can end), all callers together
+        as many as may run in all; the rest are refused at once."""
         bounds = bounds or SessionBounds()
         deadline = time.monotonic() + wait_s
         with self._lock:
             full = self._full(agent, max_concurrent, uid, bounds, pids_max)
-            waiting = self._waiting.get(uid, 0)
-            if full is not None and wait_s > 0 and bounds.per_uid is not None and waiting >= bounds.per_uid:
-                raise SessionLimit(f"{full}; {waiting} launches of uid {uid} are already waiting for a place")
-            self._waiting[uid] = waiting + 1
+            if full is not None and wait_s > 0:
+                waiting = self._waiting.get(uid, 0)
+                if bounds.per_uid is not None and waiting >= bounds.per_uid:
+                    raise SessionLimit(f"{full}; {waiting} launches of uid {uid} are already waiting for a place")
+                everyone = sum(self._waiting.values())
+                if bounds.total is not None and everyone >= bounds.total:
+                    raise SessionLimit(f"{full}; {everyone} launches are already waiting for a place")
+            self._waiting[uid] = self._waiting.get(uid, 0) + 1
             try:
                 while full is not None:
                     left = deadline - time.monotonic()

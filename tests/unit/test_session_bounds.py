@@ -174,3 +174,26 @@ def _until_waiting(registry: SessionRegistry, uid: int) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_every_callers_launches_waiting_together_are_bounded() -> None:
+    """Callers with many uids cannot hold more waiting launches than sessions may run in all."""
+    registry, bounds = SessionRegistry(), SessionBounds(per_uid=1, total=2)
+    _register(registry, A, bounds)
+    _register(registry, B, bounds)
+    waiters = [threading.Thread(target=_refused_after_waiting, args=(registry, uid, bounds)) for uid in (A, B)]
+    for waiter in waiters:
+        waiter.start()
+    assert _until_waiting(registry, A) and _until_waiting(registry, B)
+    started = time.monotonic()
+    with pytest.raises(SessionLimit, match=r"2 sessions already run; .*; 2 launches are already waiting for a place"):
+        _register(registry, 1003, bounds, wait_s=5.0)
+    assert time.monotonic() - started < 0.5, "refused at once"
+    for waiter in waiters:
+        waiter.join()
+    assert not registry._waiting, "every waiter gave its place back"
+
+
+def _refused_after_waiting(registry: SessionRegistry, uid: int, bounds: SessionBounds) -> None:
+    with pytest.raises(SessionLimit):
+        _register(registry, uid, bounds, wait_s=1.0)
