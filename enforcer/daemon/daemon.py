@@ -41,7 +41,7 @@ from .orders import SessionStarted
 from .quota import UidBudget
 from .registry import SessionBounds, SessionRegistry
 from .service import AdminService, EnforcerService, handlers, inline_handlers
-from .spawner import AGENTS_TASKS_SHARE, SpawnerHandle
+from .spawner import AGENTS_TASKS_SHARE, SpawnerHandle, remove_helper_groups
 from .store import PolicyStore, ReloadResult, UnsafePolicyDirectory
 from .threads import TaskLimitedPool
 
@@ -279,21 +279,28 @@ class Daemon:
             self.spawner.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.spawner.sock.close()
-        self._wait_for_spawner(SPAWNER_EXIT_S)
+        if self._wait_for_spawner(SPAWNER_EXIT_S):
+            # A spawner killed before (SIGKILL) could not remove what it held: its prepared
+            # supervisors' cgroup and the helpers' directories, emptied as they died with it.
+            remove_helper_groups(self.settings.cgroup_group)
 
-    def _wait_for_spawner(self, timeout_s: float) -> None:
+    def _wait_for_spawner(self, timeout_s: float) -> bool:
         """Let the spawner, which sees its socket closed, end its prepared supervisors and remove
-        their cgroup and the helpers' directories: it dies with this process, maybe half way."""
+        their cgroup and the helpers' directories: it dies with this process, maybe half way.
+        Whether it has ended."""
         try:
             pidfd = os.pidfd_open(self.spawner.pid)
-        except OSError:  # gone and collected already, or no pidfds: nothing to wait for
-            return
+        except ProcessLookupError:  # gone and collected already
+            return True
+        except OSError:  # no pidfds: whether it ended is unknown
+            return False
         try:
-            select.select([pidfd], [], [], timeout_s)
+            ended = bool(select.select([pidfd], [], [], timeout_s)[0])
         finally:
             os.close(pidfd)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.spawner.pid, os.WNOHANG)
+        return ended
 
     # -- policies -------------------------------------------------------------------------------
 

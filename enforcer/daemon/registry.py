@@ -49,6 +49,7 @@ class SessionRegistry:
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)
         self._sessions: dict[str, SessionRecord] = {}
+        self._waiting: dict[int, int] = {}  # per caller uid: its launches waiting for a place
         self._on_end: list[Callable[[SessionRecord], None]] = []
 
     def on_end(self, callback: Callable[[SessionRecord], None]) -> None:
@@ -69,18 +70,33 @@ class SessionRegistry:
     ) -> SessionRecord:
         """Count and register in one step, so two launches cannot both take the last slot. A full
         bound waits up to `wait_s` for a slot: a session's supervisor tells its client that it ended
-        a moment before the daemon hears of it, and the client may launch again at once."""
+        a moment before the daemon hears of it, and the client may launch again at once. Each
+        waiting launch holds a thread and its caller's descriptors in the daemon: a uid may have as
+        many waiting as its bound lets it run (no more of its sessions can end), all callers together
+        as many as may run in all; the rest are refused at once."""
         bounds = bounds or SessionBounds()
         deadline = time.monotonic() + wait_s
         with self._lock:
-            while True:
-                full = self._full(agent, max_concurrent, uid, bounds, pids_max)
-                left = deadline - time.monotonic()
-                if full is None or left <= 0:
-                    break
-                self._ended.wait(left)
-            if full is not None:
-                raise SessionLimit(full)
+            full = self._full(agent, max_concurrent, uid, bounds, pids_max)
+            if full is not None and wait_s > 0:
+                waiting = self._waiting.get(uid, 0)
+                if bounds.per_uid is not None and waiting >= bounds.per_uid:
+                    raise SessionLimit(f"{full}; {waiting} launches of uid {uid} are already waiting for a place")
+                everyone = sum(self._waiting.values())
+                if bounds.total is not None and everyone >= bounds.total:
+                    raise SessionLimit(f"{full}; {everyone} launches are already waiting for a place")
+            self._waiting[uid] = self._waiting.get(uid, 0) + 1
+            try:
+                while full is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SessionLimit(full)
+                    self._ended.wait(left)
+                    full = self._full(agent, max_concurrent, uid, bounds, pids_max)
+            finally:
+                self._waiting[uid] -= 1
+                if not self._waiting[uid]:
+                    del self._waiting[uid]
             record = SessionRecord(
                 session="session-" + secrets.token_hex(8),
                 agent=agent,

@@ -176,7 +176,7 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
     load_what_supervisors_run()
     # What a spawner killed before its cleanup left empty (its prepared supervisors' cgroup...): one
     # daemon at a time holds the cgroup group, so nothing empty there is another's.
-    _remove_helper_groups(config)
+    remove_helper_groups(config.cgroup_group)
     sessions = _Sessions(_sessions_guardian(config))
     try:
         _serve_orders(sock, config, sessions)
@@ -188,7 +188,7 @@ def _serve(sock: socket.socket, config: SpawnerConfig) -> None:
             prepared = cgroups.existing(group=config.cgroup_group + HELPERS_SUFFIX).get(_prepared_name())
             if prepared is not None:
                 prepared.remove(timeout=2)
-        _remove_helper_groups(config)
+        remove_helper_groups(config.cgroup_group)
 
 
 def load_what_supervisors_run() -> None:
@@ -311,13 +311,13 @@ def _first_uses() -> None:
         raise RuntimeError("a thread outlived the audit writer's first use in the spawner")
 
 
-def _remove_helper_groups(config: SpawnerConfig, keep: str | None = None) -> None:
-    """The helpers' group directories, once empty (a supervisor still running keeps its own), but
-    `keep`."""
+def remove_helper_groups(cgroup_group: str, keep: str | None = None) -> None:
+    """The helpers' group directories of `cgroup_group`, once empty (a supervisor still running
+    keeps its own), but `keep`."""
     from ..sandbox import cgroups
 
     with contextlib.suppress(OSError):
-        for base in cgroups.group_directories(group=config.cgroup_group + HELPERS_SUFFIX):
+        for base in cgroups.group_directories(group=cgroup_group + HELPERS_SUFFIX):
             if base.is_dir():
                 for directory in base.iterdir():
                     if directory.name != keep:
@@ -735,7 +735,7 @@ def _reap(sessions: _Sessions, sock: socket.socket, config: SpawnerConfig) -> No
                 group.remove(timeout=2)  # an egress filter left behind goes with it
             if not sessions.helpers:  # the last one: no empty directory is left when the daemon stops
                 # The prepared supervisors' group stays: one forked a moment ago may not have joined it yet.
-                _remove_helper_groups(config, keep=_prepared_name())
+                remove_helper_groups(config.cgroup_group, keep=_prepared_name())
         session = sessions.children.pop(pid, None)
         if session is not None:
             event = SessionGone(session, os.waitstatus_to_exitcode(status))

@@ -137,3 +137,63 @@ def test_ends_racing_registrations_never_let_a_uid_pass_its_bound() -> None:
     assert peak[0] <= 2, peak
     assert registry.all() == []
     assert _register(registry, A, bounds) and _register(registry, B, bounds)
+
+
+def test_a_uid_has_at_most_its_bound_of_launches_waiting() -> None:
+    """Each waiting launch holds a daemon thread and its caller's descriptors: beyond as many as the
+    uid may run, another has no session of its own left to wait for and is refused at once."""
+    registry, bounds = SessionRegistry(), SessionBounds(per_uid=1)
+    first = _register(registry, A, bounds)
+    outcome: list[str] = []
+
+    def wait() -> None:
+        try:
+            _register(registry, A, bounds, wait_s=1.0)
+            outcome.append("registered")
+        except SessionLimit as exc:
+            outcome.append(str(exc))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert _until_waiting(registry, A)
+    started = time.monotonic()
+    with pytest.raises(SessionLimit, match="1 launches of uid 1001 are already waiting for a place"):
+        _register(registry, A, bounds, wait_s=5.0)
+    assert time.monotonic() - started < 0.5, "refused at once"
+    assert _register(registry, B, bounds, wait_s=1.0).uid == B, "another uid is not held up"
+    waiter.join()
+    assert outcome == ["uid 1001 already runs 1 session(s); the operator's max_sessions_per_uid is 1"], outcome
+    registry.end(first.session)
+    assert _register(registry, A, bounds, wait_s=1.0).uid == A, "the waiter gave its place back"
+
+
+def _until_waiting(registry: SessionRegistry, uid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if registry._waiting.get(uid):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_every_callers_launches_waiting_together_are_bounded() -> None:
+    """Callers with many uids cannot hold more waiting launches than sessions may run in all."""
+    registry, bounds = SessionRegistry(), SessionBounds(per_uid=1, total=2)
+    _register(registry, A, bounds)
+    _register(registry, B, bounds)
+    waiters = [threading.Thread(target=_refused_after_waiting, args=(registry, uid, bounds)) for uid in (A, B)]
+    for waiter in waiters:
+        waiter.start()
+    assert _until_waiting(registry, A) and _until_waiting(registry, B)
+    started = time.monotonic()
+    with pytest.raises(SessionLimit, match=r"2 sessions already run; .*; 2 launches are already waiting for a place"):
+        _register(registry, 1003, bounds, wait_s=5.0)
+    assert time.monotonic() - started < 0.5, "refused at once"
+    for waiter in waiters:
+        waiter.join()
+    assert not registry._waiting, "every waiter gave its place back"
+
+
+def _refused_after_waiting(registry: SessionRegistry, uid: int, bounds: SessionBounds) -> None:
+    with pytest.raises(SessionLimit):
+        _register(registry, uid, bounds, wait_s=1.0)

@@ -465,3 +465,37 @@ def test_a_cgroup_that_cannot_be_removed_is_retried_and_reported_once(
     (directory / "stuck").unlink()
     sessions.remove_left()
     assert sessions.left == [] and sessions.reported == set() and not directory.exists()
+
+
+def test_compiling_ahead_is_not_fooled_by_an_id_reused_after_collection(schemas: Any) -> None:
+    """A policy launching forgot (evicted, or past its time boundary) and collected may leave its
+    id to the next one compiled: that one is compiled all the same, and must be told so (the
+    supervisors prepared before it would otherwise compile it again, each of them)."""
+    import gc
+
+    from enforcer import launching
+    from enforcer.daemon import spawner
+
+    repo = Path(__file__).resolve().parents[2]
+    settings = config(
+        regions=repo / "policies" / "regions.yaml",
+        baseline=repo / "policies" / "runtime-baseline.yaml",
+        spec_dir=schemas.root,
+    )
+    launch = order(adl={**base_adl(id="did:web:agents.example:reused"), "description": f"reused {uuid.uuid4()}"})
+    reused = 0  # how often the allocator gave the new policy the old one's id (not up to the test)
+    for _ in range(5):
+        before = set(launching._COMPILED)
+        assert spawner._compile_ahead(launch, settings)
+        (key,) = set(launching._COMPILED) - before
+        first = id(launching._COMPILED[key].compiled)
+        assert not spawner._compile_ahead(launch, settings)
+        del launching._COMPILED[key]  # forgotten, as the oldest of COMPILED_ENTRIES is
+        gc.collect()
+        # Nothing is kept under its id: whatever the allocator gives that id to next is new.
+        assert first not in spawner._LOADED
+        assert spawner._compile_ahead(launch, settings), "compiled again: not the policy remembered before"
+        reused += id(launching._COMPILED[key].compiled) == first
+        del launching._COMPILED[key]
+        gc.collect()
+    print(f"ids reused by the policy compiled again: {reused} of 5")
