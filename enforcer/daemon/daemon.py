@@ -403,12 +403,15 @@ class Daemon:
 
     def _spawner_events(self) -> None:
         for event in self.spawner.events():
-            if isinstance(event, SessionStarted):
-                self.registry.set_pid(event.session, event.pid)
-            else:
-                record = self.registry.end(event.session)
-                if record is not None and self._launch is not None:
-                    self._launch.session_ended(record, event.status)
+            try:
+                if isinstance(event, SessionStarted):
+                    self.registry.set_pid(event.session, event.pid)
+                else:
+                    record = self.registry.end(event.session)
+                    if record is not None and self._launch is not None:
+                        self._launch.session_ended(record, event.status)
+            except Exception:  # a bug in one report's handling must not leave every later session unended
+                log.exception("the spawner's report %r could not be handled", event)
         if not self._stop_wanted.is_set():
             log.error("the spawner stopped; launches are refused until the daemon restarts")
             with contextlib.suppress(OSError):

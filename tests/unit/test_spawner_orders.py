@@ -4,6 +4,7 @@ when a field is missing, unknown or of the wrong type."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -338,7 +339,9 @@ def stop(handle):
     os.waitpid(handle.pid, 0)
 """
 
-MANY_DESCRIPTORS_SCRIPT = SPAWNER_PRELUDE + """
+MANY_DESCRIPTORS_SCRIPT = (
+    SPAWNER_PRELUDE
+    + """
 _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
 # As if a thousand sessions ran: the supervisors' pidfds are numbered above 1024.
@@ -357,6 +360,7 @@ report = send_order(handle, members)
 stop(handle)
 print(json.dumps(report))
 """
+)
 
 
 def run_spawner_script(script: str, tmp_path: Path, members: dict[str, Any], group: str) -> Any:
@@ -399,7 +403,9 @@ def test_the_spawner_outlives_a_supervisor_whose_descriptor_is_numbered_above_10
     assert reported == {"caller_heard": True, "daemon": ["SessionStarted", "SessionGone"]}, result.stderr[-2000:]
 
 
-FORK_FAILS_SCRIPT = SPAWNER_PRELUDE + """
+FORK_FAILS_SCRIPT = (
+    SPAWNER_PRELUDE
+    + """
 # The spawner's own fork, its guardian's, then the first supervisor's: that one fails as under
 # a full pids limit (EAGAIN).
 forks = [0]
@@ -420,6 +426,7 @@ for attempt in ("first", "second"):
 stop(handle)
 print(json.dumps(report))
 """
+)
 
 
 def test_a_supervisor_that_cannot_be_forked_refuses_its_session_and_the_spawner_serves_on(tmp_path: Path) -> None:
@@ -499,3 +506,41 @@ def test_compiling_ahead_is_not_fooled_by_an_id_reused_after_collection(schemas:
         del launching._COMPILED[key]
         gc.collect()
     print(f"ids reused by the policy compiled again: {reused} of 5")
+
+
+def test_a_report_that_fails_to_be_handled_does_not_stop_the_later_ones(caplog: pytest.LogCaptureFixture) -> None:
+    """One report whose handling raises (a bug) must not end the thread that frees every later
+    session's slot: the daemon would refuse that caller, then everyone, at the session bounds."""
+    from types import SimpleNamespace
+
+    from enforcer.daemon.daemon import Daemon
+
+    ended: list[str] = []
+
+    class Registry:
+        def set_pid(self, session: str, pid: int) -> None:
+            if session == "bad":
+                raise RuntimeError("a bug")
+
+        def end(self, session: str) -> object:
+            ended.append(session)
+            return session
+
+    class Launch:
+        def session_ended(self, record: object, status: int) -> None:
+            if record == "s1":
+                raise KeyError("another bug")
+
+    events = [SessionStarted("bad", 10), SessionGone("s1", 0), SessionGone("s2", 0)]
+    stopping = threading.Event()
+    stopping.set()
+    fake = SimpleNamespace(
+        spawner=SimpleNamespace(events=lambda: iter(events)),
+        registry=Registry(),
+        _launch=Launch(),
+        _stop_wanted=stopping,
+    )
+    with caplog.at_level("ERROR"):
+        Daemon._spawner_events(fake)  # type: ignore[arg-type]
+    assert ended == ["s1", "s2"]
+    assert sum("could not be handled" in r.getMessage() for r in caplog.records) == 2
