@@ -703,9 +703,12 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, limit
             step = "creation guard"
             socket.send_fds(guard_socket, [b"L"], [listener])
             os.close(listener)
-            if guard_socket.recv(2) != b"ok":
+            started = guard_socket.recv(256).split()
+            if started[:1] != [b"ok"]:
                 raise OSError("the creation guard did not start")
             guard_socket.close()
+            step = "seccomp (the creation guard's limits)"
+            seccomp.load(seccomp.limits_shield([int(tid) for tid in started[1:]]), listener=False)
             os.waitpid(guard_forker, 0)  # collected before the exec: the agent inherits no child
     except BaseException as exc:
         raise _StepFailed(step) from exc
@@ -744,7 +747,10 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rul
         if not fds:
             return
         supervisor = creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd, agent_rules)
-        sock.send(b"ok")
+        # Its process and threads, as the agent's namespace numbers them: the agent's filter then
+        # keeps prlimit off them (seccomp.limits_shield). Every thread the guard runs exists by now.
+        tids = supervisor.wide.call(os.listdir, "/proc/self/task")
+        sock.send(b" ".join([b"ok", *(tid.encode() for tid in tids)]))
         sock.close()
         supervisor.serve()
         code = 0
