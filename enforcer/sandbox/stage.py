@@ -610,8 +610,10 @@ def _joined_already() -> None:
 def _compile_while_idle(sock: socket.socket) -> None:
     """Compile every seccomp variant until the order arrives: the stage is idle while adl-exec
     imports the policy code, and a compiled filter is then ready when the order names it."""
+    order = select.poll()  # not select(): the socket may be numbered above 1023 (a caller's descriptors)
+    order.register(sock, select.POLLIN)
     for plan in seccomp.variants():
-        if select.select([sock], [], [], 0)[0]:
+        if order.poll(0):
             return
         seccomp.compile_filter(plan)
 
