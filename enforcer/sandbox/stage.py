@@ -504,6 +504,7 @@ def _stage_main(
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if signal_mask is not None:  # before init and the future agent are forked: they inherit it
         signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
+    _normal_scheduling()
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     import traceback  # noqa: F401 - for failure reports, which may come after Landlock is applied
@@ -581,6 +582,15 @@ def _stage_main(
         _report_failure(sock, exc.step, exc.__cause__)
     except BaseException as exc:  # reported to the launcher, then the stage exits
         _report_failure(sock, step, exc)
+
+
+def _normal_scheduling() -> None:
+    """The normal policy for the session's processes, forked from here, whatever the launcher's: a
+    real-time one (chrt) survives fork and exec, and cpu.max, which enforces max_cpu_percent,
+    throttles only normal tasks (a kernel with real-time group scheduling refuses the cgroup join
+    instead). The caller's nice value is kept: cpu.max binds at any."""
+    if os.sched_getscheduler(0) not in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE):  # reset-on-fork too
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def _join_with_init(named: bytes) -> OSError | None:
