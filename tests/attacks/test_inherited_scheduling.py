@@ -1,7 +1,7 @@
 """adl-exec started under a real-time scheduling policy (`chrt -f 1 adl-exec ...`): the policy
 survives fork and exec, and the cgroup's cpu.max, which enforces max_cpu_percent, throttles only
-normal tasks. Where the kernel lets a real-time task join the session's cgroup, the agent ran
-unthrottled (a busy loop took a whole CPU, the host's real-time share); where it does not
+normal tasks. Where the kernel lets a real-time task join the session's cgroup, the agent runs
+unthrottled (a busy loop takes a whole CPU, up to the host's real-time share); where it does not
 (CONFIG_RT_GROUP_SCHED), the launch was refused with "join cgroup: Invalid argument". The session's
 processes (stage, init, guard, agent) are forked under the normal policy; adl-exec itself keeps the
 caller's."""
