@@ -5,6 +5,7 @@ update that would move it back is skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -62,7 +63,13 @@ def replace_head(directory: Path, head: dict[str, Any], tmp_tag: str) -> bool:
     except (FileNotFoundError, orjson.JSONDecodeError):
         pass
     tmp = head_path.with_suffix(f".tmp.{tmp_tag}")
-    with open(tmp, "wb") as out:
+    # Created here, never opened through what is there (a crash's leftover, or a symlink planted by
+    # whoever can write the directory: root would write the file it names). 0644 whatever the umask:
+    # HEAD.json is public, never writable by the directory's group.
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as out:
         out.write(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
         out.flush()
         os.fsync(out.fileno())
@@ -80,7 +87,8 @@ class Head:
     ) -> None:
         self.directory, self._key, self._key_id, self._tag, self._clock = directory, key, key_id, tag, clock
         self._lock = threading.Lock()
-        self._lock_fd = os.open(directory / HEAD_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never a file a planted link names
+        self._lock_fd = os.open(directory / HEAD_LOCK, flags, 0o640)
         self.since = 0.0  # when the update now in progress started (0.0: none), for stalled_s
 
     def write(self, receipt: Receipt) -> None:

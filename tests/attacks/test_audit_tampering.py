@@ -332,3 +332,64 @@ def test_a_log_cut_back_and_sealed_again_by_the_next_writer_says_head_was_missin
     assert code == 0, out
     # writer.open, the decision and writer.close come after the cut; then the gap, then the checkpoint
     assert f"gap at seq {kept + 4}: head_missing (last_seq_before_detection={kept + 3})" in out, out
+
+
+def test_the_writer_does_not_follow_a_symlink_planted_as_heads_temporary_file(tmp_path: Path) -> None:
+    """Whoever can write the audit directory learns a live writer's id (its entry in writers/, its
+    records) and plants a symlink where that writer writes HEAD.json's next version before the
+    rename: root's writer truncated and wrote the file it named. It must create that file itself,
+    the caller's umask notwithstanding (HEAD.json is public, never writable by the directory's group)."""
+    directory = _sealed_log(tmp_path)
+    victim = _victim(tmp_path)
+    victim.write_text("precious")
+    old_umask = os.umask(0)
+    try:
+        with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=5)) as w:
+            (writer_id,) = os.listdir(directory / "writers")
+            (directory / f"HEAD.tmp.{writer_id}").symlink_to(victim)
+            for i in range(20):
+                w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": i})
+    finally:
+        os.umask(old_umask)
+    assert victim.read_text() == "precious"
+    head = directory / "HEAD.json"
+    assert not head.is_symlink() and head.stat().st_mode & 0o7777 == 0o644
+    assert orjson.loads(head.read_bytes())["seq"] > 60
+    assert audit_main(["--dir", str(directory), "verify"]) == 0
+
+
+@pytest.mark.parametrize("lock", ["HEAD.lock", "audit.lock"])
+def test_the_writer_does_not_create_the_file_a_planted_lock_symlink_names(tmp_path: Path, lock: str) -> None:
+    """A lock file made a symlink to a path that does not exist: root's writer created that file (in
+    any directory: an empty file in the right place, such as /etc/nologin, has effects of its own)."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "nologin"
+    (directory / lock).unlink()
+    (directory / lock).symlink_to(victim)
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert not victim.exists()
+
+
+@pytest.mark.parametrize("planted", ["file", "directory"])
+def test_a_torn_tail_is_not_set_aside_through_a_planted_symlink(tmp_path: Path, planted: str) -> None:
+    """The writer moves a torn last line to torn/<file>.<offset> (both names predictable): a symlink
+    planted there, or torn/ itself a symlink, had root write the tail's bytes, which whoever tore the
+    file chose, into the file it names (an authorized_keys line needs no newline)."""
+    directory = _sealed_log(tmp_path)
+    newest = log_files(directory)[-1]
+    end = newest.stat().st_size
+    with newest.open("ab") as f:
+        f.write(b"ssh-ed25519 AAAA planted")
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    victim = victim_dir / f"{newest.name}.{end}"
+    if planted == "file":
+        (directory / "torn").mkdir()
+        (directory / "torn" / victim.name).symlink_to(victim)
+    else:
+        (directory / "torn").symlink_to(victim_dir)
+    victim.write_text("precious")
+    with pytest.raises(AuditUnavailable):  # as for a symlinked log file: the directory was tampered with
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == "precious"
