@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -393,3 +395,47 @@ def test_a_torn_tail_is_not_set_aside_through_a_planted_symlink(tmp_path: Path, 
     with pytest.raises(AuditUnavailable):  # as for a symlinked log file: the directory was tampered with
         AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
     assert victim.read_text() == "precious"
+
+
+def test_a_fifo_planted_as_head_does_not_hold_the_writer(tmp_path: Path) -> None:
+    """HEAD.json replaced by a FIFO nobody writes: root's writer, reading the current HEAD before it
+    replaces it, waited on it for good (its appends held behind the HEAD lock). It must replace it.
+    The writer runs in a child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    (directory / "HEAD.json").unlink()
+    os.mkfifo(directory / "HEAD.json")
+    code = (
+        "import sys; from pathlib import Path; from enforcer.audit import AuditWriter, WriterSettings, records\n"
+        "with AuditWriter(Path(sys.argv[1]), Path(sys.argv[2]), settings=WriterSettings(checkpoint_records=5)) as w:\n"
+        "    for i in range(20):\n"
+        "        w.append(records.DECISION, {'agent': 'urn:a', 'decision': 'deny', 'n': i})\n"
+    )
+    key = tmp_path / "key" / "audit.pem"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the writer waited on a FIFO planted as HEAD.json")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    head = directory / "HEAD.json"
+    assert head.is_file() and not head.is_symlink() and orjson.loads(head.read_bytes())["seq"] > 60
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_verify_names_a_head_that_is_not_a_file_without_waiting_on_it(tmp_path: Path, planted: str) -> None:
+    """verify read HEAD.json as a file, through a symlink and from a FIFO (where it waited for good):
+    neither is a head a writer makes. verify runs in a child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    head = directory / "HEAD.json"
+    saved = tmp_path / "HEAD-copy.json"
+    head.rename(saved)
+    if planted == "fifo":
+        os.mkfifo(head)
+    else:
+        head.symlink_to(saved)  # the right bytes, by a name a writer never makes
+    code = "import sys; from enforcer.cli.audit import main; sys.exit(main(['--dir', sys.argv[1], 'verify']))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(directory)], timeout=30, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("verify waited on HEAD.json")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HEAD.json is unreadable" in done.stderr, done.stderr
