@@ -93,6 +93,21 @@ def check_private_file(path: Path) -> None:
         raise PermissionError(f"{real} is writable by group or others")
 
 
+def check_import_directory(directory: Path) -> None:
+    """PermissionError unless `directory` (a PYTHONPATH entry) resolves to a directory owned by root
+    or this process's user that nobody else may write (not even a sticky one), below directories
+    check_private accepts above a directory: another user could plant modules there."""
+    real = _resolve(directory)
+    _check_owners(real.parent, private_leaf=False)
+    st = os.lstat(real)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{real} is not a directory")
+    if st.st_uid not in (0, os.geteuid()):
+        raise PermissionError(f"{real} is owned by uid {st.st_uid}")
+    if st.st_mode & 0o022:
+        raise PermissionError(f"{real} is writable by group or others")
+
+
 def _resolve(directory: Path) -> Path:
     """The path `directory` resolves to, walked as the kernel resolves it (the named path, then each
     link's target, '..' after a link included), once every symlink met on the way belongs to root

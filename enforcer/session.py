@@ -84,6 +84,8 @@ def run_session(
         raise launcher.LaunchError(
             f"{identity.ROOT_REFUSAL}; with adl-exec --daemon, launch from the account the agent should run as"
         )
+    # Before the launch record and the egress filter: a refused launch starts and records nothing.
+    launcher.refuse_if_refused(prepared)
     start_ns = time.time_ns()
     # The group the prepared stage joined, whatever this call's default says.
     joined = prepared.group.directories[0].parent.name if prepared is not None and prepared.group else cgroup_group

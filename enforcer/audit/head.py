@@ -5,8 +5,11 @@ update that would move it back is skipped."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -51,18 +54,50 @@ def signed_head(receipt: Receipt, key: ed25519.Ed25519PrivateKey, key_id: str, t
     return head
 
 
+HEAD_MAX_BYTES = 1 << 16  # a signed head is a few hundred bytes
+
+
+def read_head_file(path: Path) -> bytes | None:
+    """The bytes of the HEAD.json at `path`, None if there is none. Never through a symlink, never
+    waiting on a FIFO or reading without end (whoever can write the directory may plant either):
+    ValueError for what is not a regular file of at most HEAD_MAX_BYTES."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path.name} is a symlink") from None
+        raise
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        data = f.read(HEAD_MAX_BYTES + 1)
+    if len(data) > HEAD_MAX_BYTES:
+        raise ValueError(f"{path.name} is larger than a head")
+    return data
+
+
 def replace_head(directory: Path, head: dict[str, Any], tmp_tag: str) -> bool:
     """Make `head` the directory's HEAD.json, atomically and durably, unless the current one names a
     checkpoint at least as new. The caller holds HEAD.lock. Whether it was replaced."""
     head_path = directory / HEAD_FILE
     try:
-        current = orjson.loads(head_path.read_bytes())
-        if isinstance(current, dict) and current.get("seq", 0) >= head["seq"]:
-            return False
-    except (FileNotFoundError, orjson.JSONDecodeError):
-        pass
+        data = read_head_file(head_path)
+        current = orjson.loads(data) if data is not None else None
+    except ValueError:  # not JSON, not a regular file: replaced
+        current = None
+    seq = current.get("seq") if isinstance(current, dict) else None
+    if type(seq) is int and seq >= head["seq"]:
+        return False
     tmp = head_path.with_suffix(f".tmp.{tmp_tag}")
-    with open(tmp, "wb") as out:
+    # Created here, never opened through what is there (a crash's leftover, or a symlink planted by
+    # whoever can write the directory: root would write the file it names). 0644 whatever the umask:
+    # HEAD.json is public, never writable by the directory's group.
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as out:
         out.write(orjson.dumps(head, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n")
         out.flush()
         os.fsync(out.fileno())
@@ -80,7 +115,8 @@ class Head:
     ) -> None:
         self.directory, self._key, self._key_id, self._tag, self._clock = directory, key, key_id, tag, clock
         self._lock = threading.Lock()
-        self._lock_fd = os.open(directory / HEAD_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never a file a planted link names
+        self._lock_fd = os.open(directory / HEAD_LOCK, flags, 0o640)
         self.since = 0.0  # when the update now in progress started (0.0: none), for stalled_s
 
     def write(self, receipt: Receipt) -> None:

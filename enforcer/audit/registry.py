@@ -22,7 +22,8 @@ class Lease:
     __slots__ = ("_fd", "held")
 
     def __init__(self, directory: Path) -> None:
-        self._fd = os.open(directory / APPEND_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never a file a planted link names
+        self._fd = os.open(directory / APPEND_LOCK, flags, 0o640)
         self.held = False
 
     def take(self) -> bool:

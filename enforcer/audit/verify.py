@@ -22,7 +22,7 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from . import keys, records
-from .head import HEAD_FILE
+from .head import HEAD_FILE, read_head_file
 from .logfiles import log_files, log_name
 from .records import GENESIS, canonical
 
@@ -92,9 +92,9 @@ def verify_directory(
     # HEAD is read before the log: a live writer only names records already written, so the walk
     # that follows finds the one it names.
     try:
-        head: bytes | None = (directory / HEAD_FILE).read_bytes()
-    except FileNotFoundError:
-        head = None
+        head = read_head_file(directory / HEAD_FILE)
+    except ValueError:
+        head = b""  # a symlink, a FIFO, a device: reported unreadable by _check_head
     saved = anchors or {}
     named = {seq for seq in [_named_seq(head), *(a["seq"] for a in saved.values())] if seq is not None}
     try:

@@ -274,8 +274,15 @@ def _verify(directory: Path, args: argparse.Namespace) -> int:
         for gap in report.gaps:
             print(printable(f"gap at seq {gap['seq']}: {gap.get('reason')} ({_gap_detail(gap)})"))
         print(f"key: {report.key_source}")
+        if report.head_seq is not None and report.head_seq < report.sealed_seq:
+            # Whoever can write the directory can put an older signed HEAD.json back: a copy saved
+            # from it would guard nothing after that seq (a writer moves HEAD just after each checkpoint).
+            print(
+                f"HEAD.json names seq {report.head_seq}, the log is sealed through seq {report.sealed_seq}: "
+                "do not save it as an anchor now (older than the log's newest checkpoint)"
+            )
         if args.anchor:
-            print(f"saved heads: {report.anchors} of {len(args.anchor)} hold")
+            print(f"saved heads: {report.anchors} of {len(anchors)} hold")
     if report.intact:
         if not args.json:
             print("intact")

@@ -13,8 +13,10 @@ nothing: the checked string is the one used.
 The supervisor runs with the agent's uid, groups and mount namespace, inside a Landlock domain that
 is the agent's plus read access to /proc (to read callers' memory and descriptors); the agent's own
 domain is nested inside it, so the agent can neither signal nor trace the supervisor, while the
-supervisor can read the agent. It is not dumpable and its environment is emptied. If it dies, every
-guarded call fails (ENOSYS): creation stops, it is never let through unchecked.
+supervisor can read the agent; nor lower its resource limits, which the kernel allows a process of
+the same ids and Landlock does not scope: the agent's filter refuses prlimit on the supervisor's
+process and threads (seccomp.limits_shield). It is not dumpable and its environment is emptied. If
+it dies, every guarded call fails (ENOSYS): creation stops, it is never let through unchecked.
 
 The supervisor never resolves a path the agent names with more rights than the agent: once started,
 its main thread restricts itself to exactly the agent's Landlock rules and performs every lookup,

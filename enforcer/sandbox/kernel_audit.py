@@ -475,8 +475,12 @@ class Reader:
 
     def _run(self) -> None:
         try:
+            # poll, not select: descriptors above 1023 are adl-exec's when its caller left many open.
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            poller.register(self._stop_r, select.POLLIN)
             while True:
-                ready, _, _ = select.select([self.sock.fileno(), self._stop_r], [], [], _EVENT_GRACE_S)
+                ready = {fd for fd, _events in poller.poll(_EVENT_GRACE_S * 1000)}
                 if self.sock.fileno() in ready:
                     self._read_available()
                 self._flush(everything=False)
@@ -492,12 +496,14 @@ class Reader:
         Without the marker (user messages filtered out by the host's audit rules, rate-limited,
         no CAP_AUDIT_WRITE), wait until the queue is empty instead. Bounded: a second at most."""
         nonce = self._send_marker()
+        arrived = select.poll()
+        arrived.register(self.sock, select.POLLIN)
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             if nonce is not None:
                 # Woken by what arrives (the marker, usually within a fraction of a millisecond);
                 # the queue is asked about only once nothing has arrived for a while.
-                if select.select([self.sock], [], [], 0.02)[0]:
+                if arrived.poll(20):
                     if self._read_available(nonce):
                         return
                     continue

@@ -72,12 +72,8 @@ def run(
         prepared = prepare(session, cgroup_root, cgroup_group, ahead=False)
     elif prepared.session != session:
         raise ValueError(f"the stage was prepared for {prepared.session}, not {session}")
+    refuse_if_refused(prepared)
     group = prepared.group
-    if prepared.refusal is not None:
-        prepared.discard()
-        if group is not None:
-            group.remove()
-        raise LaunchError(prepared.refusal)
     try:
         if group is None:
             raise OSError(prepared.cgroup_error)
@@ -205,6 +201,19 @@ def _exited_within(pid: int, timeout_s: float | None) -> bool:
                 return False
     finally:
         os.close(pidfd)
+
+
+def refuse_if_refused(prepared: Prepared | None) -> None:
+    """LaunchError if the caller found, before the stage was forked, that the launch must be refused
+    (Prepared.refusal), after letting the stage and its cgroup go. Checked before anything is
+    recorded or forked for the launch (run_session), and here again for callers that come straight."""
+    if prepared is None or prepared.refusal is None:
+        return
+    group = prepared.group
+    prepared.discard()
+    if group is not None:
+        group.remove()
+    raise LaunchError(prepared.refusal)
 
 
 def _with_guard_report(outcome: Outcome, report_read: int) -> Outcome:

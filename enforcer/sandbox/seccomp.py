@@ -16,6 +16,7 @@ import importlib
 import os
 import platform
 import socket
+import struct
 import threading
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -293,6 +294,50 @@ def load(bpf: bytes, *, listener: bool) -> int:
         err = ctypes.get_errno()
         raise OSError(err, f"seccomp filter not loaded: {os.strerror(err)}")
     return result if listener else -1
+
+
+# A second, tiny filter, written here as classic BPF: it is built in the future agent after the
+# baseline is loaded, which denies the memfd libseccomp's export goes through, and it names pids
+# known only then.
+_PRLIMIT64 = {"x86_64": 302, "aarch64": 261}.get(platform.machine(), -1)
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}.get(platform.machine(), -1)
+_BPF_LD_ABS_W, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+# struct seccomp_data: nr, arch, instruction pointer, then six 64-bit arguments (little-endian
+# halves: the low one first).
+_NR, _ARCH = 0, 4
+
+
+def _arg_low(i: int) -> int:
+    return 16 + 8 * i
+
+
+def limits_shield(pids: list[int]) -> bytes:
+    """A filter refusing (EPERM) prlimit64 with a new limit on any of `pids`: the creation guard's
+    process and threads, which run with the agent's ids and so are the agent's to prlimit as far as
+    the kernel is concerned (Landlock scopes signals and tracing, not resource limits). Reading
+    their limits and setting any other process's stay allowed. The pid is compared on its low 32
+    bits, as the kernel reads a pid_t; the new limit's pointer on all 64."""
+    if _PRLIMIT64 < 0 or _AUDIT_ARCH < 0:
+        raise OSError(errno.ENOSYS, f"prlimit64 unknown on {platform.machine()}")
+    if not 0 < len(pids) < 200:  # a jump offset is one byte
+        raise ValueError(f"{len(pids)} pids to shield")
+    allow, deny = len(pids) + 9, len(pids) + 10  # the two returns, after the compares below
+    program: list[tuple[int, int, int, int]] = [
+        (_BPF_LD_ABS_W, 0, 0, _ARCH),
+        (_BPF_JEQ_K, 0, allow - 2, _AUDIT_ARCH),  # a foreign architecture: the baseline kills it
+        (_BPF_LD_ABS_W, 0, 0, _NR),
+        (_BPF_JEQ_K, 0, allow - 4, _PRLIMIT64),
+        (_BPF_LD_ABS_W, 0, 0, _arg_low(2)),
+        (_BPF_JEQ_K, 0, 2, 0),  # a new limit: to the pid compares
+        (_BPF_LD_ABS_W, 0, 0, _arg_low(2) + 4),
+        (_BPF_JEQ_K, allow - 8, 0, 0),  # NULL: only reads the limits
+        (_BPF_LD_ABS_W, 0, 0, _arg_low(0)),
+    ]
+    for pid in pids:
+        program.append((_BPF_JEQ_K, deny - len(program) - 1, 0, pid & 0xFFFFFFFF))
+    program += [(_BPF_RET_K, 0, 0, _RET_ALLOW), (_BPF_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
 
 
 @functools.cache

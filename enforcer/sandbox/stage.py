@@ -504,6 +504,7 @@ def _stage_main(
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if signal_mask is not None:  # before init and the future agent are forked: they inherit it
         signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
+    _normal_scheduling()
     # Loaded now, while the launcher compiles the policy, not on the launch path; and before joining
     # the session's cgroup, so the session is not charged for them.
     import traceback  # noqa: F401 - for failure reports, which may come after Landlock is applied
@@ -583,6 +584,15 @@ def _stage_main(
         _report_failure(sock, step, exc)
 
 
+def _normal_scheduling() -> None:
+    """The normal policy for the session's processes, forked from here, whatever the launcher's: a
+    real-time one (chrt) survives fork and exec, and cpu.max, which enforces max_cpu_percent,
+    throttles only normal tasks (a kernel with real-time group scheduling refuses the cgroup join
+    instead). The caller's nice value is kept: cpu.max binds at any."""
+    if os.sched_getscheduler(0) not in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE):  # reset-on-fork too
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
 def _join_with_init(named: bytes) -> OSError | None:
     """Move init, then this process (the future agent), into the session's cgroup: the
     cgroup.procs files in `named`, NUL-separated. Each process is named by its pid in this PID
@@ -610,8 +620,10 @@ def _joined_already() -> None:
 def _compile_while_idle(sock: socket.socket) -> None:
     """Compile every seccomp variant until the order arrives: the stage is idle while adl-exec
     imports the policy code, and a compiled filter is then ready when the order names it."""
+    order = select.poll()  # not select(): the socket may be numbered above 1023 (a caller's descriptors)
+    order.register(sock, select.POLLIN)
     for plan in seccomp.variants():
-        if select.select([sock], [], [], 0)[0]:
+        if order.poll(0):
             return
         seccomp.compile_filter(plan)
 
@@ -703,9 +715,12 @@ def _apply(order: StageOrder, netns_fd: int | None, report_fd: int | None, limit
             step = "creation guard"
             socket.send_fds(guard_socket, [b"L"], [listener])
             os.close(listener)
-            if guard_socket.recv(2) != b"ok":
+            started = guard_socket.recv(256).split()
+            if started[:1] != [b"ok"]:
                 raise OSError("the creation guard did not start")
             guard_socket.close()
+            step = "seccomp (the creation guard's limits)"
+            seccomp.load(seccomp.limits_shield([int(tid) for tid in started[1:]]), listener=False)
             os.waitpid(guard_forker, 0)  # collected before the exec: the agent inherits no child
     except BaseException as exc:
         raise _StepFailed(step) from exc
@@ -744,7 +759,10 @@ def _run_guard(sock: socket.socket, guard: GuardOrder, report_fd: int, agent_rul
         if not fds:
             return
         supervisor = creation_guard.Supervisor(fds[0], guard.denied, guard.syscall_names, report_fd, agent_rules)
-        sock.send(b"ok")
+        # Its process and threads, as the agent's namespace numbers them: the agent's filter then
+        # keeps prlimit off them (seccomp.limits_shield). Every thread the guard runs exists by now.
+        tids = supervisor.wide.call(os.listdir, "/proc/self/task")
+        sock.send(b" ".join([b"ok", *(tid.encode() for tid in tids)]))
         sock.close()
         supervisor.serve()
         code = 0

@@ -113,3 +113,28 @@ def test_saved_heads_that_hold_are_counted(
     assert code == 0 and "saved heads: 2 of 2 hold" in out and "intact" in out, out
     code, out = _verify(directory, capsys, "--json", "--anchor", str(saved_now))
     assert code == 0 and json.loads(out)["anchors_checked"] == 1
+
+
+def test_an_older_head_put_back_is_named_before_it_is_saved(
+    history: tuple[Path, Path, Path, Path, bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy is only as new as the HEAD.json it was taken from, and whoever can write the directory
+    can put an older signed one back while the log stays whole: the directory then verifies, and a
+    copy saved from it guards nothing after the older checkpoint (the rollback below passes against
+    it). verify says so, so the auditor saves the copy once a writer has moved HEAD."""
+    directory, _, saved_then, saved_now, first_bytes = history
+    code, out = _verify(directory, capsys)
+    assert code == 0 and "HEAD.json names seq" not in out, out  # as the writer left it
+    shutil.copy(saved_then, directory / "HEAD.json")
+    then_seq = json.loads(saved_then.read_text())["seq"]
+    now_seq = json.loads(saved_now.read_text())["seq"]
+    code, out = _verify(directory, capsys)
+    assert code == 0, out  # a HEAD that lags the newest checkpoint is what a crashed writer leaves too
+    assert f"HEAD.json names seq {then_seq}, the log is sealed through seq {now_seq}" in out, out
+    stale = directory.parent / "offhost" / "HEAD-stale.json"
+    shutil.copy(directory / "HEAD.json", stale)
+    log_files(directory)[0].write_bytes(first_bytes)
+    code, out = _verify(directory, capsys, "--anchor", str(stale))
+    assert code == 0, out  # the stale copy cannot show the rollback: hence the warning above
+    code, out = _verify(directory, capsys, "--json")
+    assert json.loads(out)["head_seq"] == then_seq

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -332,3 +334,108 @@ def test_a_log_cut_back_and_sealed_again_by_the_next_writer_says_head_was_missin
     assert code == 0, out
     # writer.open, the decision and writer.close come after the cut; then the gap, then the checkpoint
     assert f"gap at seq {kept + 4}: head_missing (last_seq_before_detection={kept + 3})" in out, out
+
+
+def test_the_writer_does_not_follow_a_symlink_planted_as_heads_temporary_file(tmp_path: Path) -> None:
+    """Whoever can write the audit directory learns a live writer's id (its entry in writers/, its
+    records) and plants a symlink where that writer writes HEAD.json's next version before the
+    rename: root's writer truncated and wrote the file it named. It must create that file itself,
+    the caller's umask notwithstanding (HEAD.json is public, never writable by the directory's group)."""
+    directory = _sealed_log(tmp_path)
+    victim = _victim(tmp_path)
+    victim.write_text("precious")
+    old_umask = os.umask(0)
+    try:
+        with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=5)) as w:
+            (writer_id,) = os.listdir(directory / "writers")
+            (directory / f"HEAD.tmp.{writer_id}").symlink_to(victim)
+            for i in range(20):
+                w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": i})
+    finally:
+        os.umask(old_umask)
+    assert victim.read_text() == "precious"
+    head = directory / "HEAD.json"
+    assert not head.is_symlink() and head.stat().st_mode & 0o7777 == 0o644
+    assert orjson.loads(head.read_bytes())["seq"] > 60
+    assert audit_main(["--dir", str(directory), "verify"]) == 0
+
+
+@pytest.mark.parametrize("lock", ["HEAD.lock", "audit.lock"])
+def test_the_writer_does_not_create_the_file_a_planted_lock_symlink_names(tmp_path: Path, lock: str) -> None:
+    """A lock file made a symlink to a path that does not exist: root's writer created that file (in
+    any directory: an empty file in the right place, such as /etc/nologin, has effects of its own)."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "nologin"
+    (directory / lock).unlink()
+    (directory / lock).symlink_to(victim)
+    with pytest.raises(AuditUnavailable):
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert not victim.exists()
+
+
+@pytest.mark.parametrize("planted", ["file", "directory"])
+def test_a_torn_tail_is_not_set_aside_through_a_planted_symlink(tmp_path: Path, planted: str) -> None:
+    """The writer moves a torn last line to torn/<file>.<offset> (both names predictable): a symlink
+    planted there, or torn/ itself a symlink, had root write the tail's bytes, which whoever tore the
+    file chose, into the file it names (an authorized_keys line needs no newline)."""
+    directory = _sealed_log(tmp_path)
+    newest = log_files(directory)[-1]
+    end = newest.stat().st_size
+    with newest.open("ab") as f:
+        f.write(b"ssh-ed25519 AAAA planted")
+    victim_dir = tmp_path / "elsewhere"
+    victim_dir.mkdir()
+    victim = victim_dir / f"{newest.name}.{end}"
+    if planted == "file":
+        (directory / "torn").mkdir()
+        (directory / "torn" / victim.name).symlink_to(victim)
+    else:
+        (directory / "torn").symlink_to(victim_dir)
+    victim.write_text("precious")
+    with pytest.raises(AuditUnavailable):  # as for a symlinked log file: the directory was tampered with
+        AuditWriter(directory, tmp_path / "key" / "audit.pem").close()
+    assert victim.read_text() == "precious"
+
+
+def test_a_fifo_planted_as_head_does_not_hold_the_writer(tmp_path: Path) -> None:
+    """HEAD.json replaced by a FIFO nobody writes: root's writer, reading the current HEAD before it
+    replaces it, waited on it for good (its appends held behind the HEAD lock). It must replace it.
+    The writer runs in a child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    (directory / "HEAD.json").unlink()
+    os.mkfifo(directory / "HEAD.json")
+    code = (
+        "import sys; from pathlib import Path; from enforcer.audit import AuditWriter, WriterSettings, records\n"
+        "with AuditWriter(Path(sys.argv[1]), Path(sys.argv[2]), settings=WriterSettings(checkpoint_records=5)) as w:\n"
+        "    for i in range(20):\n"
+        "        w.append(records.DECISION, {'agent': 'urn:a', 'decision': 'deny', 'n': i})\n"
+    )
+    key = tmp_path / "key" / "audit.pem"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the writer waited on a FIFO planted as HEAD.json")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    head = directory / "HEAD.json"
+    assert head.is_file() and not head.is_symlink() and orjson.loads(head.read_bytes())["seq"] > 60
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_verify_names_a_head_that_is_not_a_file_without_waiting_on_it(tmp_path: Path, planted: str) -> None:
+    """verify read HEAD.json as a file, through a symlink and from a FIFO (where it waited for good):
+    neither is a head a writer makes. verify runs in a child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    head = directory / "HEAD.json"
+    saved = tmp_path / "HEAD-copy.json"
+    head.rename(saved)
+    if planted == "fifo":
+        os.mkfifo(head)
+    else:
+        head.symlink_to(saved)  # the right bytes, by a name a writer never makes
+    code = "import sys; from enforcer.cli.audit import main; sys.exit(main(['--dir', sys.argv[1], 'verify']))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(directory)], timeout=30, capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("verify waited on HEAD.json")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "HEAD.json is unreadable" in done.stderr, done.stderr

@@ -7,6 +7,7 @@ there while the session runs; none may be imported by root."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,21 @@ def test_root_imports_nothing_the_agent_plants_in_the_working_directory(sandbox:
     assert proc.returncode == 0 and f"PLANTED {len(names)}" in proc.stdout, proc.stdout + proc.stderr
     assert len(planted) == len(names) > 300  # the control: the agent could write every one of them
     assert sorted(p.name for p in markers.iterdir()) == [], proc.stderr
+
+
+def test_a_python_path_others_may_write_is_refused_before_anything_runs(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The operator's PYTHONPATH names a directory the agent may write (its workspace, owned by its
+    uid). The interpreter imports from there at its start (sitecustomize, encodings: the agent's
+    code as root, before any of adl-exec's), and adl-exec lazily after (the egress filter, uid 0,
+    loads dnspython as the session starts: a dns.py planted in an earlier session ran there). Only
+    a refusal at the first start, before any agent ran with it, keeps the agent from planting: each
+    entry must be a directory only root (this process's user) may write, as must those above it."""
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    (trusted / "harmless.py").write_text("")
+    for entries in ([str(sandbox.ws)], [str(trusted), str(sandbox.ws)], ["relative/lib"], [str(tmp_path / "gone")]):
+        ran = sandbox.python("print('ran')", env={"PYTHONPATH": os.pathsep.join(entries)})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (entries, ran.code, ran.out, ran.err)
+        assert "PYTHONPATH" in ran.err and entries[-1] in ran.err, ran.err
+    control = sandbox.python("print('ran')", env={"PYTHONPATH": str(trusted)})  # root's own, 0755
+    assert control.code == 0 and control.out.strip() == "ran", control.err

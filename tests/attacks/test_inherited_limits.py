@@ -126,3 +126,21 @@ def test_a_low_descriptor_limit_set_by_the_caller_binds_the_agent_not_the_superv
     counted = re.search(r"kernel denials: (\d+)", ran.err)
     assert "Too many open files" not in ran.err and counted and int(counted[1]) >= 60, ran.err
     assert ran.kinds().count("exit") == 1
+
+
+def test_a_refused_hard_limit_starts_nothing_with_a_network_either(sandbox: Sandbox) -> None:
+    """With a network the session's launch record was written and its egress filter started (a root
+    process, a namespace with its nftables rules, net.start and net.summary records) before the
+    refusal, known since before the stage was forked, was read: the log then held an allowed launch
+    that never ran. The caller here has no CAP_SYS_RESOURCE (dropped from its bounding set, so root's
+    exec keeps none of it), whatever this host's root holds."""
+    pr_capbset_drop = 24
+    drop = f"import ctypes; assert ctypes.CDLL(None).prctl({pr_capbset_drop}, {CAP_SYS_RESOURCE}, 0, 0, 0) == 0; "
+    limited = _limited("RLIMIT_CPU", 10, 10)
+    sandbox.wrap = [*limited[:2], drop + limited[2]]
+    sandbox.permissions["network"] = {"allowed_hosts": ["api.example.test"], "allowed_ports": [443]}
+    ran = sandbox.python("print('ran')")
+    assert ran.code == EXIT_REFUSED, (ran.code, ran.err[-2000:])
+    assert "(RLIMIT_CPU, 10 " in ran.err and "CAP_SYS_RESOURCE" in ran.err, ran.err
+    assert ran.out == "" and "RLIMIT_CPU" in json.dumps(ran.record("refused")), ran.kinds()
+    assert not [kind for kind in ran.kinds() if kind in ("launch", "exit") or kind.startswith("net.")], ran.kinds()
