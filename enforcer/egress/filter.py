@@ -74,6 +74,9 @@ class Verdict:
     pointer: str = ""
 
 
+_STOPPED = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
+
+
 def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
     """Where the agent tried to connect before nftables redirected it here."""
     if sock.family == socket.AF_INET6:
@@ -214,6 +217,7 @@ class ConnectionFilter:
         self.loop: Loop | None = None
         self.ended: Callable[[], None] = _nothing
         self.flows: set[_Flow] = set()
+        self.closing = False  # stopping: a connection taken from now on is refused
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
     # -- per connection, on the loop
@@ -236,6 +240,11 @@ class ConnectionFilter:
             self.stats["connections"] += 1
             self.active.add(client)
         self.flows.add(flow)
+        if self.closing:
+            # Accepted before the stop, taken after it: refused before anything of it moves.
+            flow.event = {"connection": flow.conn_id}
+            self._step(flow, self._refuse_here, _STOPPED)
+            return
         self._step(flow, self._begin)
 
     def _step(self, flow: _Flow, step: Callable[..., None], *args: Any) -> None:
@@ -534,15 +543,25 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        with self._lock:
+            stopped = self.closing
+            if not stopped:
+                self.active.add(upstream)  # from here the stop cuts it
+        if stopped:  # the stop came during the dial: nothing of it moves
+            self._forget(flow, upstream.fileno())
+            upstream.close()
+            flow.upstream = None
+            self._refuse_here(flow, _STOPPED)
+            return
         # What relays it (its pipes) is made before the connection is recorded as allowed: without
         # a descriptor for them it is refused, never allowed and then refused.
         try:
             start = self._movers(flow, upstream)
         except OSError as exc:
+            with self._lock:
+                self.active.discard(upstream)
             self._dial_failed(flow, exc)
             return
-        with self._lock:
-            self.active.add(upstream)
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
         flow.recorded = True
         with self._lock:
@@ -884,8 +903,7 @@ class ConnectionFilter:
         elif not flow.recorded:
             with self._lock:
                 self.stats["denied"] += 1
-            why = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
-            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, why)
+            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
 
     @staticmethod
     def _relaying(flow: _Flow) -> bool:
@@ -1168,16 +1186,20 @@ class ConnectionFilter:
         self.record(kind, {**event, **one_rule(verdict.decision, verdict.rule, verdict.text, verdict.pointer)})
 
     def refuse_over_limit(self, client: socket.socket, limit: int) -> None:
-        with self._lock:
-            self.stats["connections"] += 1
-        self._deny(
-            client,
-            {"connection": next(self._ids)},
-            Verdict("deny", "net.too_many_connections", f"the session already has {limit} open connections"),
+        self.refuse(
+            client, Verdict("deny", "net.too_many_connections", f"the session already has {limit} open connections")
         )
 
-    def shutdown_all(self) -> None:
+    def refuse(self, client: socket.socket, verdict: Verdict = _STOPPED) -> None:
+        """Refuse a connection no handler took (reset), counted and recorded as every refusal is."""
         with self._lock:
+            self.stats["connections"] += 1
+        self._deny(client, {"connection": next(self._ids)}, verdict)
+
+    def shutdown_all(self) -> None:
+        """The stop: connections taken from now on are refused; open ones are cut."""
+        with self._lock:
+            self.closing = True
             socks = list(self.active)
         for sock in socks:
             with contextlib.suppress(OSError):

@@ -277,7 +277,9 @@ class FilterServer:
                     self._refuse(conn, why)
                     return
                 assert self._loop is not None
-                self._loop.post(lambda: self._handle(conn))
+                if not self._loop.post(lambda: self._handle(conn)):
+                    self.handlers.add(-1)  # the loop ended meanwhile: refused here, recorded
+                    connections.refuse(conn)
                 return
             handling = self._admit(conn, connections, workers, lambda: self.tcp_dns(conn))
             if handling is not None:
@@ -346,7 +348,7 @@ class FilterServer:
         stop stops waiting for them). What ends it otherwise (a refusal that could not be recorded)
         ends serve() too."""
         try:
-            while not self._quitting and not (self._stopping and not connections.flows):
+            while not self._quitting and not (self._stopping and not connections.flows and not loop.pending()):
                 loop.run_once()
         except BaseException as exc:
             self._leader_failure = exc
@@ -355,6 +357,13 @@ class FilterServer:
         finally:
             self._stopped_leading.set()
             try:
+                connections.abandon()
+                # Work posted as the loop ended: a connection accepted then is refused and recorded
+                # (taken while closing), a step of one abandoned above does nothing.
+                connections.closing = True
+                for work in loop.close_posting():
+                    with contextlib.suppress(Exception):
+                        work()
                 connections.abandon()
                 loop.close()
             finally:

@@ -1,0 +1,173 @@
+"""The ends of the egress filter's connections at its stop: a connection accepted while the loop
+ends, WebSocket relays on pool threads, and a log that stalls the loop. Whatever was accepted ends
+with its records before net.summary (or is counted in it); nothing is relayed unrecorded.
+
+No namespace: the test's clients reach the filter's listener on loopback directly (see
+test_egress_loop.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enforcer.egress.loop import Loop
+
+from ..unit.test_egress_process import Setup, audit_records
+from .test_egress_loop import STALLED, WEB, Loopside, Upstream, loopside, records  # noqa: F401
+
+
+def kinds(setup: Setup) -> list[dict[str, Any]]:
+    setup.writer.sync()
+    return [r["payload"] | {"kind": r["intent"].removeprefix("adl.enforcer.")} for r in audit_records(setup.log)]
+
+
+def ended(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """Whether the filter closed (or reset) its side of `sock` within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_work_posted_to_a_closed_loop_is_refused_not_dropped() -> None:
+    loop = Loop(os.pipe2(os.O_CLOEXEC))
+    ran: list[int] = []
+    assert loop.post(lambda: ran.append(1))
+    loop.run_once()
+    assert ran == [1]
+    loop.close()
+    assert not loop.post(lambda: ran.append(2))
+    assert ran == [1]
+
+
+@pytest.mark.parametrize("ending", ["_stopping", "_quitting"])
+def test_a_connection_accepted_as_the_loop_ends_is_closed_and_recorded_before_the_summary(
+    schemas: Any, tmp_path: Path, ending: str
+) -> None:
+    """The first TCP connection starts the loop on a pool thread and is posted to it; the stop
+    comes before the loop ran what was posted (the loop sees it stopping with no connection of
+    its own, or told to quit, and ends). The connection is still closed, and recorded before
+    net.summary."""
+    setup = Setup(schemas, tmp_path)
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    try:
+        setattr(setup.server, ending, True)  # the launcher's stop, arriving as the loop starts
+        setup.server.accept(listener, "tcp")
+        summary = setup.server.stop({})
+        assert ended(client), "the connection was left open"
+        records = kinds(setup)
+        order = [r["kind"] for r in records]
+        assert "net.summary" in order
+        before = order[: order.index("net.summary")]
+        assert "net.connect" in before, order
+        assert summary["connections"]["connections"] == 1
+        assert summary["connections"]["denied"] + summary["connections"]["allowed"] == 1
+        assert setup.server.handlers.value == 0
+    finally:
+        client.close()
+        listener.close()
+        setup.close()
+
+
+def handshake(host: str) -> bytes:
+    return (
+        f"GET /chat HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+
+
+class Switching(Upstream):
+    """Answers a WebSocket handshake with 101, then echoes until the client's end."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        got = b""
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(30)
+            while b"\r\n\r\n" not in got:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                got += chunk
+            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            while chunk := conn.recv(4096):
+                conn.sendall(chunk)
+
+
+def after_summary(side: Loopside) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The session's records before net.summary, and those after it."""
+    written = records(side)
+    at = [r["kind"] for r in written].index("net.summary")
+    return written[:at], written[at + 1 :]
+
+
+def test_many_websockets_open_at_stop_are_closed_and_recorded_before_the_summary(
+    loopside: Loopside,  # noqa: F811
+) -> None:
+    """Twenty switched WebSocket relays, each on pool threads, open when the filter stops: each one
+    is cut, and its net.connect, net.upgrade and net.close are written before net.summary."""
+    switching = Switching()
+    setup = loopside.setup
+    setup.connections.resolver.zone[WEB] = [switching.address]  # type: ignore[attr-defined]
+    setup.workers.shutdown()
+    # Two pool threads a WebSocket (its handshake's and its way back's), as the filter's own pool allows.
+    setup.workers = setup.connections.workers = ThreadPoolExecutor(max_workers=2 * 20 + 8)
+    clients = []
+    try:
+        for _ in range(20):
+            client = loopside.connect(WEB)
+            client.sendall(handshake(WEB))
+            assert client.recv(4096).startswith(b"HTTP/1.1 101")
+            client.sendall(b"frame")
+            assert client.recv(16) == b"frame"
+            clients.append(client)
+        summary = loopside.stop()
+        before, after = after_summary(loopside)
+        assert after == []
+        closes = [r for r in before if r["kind"] == "net.close"]
+        # what moved after the switch (the handshake and its answer are in net.upgrade)
+        assert len(closes) == 20 and all((c["bytes_out"], c["bytes_in"]) == (5, 5) for c in closes), closes
+        assert len([r for r in before if r["kind"] == "net.upgrade"]) == 20
+        assert summary["connections"]["allowed"] == 20
+        assert all(ended(client) for client in clients)
+    finally:
+        for client in clients:
+            client.close()
+        switching.close()
+
+
+def test_a_websocket_still_dialling_at_stop_is_recorded_before_the_summary(loopside: Loopside) -> None:  # noqa: F811
+    """A WebSocket handshake whose server never completes the TCP handshake: its pool thread is in
+    the dial when the filter stops, and the stop's wait for it is shorter than the dial's limit. The
+    stop records it (refused: not decided) before net.summary, and the dial ending later records
+    nothing more."""
+    loopside.setup.connections.connect_timeout_s = 2.0
+    client = loopside.connect(STALLED)
+    try:
+        client.sendall(handshake(STALLED))
+        time.sleep(0.3)  # the pool thread is dialling
+        loopside.ours.send(b"stop {}")
+        loopside.serving.join(10)
+        started = time.monotonic()
+        summary = loopside.setup.server.stop(loopside.result["dropped"], wait_s=0.5)
+        assert time.monotonic() - started < 1.5
+        loopside.summary = summary
+        time.sleep(2.5)  # past the dial's limit: the pool thread has given up
+        before, after = after_summary(loopside)
+        assert after == [], after
+        [refused] = [r for r in before if r["kind"] == "net.connect"]
+        assert refused["decision"] == "deny" and refused["rules"] == ["net.filter_error"]
+        assert summary["connections"]["denied"] == 1 and summary["connections"]["unfinished"] == 0
+        assert ended(client)
+    finally:
+        client.close()
