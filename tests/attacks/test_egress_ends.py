@@ -167,7 +167,7 @@ def test_a_websocket_still_dialling_at_stop_is_recorded_before_the_summary(loops
         assert after == [], after
         [refused] = [r for r in before if r["kind"] == "net.connect"]
         assert refused["decision"] == "deny" and refused["rules"] == ["net.filter_error"]
-        assert summary["connections"]["denied"] == 1 and summary["connections"]["unfinished"] == 0
+        assert summary["connections"]["denied"] == 1 and summary["unfinished_connections"] == 0
         assert ended(client)
     finally:
         client.close()
