@@ -1042,8 +1042,7 @@ class ConnectionFilter:
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
             reset(client)
             with contextlib.suppress(Exception):
-                error = one_rule("deny", "net.filter_error", f"{type(exc).__name__}: {exc}")
-                self._write("net.connect", {"connection": conn_id, **error}, flow=flow, final=True)
+                self._pool_failed(flow, f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self.active.discard(client)
@@ -1056,6 +1055,31 @@ class ConnectionFilter:
                 if sock is not None:
                     sock.close()
             self.ended()
+
+    def _pool_failed(self, flow: _Flow, why: str) -> None:
+        """A pool thread's connection failed: refused, recorded and counted as _fail does on the loop
+        (one recorded allowed stays counted so, and gets its net.close with what it moved)."""
+        with self._owning(flow):
+            if not flow.recorded:
+                with self._lock:
+                    self.stats["denied"] += 1
+            event = {**flow.event, "connection": flow.conn_id}
+            relayed = flow.recorded and flow.verdict is not None
+            self._emit("net.connect", event, Verdict("deny", "net.filter_error", why), flow=flow, final=not relayed)
+            if relayed:
+                assert flow.verdict is not None
+                sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
+                self._record_close(
+                    flow.conn_id,
+                    flow.host,
+                    flow.port,
+                    flow.verdict,
+                    sent,
+                    received,
+                    flow.started,
+                    flow.requests[0],
+                    flow=flow,
+                )
 
     def _proxy_target(
         self, head: RequestHead | None, event: dict[str, Any]

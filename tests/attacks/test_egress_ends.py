@@ -218,3 +218,50 @@ def test_a_stalled_log_holds_the_loop_but_nothing_moves_unrecorded(loopside: Loo
         relaying.close()
         with contextlib.suppress(NameError):
             newcomer.close()
+
+
+def test_connections_arriving_during_the_stop_are_each_recorded_before_the_summary(
+    loopside: Loopside,  # noqa: F811
+) -> None:
+    """The agent keeps opening connections (plain, and WebSocket handshakes to a server that never
+    answers) while the filter stops: each one the filter took is closed and recorded before
+    net.summary, the summary counts exactly those, and nothing is written after it."""
+    silent = socket.create_server((loopside.upstream.address, 0))  # type: ignore[attr-defined]
+    loopside.setup.connections.resolver.zone[WEB] = [loopside.upstream.address]  # type: ignore[attr-defined]
+    opened: list[socket.socket] = []
+    going = threading.Event()
+    going.set()
+
+    def flood() -> None:
+        n = 0
+        while going.is_set():
+            with contextlib.suppress(OSError):
+                sock = loopside.connect(GOOD if n % 2 else WEB)
+                sock.sendall(b"PING\n" if n % 2 else handshake(WEB))
+                opened.append(sock)
+            n += 1
+
+    flooding = threading.Thread(target=flood)
+    flooding.start()
+    try:
+        time.sleep(0.3)
+        summary = loopside.stop()
+        going.clear()
+        flooding.join(10)
+        before, after = after_summary(loopside)
+        assert after == []
+        connects = [r for r in before if r["kind"] == "net.connect"]
+        ids = {r["connection"] for r in connects}
+        counted = summary["connections"]
+        assert counted["connections"] == len(ids) == counted["allowed"] + counted["denied"], (counted, len(ids))
+        allowed = {r["connection"] for r in connects if r["decision"] == "allow"}
+        closed = {r["connection"] for r in before if r["kind"] == "net.close"}
+        assert allowed == closed
+        assert summary["unfinished_connections"] == 0 and loopside.setup.server.handlers.value == 0
+        assert len(opened) > 10
+    finally:
+        going.clear()
+        flooding.join(10)
+        for sock in opened:
+            sock.close()
+        silent.close()
