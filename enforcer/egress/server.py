@@ -504,7 +504,8 @@ class FilterServer:
             dns_stats = dict(self.dns_stats)
         summary = {
             "connections": dict(self.connections.stats) if self.connections is not None else dict(NO_CONNECTIONS),
-            # recorded neither by their handler nor by the stop in its place: their records are missing
+            # whose records were still being written when the stop stopped waiting (a stalled log):
+            # written before this summary, if at all
             "unfinished_connections": unfinished,
             "dns": dns_stats,
             "dropped_packets": dropped,

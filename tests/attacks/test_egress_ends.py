@@ -265,3 +265,45 @@ def test_connections_arriving_during_the_stop_are_each_recorded_before_the_summa
         for sock in opened:
             sock.close()
         silent.close()
+
+
+def test_a_log_stalled_at_the_stop_leaves_no_record_after_the_summary(loopside: Loopside) -> None:  # noqa: F811
+    """WebSocket relays and a relayed connection open when the filter stops, with the log's append
+    lease held by another writer past the stop's waits: the stop goes on once the lease is back,
+    and every allowed connection has its net.close before net.summary or is counted unfinished in
+    it; nothing is written after it."""
+    switching = Switching()
+    loopside.setup.connections.resolver.zone[WEB] = [switching.address]  # type: ignore[attr-defined]
+    clients = []
+    lease = os.open(loopside.setup.log / APPEND_LOCK, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(3):
+            client = loopside.connect(WEB)
+            client.sendall(handshake(WEB))
+            assert client.recv(4096).startswith(b"HTTP/1.1 101")
+            clients.append(client)
+        plain = loopside.connect(GOOD)
+        clients.append(plain)
+        assert ping(plain) == b"PONG\n"
+        loopside.setup.writer.sync()
+        fcntl.flock(lease, fcntl.LOCK_EX)
+        threading.Timer(1.5, fcntl.flock, (lease, fcntl.LOCK_UN)).start()
+        loopside.ours.send(b"stop {}")
+        loopside.serving.join(10)
+        summary = loopside.setup.server.stop(loopside.result["dropped"], wait_s=0.3)
+        loopside.summary = summary
+        time.sleep(0.5)  # a thread that was still writing has written by now
+        before, after = after_summary(loopside)
+        assert after == []
+        allowed = {r["connection"] for r in before if r["kind"] == "net.connect" and r["decision"] == "allow"}
+        closed = {r["connection"] for r in before if r["kind"] == "net.close"}
+        assert len(allowed) == 4 and closed <= allowed
+        assert len(allowed - closed) <= summary["unfinished_connections"], (allowed, closed, summary)
+        assert all(ended(client) for client in clients)
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(lease, fcntl.LOCK_UN)
+        os.close(lease)
+        for client in clients:
+            client.close()
+        switching.close()
