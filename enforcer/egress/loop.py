@@ -169,10 +169,13 @@ class Loop:
             timer.callback()
 
     def _woken(self) -> None:
-        self._poked.clear()
+        # Drained before the flag is cleared: a poke whose byte is drained here and that set the
+        # flag again would otherwise leave it set with the pipe empty, and every later poke (the
+        # stop's among them) would take the flag for a pending wake and write nothing.
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake[0], 4096):
                 pass
+        self._poked.clear()
         while self._posted:
             self._posted.popleft()()
         self.on_wake()

@@ -307,3 +307,37 @@ def test_a_log_stalled_at_the_stop_leaves_no_record_after_the_summary(loopside: 
         for client in clients:
             client.close()
         switching.close()
+
+
+def test_a_wake_that_comes_while_the_loop_reads_its_wakes_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread pokes the loop just as the loop empties its wake pipe: the byte is read in the
+    same drain. The loop must not be left believing a wake is pending with an empty pipe, or every
+    later poke (the stop's among them) writes nothing and the loop sleeps for good."""
+    loop = Loop(os.pipe2(os.O_CLOEXEC))
+    read = os.read
+    poked_during_drain: list[int] = []
+
+    def reading(fd: int, size: int) -> bytes:
+        if fd == loop._wake[0] and not poked_during_drain:
+            poked_during_drain.append(1)
+            loop.poke()  # another thread's, at this moment
+        return read(fd, size)
+
+    ran: list[int] = []
+    try:
+        loop.poke()
+        monkeypatch.setattr(os, "read", reading)
+        loop.run_once()  # the wake: its drain reads both pokes' bytes
+        monkeypatch.undo()
+        assert poked_during_drain
+        loop.post(lambda: ran.append(1))
+        running = threading.Thread(target=loop.run_once, daemon=True)
+        running.start()
+        running.join(2)
+        assert ran == [1], "the posted work never ran: its wake was lost"
+    finally:
+        if not ran:
+            loop._poked.clear()
+            loop.poke()  # free the waiting thread before the loop is closed
+            running.join(2)
+        loop.close()
