@@ -800,24 +800,6 @@ class ConnectionFilter:
         flow: _Flow | None = None,
     ) -> None:
         """A connection's `net.close`, its bytes added to the counters."""
-        with self._owning(flow):
-            with self._lock:
-                self.stats["bytes_out"] += sent
-                self.stats["bytes_in"] += received
-            self._close_record(conn_id, host, port, verdict, sent, received, started, requests, flow)
-
-    def _close_record(
-        self,
-        conn_id: int,
-        host: str | None,
-        port: int,
-        verdict: Verdict,
-        sent: int,
-        received: int,
-        started: float,
-        requests: int,
-        flow: _Flow | None,
-    ) -> None:
         closing: dict[str, Any] = {
             "connection": conn_id,
             "host": host,
@@ -829,7 +811,11 @@ class ConnectionFilter:
         }
         if requests:
             closing["requests"] = requests
-        self._write("net.close", closing, flow=flow, final=True)
+        with self._owning(flow):  # counted and written together, or neither (the stop took it over)
+            with self._lock:
+                self.stats["bytes_out"] += sent
+                self.stats["bytes_in"] += received
+            self._write("net.close", closing, flow=flow, final=True)
 
     def _refuse_here(self, flow: _Flow, verdict: Verdict, *, http: bool | None = None) -> None:
         """Refused on the loop: audited, then a plain-HTTP client (or one that asked us as its proxy)
