@@ -105,6 +105,7 @@ class Learner:
             f"{len(result.added_commands)} command(s), {len(result.added_hosts)} host(s) added "
             f"({seen.events} file events observed{', queue OVERFLOWED: incomplete' if seen.overflowed else ''}"
             f"{', forks not tracked: processes that ended at once may be missing' if seen.forks_untracked else ''}"
+            f"{f', {seen.forks_forgotten} fork links FORGOTTEN: incomplete' if seen.forks_forgotten else ''}"
             f"{', TRUNCATED (the observer kept what its bounds allow): incomplete' if seen.truncated else ''})",
             file=sys.stderr,
         )
@@ -122,10 +123,19 @@ class Learner:
             "overflowed": seen.overflowed,
             "forks_untracked": seen.forks_untracked,
             "truncated": seen.truncated,
+            "forks_forgotten": seen.forks_forgotten,
+            # every one, where the notes name the first CROWDED_NOTES: the agent chooses how many there
+            # are (at most MAX_PATHS / MAX_NAMES_PER_DIRECTORY, each directory's names counting)
+            "crowded_directories": crowded_directories(seen),
         }
 
 
 CROWDED_NOTES = 20  # the crowded directories named one by one; the others are counted
+
+
+def crowded_directories(seen: fanotify.Observed) -> list[str]:
+    """Every crowded directory, by name, for the record."""
+    return [escape_non_utf8(directory) for directory in sorted(seen.crowded)]
 
 
 def bounded_notes(seen: fanotify.Observed) -> list[str]:
@@ -139,12 +149,21 @@ def bounded_notes(seen: fanotify.Observed) -> list[str]:
             "commands and names in a directory learn does not grant as a whole may be missing)"
         )
     if len(crowded) > CROWDED_NOTES:
-        notes.append(f"{len(crowded) - CROWDED_NOTES} more directories had more names than were kept")
+        notes.append(
+            f"{len(crowded) - CROWDED_NOTES} more crowded directories are not named here (of {len(crowded)}: "
+            "all are in the learn.result record's crowded_directories)"
+        )
     if seen.truncated:
         notes.append(
             f"TRUNCATED: the run touched more than {fanotify.MAX_PATHS} distinct paths (or "
             f"{fanotify.MAX_PATH_CHARACTERS} characters of them); the rest were not kept and the learned policy "
             "is incomplete"
+        )
+    if seen.forks_forgotten:
+        notes.append(
+            f"FORKS FORGOTTEN: {seen.forks_forgotten} fork links were dropped when the observer's table was "
+            f"full ({fanotify.MAX_FORK_LINKS}); what a process gone before its events were read touched may be "
+            "missing and the learned policy incomplete"
         )
     return notes
 

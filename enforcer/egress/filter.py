@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +32,7 @@ from ..policy import Decision, NetworkConnect, Policy, decide
 from ..policy.patterns import PatternError, normalize_host
 from .dns import IPAddress, ResolveError, SyntheticAddresses, UpstreamResolver, host_allowed
 from .loop import Loop, Timer
-from .relay import Relay, Way, end_both, relay, relay_here
+from .relay import Relay, Way, end_both, relay, run_relay
 from .sniff import (
     MAX_HTTP_HEAD,
     Malformed,
@@ -72,6 +72,9 @@ class Verdict:
     text: str
     address: IPAddress | None = None
     pointer: str = ""
+
+
+_STOPPED = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
 
 
 def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
@@ -132,6 +135,8 @@ class _Flow:
         "farewell",
         "host",
         "late",
+        "lock",
+        "moved",
         "name",
         "out",
         "patient",
@@ -140,8 +145,10 @@ class _Flow:
         "recorded",
         "refused",
         "relay",
+        "requests",
         "sniffed",
         "started",
+        "taken",
         "target",
         "timer",
         "upstream",
@@ -178,6 +185,16 @@ class _Flow:
         self.late: Sniffed | None = None
         self.recorded = False  # its net.connect is written
         self.done = False
+        # On a pool thread: its records are written under `lock`; `taken` once its last one is (by
+        # the thread, or by the stop in its place); bytes each way and requests as they move.
+        self.lock: threading.RLock | None = None
+        self.taken = False
+        self.moved = [0, 0]
+        self.requests = [0]
+
+
+class _TakenOver(Exception):
+    """The stop recorded a pool thread's connection in its place: the thread records nothing more."""
 
 
 class ConnectionFilter:
@@ -214,6 +231,8 @@ class ConnectionFilter:
         self.loop: Loop | None = None
         self.ended: Callable[[], None] = _nothing
         self.flows: set[_Flow] = set()
+        self.handed: set[_Flow] = set()  # on pool threads (under _lock)
+        self.closing = False  # stopping: a connection taken from now on is refused
         self.stats = {"connections": 0, "allowed": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0}
 
     # -- per connection, on the loop
@@ -236,6 +255,11 @@ class ConnectionFilter:
             self.stats["connections"] += 1
             self.active.add(client)
         self.flows.add(flow)
+        if self.closing:
+            # Accepted before the stop, taken after it: refused before anything of it moves.
+            flow.event = {"connection": flow.conn_id}
+            self._step(flow, self._refuse_here, _STOPPED)
+            return
         self._step(flow, self._begin)
 
     def _step(self, flow: _Flow, step: Callable[..., None], *args: Any) -> None:
@@ -534,15 +558,25 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
+        with self._lock:
+            stopped = self.closing
+            if not stopped:
+                self.active.add(upstream)  # from here the stop cuts it
+        if stopped:  # the stop came during the dial: nothing of it moves
+            self._forget(flow, upstream.fileno())
+            upstream.close()
+            flow.upstream = None
+            self._refuse_here(flow, _STOPPED)
+            return
         # What relays it (its pipes) is made before the connection is recorded as allowed: without
         # a descriptor for them it is refused, never allowed and then refused.
         try:
             start = self._movers(flow, upstream)
         except OSError as exc:
+            with self._lock:
+                self.active.discard(upstream)
             self._dial_failed(flow, exc)
             return
-        with self._lock:
-            self.active.add(upstream)
         self._emit("net.connect", flow.event, flow.verdict)  # audited before a byte moves
         flow.recorded = True
         with self._lock:
@@ -762,11 +796,10 @@ class ConnectionFilter:
         received: int,
         started: float,
         requests: int = 0,
+        *,
+        flow: _Flow | None = None,
     ) -> None:
         """A connection's `net.close`, its bytes added to the counters."""
-        with self._lock:
-            self.stats["bytes_out"] += sent
-            self.stats["bytes_in"] += received
         closing: dict[str, Any] = {
             "connection": conn_id,
             "host": host,
@@ -778,7 +811,11 @@ class ConnectionFilter:
         }
         if requests:
             closing["requests"] = requests
-        self.record("net.close", closing)
+        with self._owning(flow):  # counted and written together, or neither (the stop took it over)
+            with self._lock:
+                self.stats["bytes_out"] += sent
+                self.stats["bytes_in"] += received
+            self._write("net.close", closing, flow=flow, final=True)
 
     def _refuse_here(self, flow: _Flow, verdict: Verdict, *, http: bool | None = None) -> None:
         """Refused on the loop: audited, then a plain-HTTP client (or one that asked us as its proxy)
@@ -850,9 +887,15 @@ class ConnectionFilter:
         flow.timer = None
         self._forget(flow, flow.client.fileno())
         flow.client.setblocking(True)  # blocking for good: see stream.py
+        flow.lock = threading.RLock()
+        with self._lock:
+            self.handed.add(flow)
         try:
             self.workers.submit(self._handle_blocking, flow)
         except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
+            with self._lock:
+                self.handed.discard(flow)
+            flow.lock = None
             self._fail(flow, f"no thread to handle the connection: {exc}")
             return
         flow.done = True  # the pool thread's from here on
@@ -884,8 +927,7 @@ class ConnectionFilter:
         elif not flow.recorded:
             with self._lock:
                 self.stats["denied"] += 1
-            why = Verdict("deny", "net.filter_error", "the filter stopped before the connection was decided")
-            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, why)
+            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
 
     @staticmethod
     def _relaying(flow: _Flow) -> bool:
@@ -905,6 +947,9 @@ class ConnectionFilter:
     # -- per connection, on a pool thread
 
     def _handle_blocking(self, flow: _Flow) -> None:
+        """A WebSocket handshake's connection, on a pool thread from its decision to its end. Its
+        records go through _owning(flow): once the stop has recorded it in the thread's place
+        (end_handed), the thread only closes it."""
         client, reader, event = flow.client, flow.reader, flow.event
         conn_id, started, port, target = flow.conn_id, flow.started, flow.port, flow.target
         assert target is not None
@@ -912,34 +957,38 @@ class ConnectionFilter:
         try:
             assert flow.sniffed is not None
             host, name, sniffed = flow.host, flow.name, flow.sniffed
+            http = sniffed.protocol == "http"
             protocol = protocol_name(sniffed, port)
             event["protocol"] = protocol
             _record_names(event, sniffed)
             verdict = self._verdict(host, name, port, protocol, sniffed, target)
             if verdict.address is not None:
                 event["address"] = str(verdict.address)
-            if verdict.decision == "deny":
-                self._deny(client, event, verdict, http=sniffed.protocol == "http")
+            if verdict.decision == "deny" or self.closing:
+                self._deny(client, event, verdict if verdict.decision == "deny" else _STOPPED, http=http, flow=flow)
                 return
             assert verdict.address is not None
             try:
                 upstream = dial(verdict.address, port, self.connect_timeout_s)
             except OSError as exc:
-                self._deny(
-                    client,
-                    event,
-                    Verdict("deny", "net.dial_failed", f"{verdict.address} port {port}: {exc}"),
-                    http=sniffed.protocol == "http",
-                )
+                why = Verdict("deny", "net.dial_failed", f"{verdict.address} port {port}: {exc}")
+                self._deny(client, event, why, http=http, flow=flow)
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
             with self._lock:
-                self.active.add(upstream)
-            self._emit("net.connect", event, verdict)  # audited before a byte moves
-            with self._lock:
-                self.stats["allowed"] += 1
-            requests = [0]
+                stopped = self.closing
+                if not stopped:
+                    self.active.add(upstream)  # from here the stop cuts it
+            if stopped:  # the stop came during the dial: nothing of it moves
+                self._deny(client, event, _STOPPED, http=http, flow=flow)
+                return
+            flow.upstream, flow.verdict = upstream, verdict
+            with self._owning(flow):
+                self._emit("net.connect", event, verdict, flow=flow)  # audited before a byte moves
+                flow.recorded = True
+                with self._lock:
+                    self.stats["allowed"] += 1
             refused: list[Verdict] = []
             if sniffed.head is not None and is_websocket(sniffed.head):
                 # The one protocol switch the filter follows, and only as a connection's first request:
@@ -947,40 +996,76 @@ class ConnectionFilter:
                 reader.take(sniffed.head.size)
                 blocking_sends(upstream)
                 upstream.sendall(sniffed.head.canonical)
-                requests[0] = 1
+                flow.requests[0] = 1
                 switched = _await_switch(upstream, client, self.switch_timeout_s)
                 event_switch = {"connection": conn_id, "host": host, "port": port, "switched": switched}
-                self.record("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"})
+                self._write("net.upgrade", {**event_switch, "decision": "allow", "protocol": "ws"}, flow=flow)
                 sniffed = Sniffed("tcp") if switched else Sniffed("http", head=None)
 
             if not sniffed.silent and sniffed.head is None and sniffed.protocol != "http":
                 # A ClientHello, or opaque bytes, checked whole: every later byte is spliced, both
                 # ways on this thread (which makes both sockets non-blocking).
-                sent, received = relay_here(client, upstream, reader.take(len(reader.buffer)))
+                first = reader.take(len(reader.buffer))
+                try:
+                    flow.relay = Relay(client, upstream, first)
+                except OSError:  # no pipe to be had: ended with nothing moved, as it is recorded
+                    end_both(client, upstream)
+                    sent, received = 0, 0
+                else:
+                    sent, received = run_relay(flow.relay)
             else:
 
                 def outbound() -> int:
-                    return self._client_side(reader, upstream, host, name, event, requests, refused)
+                    return self._client_side(reader, upstream, host, name, event, flow.requests, refused, flow)
 
                 blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
-                sent, received = relay(client, upstream, self.workers, outbound)
+                sent, received = relay(client, upstream, self.workers, outbound, flow.moved)
             if refused:
                 reset(client)  # earlier responses may still be in flight: no answer can follow them
-            self._record_close(conn_id, host, port, verdict, sent, received, started, requests[0])
+            self._record_close(conn_id, host, port, verdict, sent, received, started, flow.requests[0], flow=flow)
+        except _TakenOver:
+            reset(client)  # recorded by the stop, which cut it
         except Exception as exc:  # a bug or an I/O error: the connection is refused, and that is audited
             reset(client)
             with contextlib.suppress(Exception):
-                error = one_rule("deny", "net.filter_error", f"{type(exc).__name__}: {exc}")
-                self.record("net.connect", {"connection": conn_id, **error})
+                self._pool_failed(flow, f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
                 self.active.discard(client)
                 if upstream is not None:
                     self.active.discard(upstream)
+                self.handed.discard(flow)
+            if flow.relay is not None:
+                flow.relay.close()
             for sock in (client, upstream):
                 if sock is not None:
                     sock.close()
             self.ended()
+
+    def _pool_failed(self, flow: _Flow, why: str) -> None:
+        """A pool thread's connection failed: refused, recorded and counted as _fail does on the loop
+        (one recorded allowed stays counted so, and gets its net.close with what it moved)."""
+        with self._owning(flow):
+            if not flow.recorded:
+                with self._lock:
+                    self.stats["denied"] += 1
+            event = {**flow.event, "connection": flow.conn_id}
+            relayed = flow.recorded and flow.verdict is not None
+            self._emit("net.connect", event, Verdict("deny", "net.filter_error", why), flow=flow, final=not relayed)
+            if relayed:
+                assert flow.verdict is not None
+                sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
+                self._record_close(
+                    flow.conn_id,
+                    flow.host,
+                    flow.port,
+                    flow.verdict,
+                    sent,
+                    received,
+                    flow.started,
+                    flow.requests[0],
+                    flow=flow,
+                )
 
     def _proxy_target(
         self, head: RequestHead | None, event: dict[str, Any]
@@ -1022,10 +1107,11 @@ class ConnectionFilter:
         event: dict[str, Any],
         count: list[int],
         refused: list[Verdict],
+        flow: _Flow | None = None,
     ) -> int:
         """Move the agent's bytes upstream after a WebSocket handshake the server did not switch:
         HTTP requests again, head by head; returns how many bytes."""
-        return self._requests(reader, upstream, None, host, name, event, count, refused)
+        return self._requests(reader, upstream, None, host, name, event, count, refused, flow)
 
     def _refuse_later(
         self,
@@ -1036,6 +1122,7 @@ class ConnectionFilter:
         verdict: Verdict,
         refused: list[Verdict],
         request: int,
+        flow: _Flow | None = None,
     ) -> None:
         """A refusal after the connection was allowed: audited with the names the bytes carried, then
         both sides are cut (responses to earlier requests may be in flight: no answer can follow)."""
@@ -1044,14 +1131,17 @@ class ConnectionFilter:
         }
         denial.update(protocol=sniffed.protocol, request=request, address=event.get("address"))
         _record_names(denial, sniffed)
-        with self._lock:
-            self.stats["denied"] += 1
-        refused.append(verdict)
-        self._emit("net.connect", denial, verdict)
-        with contextlib.suppress(OSError):
-            reader.sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            upstream.shutdown(socket.SHUT_RDWR)
+        try:
+            with self._owning(flow):
+                with self._lock:
+                    self.stats["denied"] += 1
+                refused.append(verdict)
+                self._emit("net.connect", denial, verdict, flow=flow)
+        finally:
+            with contextlib.suppress(OSError):
+                reader.sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_RDWR)
 
     def _requests(
         self,
@@ -1063,6 +1153,7 @@ class ConnectionFilter:
         event: dict[str, Any],
         count: list[int],
         refused: list[Verdict],
+        flow: _Flow | None = None,
     ) -> int:
         """Move a plain-HTTP connection's requests: each head is read whole, checked like the first
         and forwarded re-serialised; bodies are forwarded as their heads frame them. A refused head
@@ -1082,7 +1173,14 @@ class ConnectionFilter:
             except Malformed as exc:
                 bad = Sniffed("http", names=claimed_hosts(bytes(reader.buffer)))
                 self._refuse_later(
-                    reader, upstream, event, bad, Verdict("deny", "net.unreadable", str(exc)), refused, count[0] + 1
+                    reader,
+                    upstream,
+                    event,
+                    bad,
+                    Verdict("deny", "net.unreadable", str(exc)),
+                    refused,
+                    count[0] + 1,
+                    flow,
                 )
                 return sent
             if following is None:
@@ -1091,7 +1189,7 @@ class ConnectionFilter:
             verdict = _request_problem(following, host, name, first=False)
             if verdict is not None:
                 self._refuse_later(
-                    reader, upstream, event, Sniffed("http", head=following), verdict, refused, count[0] + 1
+                    reader, upstream, event, Sniffed("http", head=following), verdict, refused, count[0] + 1, flow
                 )
                 return sent
             head = following
@@ -1152,11 +1250,20 @@ class ConnectionFilter:
         assert first_denial is not None
         return first_denial
 
-    def _deny(self, client: socket.socket, event: dict[str, Any], verdict: Verdict, *, http: bool = False) -> None:
-        with self._lock:
-            self.stats["denied"] += 1
+    def _deny(
+        self,
+        client: socket.socket,
+        event: dict[str, Any],
+        verdict: Verdict,
+        *,
+        http: bool = False,
+        flow: _Flow | None = None,
+    ) -> None:
         try:
-            self._emit("net.connect", event, verdict)
+            with self._owning(flow):
+                with self._lock:
+                    self.stats["denied"] += 1
+                self._emit("net.connect", event, verdict, flow=flow, final=True)
         finally:
             if http:
                 _http_refusal(client, verdict)
@@ -1164,20 +1271,86 @@ class ConnectionFilter:
             else:
                 reset(client)
 
-    def _emit(self, kind: str, event: dict[str, Any], verdict: Verdict) -> None:
-        self.record(kind, {**event, **one_rule(verdict.decision, verdict.rule, verdict.text, verdict.pointer)})
+    def _emit(
+        self, kind: str, event: dict[str, Any], verdict: Verdict, *, flow: _Flow | None = None, final: bool = False
+    ) -> None:
+        payload = {**event, **one_rule(verdict.decision, verdict.rule, verdict.text, verdict.pointer)}
+        self._write(kind, payload, flow=flow, final=final)
+
+    def _write(self, kind: str, payload: dict[str, Any], *, flow: _Flow | None = None, final: bool = False) -> None:
+        """Write a record; one of a pool thread's connection (`flow`) only while the stop has not
+        recorded that connection in its place (else _TakenOver). `final`: its last record."""
+        with self._owning(flow):
+            self.record(kind, payload)
+            if final and flow is not None and flow.lock is not None:
+                flow.taken = True
+
+    @contextlib.contextmanager
+    def _owning(self, flow: _Flow | None) -> Iterator[None]:
+        """Held while a pool thread counts and records its connection: _TakenOver once the stop
+        has recorded it in the thread's place."""
+        if flow is None or flow.lock is None:
+            yield
+            return
+        with flow.lock:
+            if flow.taken:
+                raise _TakenOver
+            yield
+
+    def end_handed(self, timeout: float) -> int:
+        """The stop, once it has waited for the pool threads: each connection of theirs not over yet
+        is cut and recorded here (net.close with what it moved so far; refused when it was not
+        decided), and its thread records nothing more. Returns how many could not be: a record of
+        theirs still being written after `timeout`, or one of these that could not be written."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            handed = list(self.handed)
+        unfinished = 0
+        for flow in handed:
+            assert flow.lock is not None
+            if not flow.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                unfinished += 1
+                continue
+            try:
+                if flow.taken:
+                    continue
+                flow.taken = True
+                recorded, verdict = flow.recorded, flow.verdict
+            finally:
+                flow.lock.release()
+            for sock in (flow.client, flow.upstream):
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+            try:
+                if recorded and verdict is not None:
+                    sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
+                    self._record_close(
+                        flow.conn_id, flow.host, flow.port, verdict, sent, received, flow.started, flow.requests[0]
+                    )
+                else:
+                    with self._lock:
+                        self.stats["denied"] += 1
+                    self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
+            except Exception:
+                unfinished += 1
+        return unfinished
 
     def refuse_over_limit(self, client: socket.socket, limit: int) -> None:
-        with self._lock:
-            self.stats["connections"] += 1
-        self._deny(
-            client,
-            {"connection": next(self._ids)},
-            Verdict("deny", "net.too_many_connections", f"the session already has {limit} open connections"),
+        self.refuse(
+            client, Verdict("deny", "net.too_many_connections", f"the session already has {limit} open connections")
         )
 
-    def shutdown_all(self) -> None:
+    def refuse(self, client: socket.socket, verdict: Verdict = _STOPPED) -> None:
+        """Refuse a connection no handler took (reset), counted and recorded as every refusal is."""
         with self._lock:
+            self.stats["connections"] += 1
+        self._deny(client, {"connection": next(self._ids)}, verdict)
+
+    def shutdown_all(self) -> None:
+        """The stop: connections taken from now on are refused; open ones are cut."""
+        with self._lock:
+            self.closing = True
             socks = list(self.active)
         for sock in socks:
             with contextlib.suppress(OSError):

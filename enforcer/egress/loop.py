@@ -52,6 +52,7 @@ class Loop:
         self._poked = threading.Event()  # a byte is in the wake pipe, not yet read
         self._gate = threading.Lock()  # a poke never writes to the pipe's numbers once they are closed
         self._closed = False
+        self._posting_closed = False
         self._closed_in_batch: set[int] = set()
         self.on_wake: Callable[[], None] = lambda: None  # after posted work, at each wake
         self._epoll.register(wake[0], select.EPOLLIN)
@@ -104,10 +105,27 @@ class Loop:
 
     # -- from other threads
 
-    def post(self, callback: Callable[[], None]) -> None:
-        """Run `callback` on the loop's thread soon (thread-safe)."""
-        self._posted.append(callback)
+    def post(self, callback: Callable[[], None]) -> bool:
+        """Run `callback` on the loop's thread soon (thread-safe). False: the loop has ended, or is
+        ending (close_posting()), and will not run it; what it was to do is the caller's."""
+        with self._gate:
+            if self._closed or self._posting_closed:
+                return False
+            self._posted.append(callback)
         self.poke()
+        return True
+
+    def pending(self) -> bool:
+        """Whether work was posted and has not run yet."""
+        return bool(self._posted)
+
+    def close_posting(self) -> list[Callable[[], None]]:
+        """Take no more posted work; return what was posted and never ran (the loop is ending)."""
+        with self._gate:
+            self._posting_closed = True
+            left = list(self._posted)
+            self._posted.clear()
+        return left
 
     def poke(self) -> None:
         """Wake the loop (thread-safe): it runs posted work and `on_wake`."""
@@ -151,10 +169,13 @@ class Loop:
             timer.callback()
 
     def _woken(self) -> None:
-        self._poked.clear()
+        # Drained before the flag is cleared: a poke whose byte is drained here and that set the
+        # flag again would otherwise leave it set with the pipe empty, and every later poke (the
+        # stop's among them) would take the flag for a pending wake and write nothing.
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake[0], 4096):
                 pass
+        self._poked.clear()
         while self._posted:
             self._posted.popleft()()
         self.on_wake()

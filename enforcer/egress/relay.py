@@ -78,12 +78,17 @@ def splice_exact(src: socket.socket, dst: socket.socket, size: int) -> int:
 
 
 def relay(
-    client: socket.socket, upstream: socket.socket, workers: Executor, outbound: Callable[[], int]
+    client: socket.socket,
+    upstream: socket.socket,
+    workers: Executor,
+    outbound: Callable[[], int],
+    counts: list[int] | None = None,
 ) -> tuple[int, int]:
     """Relay until both directions are done (the way back on a worker thread). `outbound` moves the
     agent's bytes itself (plain HTTP: every request head is read and checked) and returns how many
-    it sent. Returns (bytes agent -> upstream, upstream -> agent)."""
-    counts = [0, 0]
+    it sent. Returns (bytes agent -> upstream, upstream -> agent); `counts`, when given, holds them
+    as they move (the way back's at each splice, the agent's once `outbound` returns)."""
+    counts = counts if counts is not None else [0, 0]
     for sock in (client, upstream):
         sock.settimeout(None)
     back = workers.submit(_pump, upstream, client, counts, 1)
@@ -288,9 +293,22 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
     poll(2), and a step only for the direction whose socket is ready; splice through a pipe per
     direction. `first`: the agent's bytes already read and checked, sent before anything else.
     Returns (bytes agent -> upstream, upstream -> agent)."""
-    relayed: Relay | None = None
     try:
         relayed = Relay(client, upstream, first)
+    except OSError:
+        _end_both(client, upstream)
+        return 0, 0
+    try:
+        return run_relay(relayed)
+    finally:
+        relayed.close()
+
+
+def run_relay(relayed: Relay) -> tuple[int, int]:
+    """Step `relayed` on the calling thread until both directions are done (relay_here's loop; its
+    pipes are the caller's to close). Its `moved` shows the bytes as they move."""
+    client, upstream = relayed.client, relayed.upstream
+    try:
         poller = select.poll()
         registered: dict[int, int] = {}
         ready: set[int] | None = None
@@ -308,10 +326,7 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
             ready = {fd for fd, _ in poller.poll()}
     except OSError:
         _end_both(client, upstream)  # one side reset, as _pump does
-    finally:
-        if relayed is not None:
-            relayed.close()
-    return relayed.moved if relayed is not None else (0, 0)
+    return relayed.moved
 
 
 def end_both(client: socket.socket, upstream: socket.socket) -> None:

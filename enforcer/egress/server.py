@@ -49,6 +49,9 @@ MAX_DETAILED_DENIALS = 1000
 MAX_PENDING_QUERIES = 256  # DNS queries waiting for an answer; more are dropped (clients retry)
 # Accepting, when the process is out of descriptors or memory: the pause before trying again.
 ACCEPT_BACKOFF_S = 0.05
+# The stop's wait for each of: the loop to accept no more, the connections' handlers, the pool
+# threads' records, the loop's end.
+STOP_WAIT_S = 5.0
 ACCEPT_BATCH = 64  # connections the loop accepts at one wake before it serves the others' events
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # A session's connection totals before its first connection (ConnectionFilter.stats starts so).
@@ -121,8 +124,16 @@ class Recorder:
     _denials: int = 0
     _counted: Tally[str] = field(default_factory=Tally)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _sealed: bool = False
+
+    def seal(self) -> None:
+        """The summary is written: every later record is refused (AuditUnavailable), so what would
+        have been recorded after it is denied instead."""
+        self._sealed = True
 
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
+        if self._sealed:
+            raise AuditUnavailable(f"{kind} after the session's net.summary")
         high = payload.get("decision") == "deny"
         if high and kind != "net.summary":
             with self._lock:
@@ -277,7 +288,9 @@ class FilterServer:
                     self._refuse(conn, why)
                     return
                 assert self._loop is not None
-                self._loop.post(lambda: self._handle(conn))
+                if not self._loop.post(lambda: self._handle(conn)):
+                    self.handlers.add(-1)  # the loop ended meanwhile: refused here, recorded
+                    connections.refuse(conn)
                 return
             handling = self._admit(conn, connections, workers, lambda: self.tcp_dns(conn))
             if handling is not None:
@@ -346,7 +359,7 @@ class FilterServer:
         stop stops waiting for them). What ends it otherwise (a refusal that could not be recorded)
         ends serve() too."""
         try:
-            while not self._quitting and not (self._stopping and not connections.flows):
+            while not self._quitting and not (self._stopping and not connections.flows and not loop.pending()):
                 loop.run_once()
         except BaseException as exc:
             self._leader_failure = exc
@@ -355,6 +368,13 @@ class FilterServer:
         finally:
             self._stopped_leading.set()
             try:
+                connections.abandon()
+                # Work posted as the loop ended: a connection accepted then is refused and recorded
+                # (taken while closing), a step of one abandoned above does nothing.
+                connections.closing = True
+                for work in loop.close_posting():
+                    with contextlib.suppress(Exception):
+                        work()
                 connections.abandon()
                 loop.close()
             finally:
@@ -458,16 +478,24 @@ class FilterServer:
                                 selector.unregister(listener)
         return dropped
 
-    def stop(self, dropped: dict[str, Any]) -> dict[str, Any]:
-        """Cut open connections, wait briefly for their handlers, and record the session's summary."""
-        self._stop_leading()
+    def stop(self, dropped: dict[str, Any], wait_s: float = STOP_WAIT_S) -> dict[str, Any]:
+        """Cut open connections, wait briefly (`wait_s`, a few times) for their handlers, and record
+        the session's summary. Every connection is recorded before it: those still on a pool thread
+        then are recorded here in its place; one that cannot be (a record of its own is stuck in
+        the log) is counted in the summary (`unfinished_connections`). Nothing is recorded after it."""
+        self._stop_leading(wait_s)
         if self.connections is not None:
             self.connections.shutdown_all()
-        self.handlers.wait_zero(timeout=5)
+        self.handlers.wait_zero(timeout=wait_s)
+        unfinished = 0
+        if self.connections is not None:
+            unfinished += self.connections.end_handed(timeout=wait_s)
         if self._loop is not None:
             self._quitting = True
             self._loop.poke()
-            self._loop_ended.wait(timeout=5)  # what it ends is recorded and counted before the summary
+            # what it ends is recorded and counted before the summary
+            if not self._loop_ended.wait(timeout=wait_s) and self.connections is not None:
+                unfinished += len(self.connections.flows)
         if self.workers is not None:
             self.workers.shutdown(wait=False, cancel_futures=True)
         if self._dns_pool is not None:
@@ -476,12 +504,16 @@ class FilterServer:
             dns_stats = dict(self.dns_stats)
         summary = {
             "connections": dict(self.connections.stats) if self.connections is not None else dict(NO_CONNECTIONS),
+            # whose records were still being written when the stop stopped waiting (a stalled log):
+            # written before this summary, if at all
+            "unfinished_connections": unfinished,
             "dns": dns_stats,
             "dropped_packets": dropped,
             "denials_counted_only": self.record.counted(),
         }
         rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
         self.record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
+        self.record.seal()  # a thread still going writes nothing after the summary: it is refused
         return summary
 
 

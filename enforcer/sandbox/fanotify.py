@@ -60,6 +60,9 @@ MAX_PATHS = 100_000  # names of every kind together; beyond, the observation is 
 # Their characters together (the directories the bounds count by included): a name may be PATH_MAX
 # long, and as many long names would hold hundreds of megabytes in this root process.
 MAX_PATH_CHARACTERS = 16 << 20
+# Fork links kept to place a process gone before its events are read (the agent forks as often as it
+# likes): past this many they are all forgotten, and counted (Observed.forks_forgotten).
+MAX_FORK_LINKS = 65536
 
 
 @dataclass
@@ -73,6 +76,9 @@ class Observed:
     events: int = 0
     crowded: dict[str, set[str]] = field(default_factory=dict)  # directory: the kinds it had too many names of
     truncated: bool = False  # MAX_PATHS names (or MAX_PATH_CHARACTERS) were kept: the others were not
+    # Fork links dropped at MAX_FORK_LINKS: a process of theirs gone before its events were read
+    # could not be placed, and what it touched is missing.
+    forks_forgotten: int = 0
     _per_directory: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
     _kept: int = 0
     _characters: int = 0
@@ -213,7 +219,8 @@ class Observer:
     def _read_forks(self) -> None:
         if self._forks is None:
             return
-        if len(self._parents) > 65536:
+        if len(self._parents) > MAX_FORK_LINKS:
+            self.observed.forks_forgotten += len(self._parents)
             self._parents.clear()
             self._forks_of.clear()
         for parent, child in self._forks.read():

@@ -8,12 +8,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from enforcer.cli.exec_learn import bounded_notes
+from enforcer.cli.exec_learn import CROWDED_NOTES, bounded_notes, crowded_directories
 from enforcer.sandbox import cgroups, fanotify
 
 from ..helpers.session_cgroup import session_cgroup
@@ -55,7 +56,10 @@ def test_many_crowded_directories_are_named_up_to_a_bound() -> None:
         for i in range(fanotify.MAX_NAMES_PER_DIRECTORY + 1):
             seen.add("executed", f"/opt/d{d:02}/bin{i}")
     notes = bounded_notes(seen)
-    assert len(notes) == 21 and notes[-1] == "10 more directories had more names than were kept"
+    assert len(notes) == 21 and notes[-1] == (
+        "10 more crowded directories are not named here (of 30: all are in the learn.result record's "
+        "crowded_directories)"
+    )
     assert notes[0].startswith("/opt/d00: ") and "executed" in notes[0]
 
 
@@ -112,3 +116,52 @@ def test_long_names_are_bounded_in_characters_not_only_in_count() -> None:
     assert seen.truncated, f"{len(kept)} names of {len(kept[0])} characters kept and counting"
     assert sum(len(p) for p in kept) <= fanotify.MAX_PATH_CHARACTERS
     assert bounded_notes(seen)[-1].startswith("TRUNCATED: ")
+
+
+def test_crowded_directories_past_the_named_ones_are_all_in_the_record() -> None:
+    """An agent crowding twenty directories that sort first pushes the one it cares about out of
+    the named notes: the notes say how many were not named, and the record lists every one."""
+    seen = fanotify.Observed()
+    for d in range(CROWDED_NOTES):
+        for i in range(fanotify.MAX_NAMES_PER_DIRECTORY + 1):
+            seen.add("written", f"/srv/a{d:02}/f{i}")
+    for i in range(fanotify.MAX_NAMES_PER_DIRECTORY + 1):
+        seen.add("executed", f"/srv/zz-hidden/bin{i}")
+    notes = bounded_notes(seen)
+    assert not any("/srv/zz-hidden" in note for note in notes[:CROWDED_NOTES])
+    assert notes[CROWDED_NOTES].startswith("1 more crowded directories are not named here (of 21")
+    assert crowded_directories(seen)[-1] == "/srv/zz-hidden"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fanotify and the process events connector need root")
+def test_fork_links_forgotten_at_the_bound_are_counted_and_reported(
+    session: tuple[str, cgroups.Cgroup], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The observer keeps the forks it saw to place a process gone before its events are read; at
+    MAX_FORK_LINKS it forgets them all. The agent forks as often as it likes, so the forgetting is
+    counted, and learn mode's output says so."""
+    marker, group = session
+    monkeypatch.setattr(fanotify, "MAX_FORK_LINKS", 50)
+    observer = fanotify.Observer(marker)
+    try:
+        if observer.observed.forks_untracked:
+            pytest.skip("no fork events here (not the host's first network namespace)")
+
+        def join() -> None:
+            for path in group.join_files():
+                Path(path).write_text(str(os.getpid()))
+
+        # 120 short-lived processes in the session: more forks than the links kept
+        subprocess.run(
+            ["sh", "-c", "i=0; while [ $i -lt 120 ]; do /bin/true; i=$((i+1)); done"],
+            check=True,
+            timeout=60,
+            preexec_fn=join,
+        )
+        deadline = time.monotonic() + 10
+        while observer.observed.forks_forgotten == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        seen = observer.stop()
+    assert seen.forks_forgotten > 50
+    assert bounded_notes(seen)[-1].startswith(f"FORKS FORGOTTEN: {seen.forks_forgotten} fork links were dropped")
