@@ -175,5 +175,3 @@ def _serve(control: socket.socket, policy: Policy, settings: EgressValues, audit
     serve(control, space, policy, settings, (audit.directory, audit.key_path, audit.settings), session, started)
     space.close()
     return 0
-
-

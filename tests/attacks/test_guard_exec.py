@@ -16,7 +16,9 @@ from ..helpers.sandbox import AGENT_USER, PROBE_CHECK, Result, Sandbox, needs_ro
 
 pytestmark = needs_root
 
-TRY = PROBE_CHECK + """
+TRY = (
+    PROBE_CHECK
+    + """
 def works(label, fn):
     try:
         fn()
@@ -24,6 +26,7 @@ def works(label, fn):
     except OSError as exc:
         print("BROKEN", label, exc)
 """
+)
 
 
 def run(box: Sandbox, code: str, **kw: Any) -> Result:

@@ -17,7 +17,9 @@ pytestmark = needs_root
 FS_IOC_GETFLAGS = 0x80086601
 FS_IOC_FSGETXATTR = 0x801C581F
 
-PROBE = PROBE_CHECK + """
+PROBE = (
+    PROBE_CHECK
+    + """
 import array, fcntl, struct
 libc.syscall.restype = ctypes.c_long
 path = os.environ["ALLOWED_FILE"]
@@ -47,6 +49,7 @@ check("FS_IOC32_SETFLAGS", setflags32)
 check("FS_IOC_FSSETXATTR", fssetxattr)
 print("READ", os.read(fd, 100).decode().strip())
 """
+)
 
 
 def flags(path: str) -> tuple[int, bytes]:

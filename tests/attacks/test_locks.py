@@ -16,7 +16,9 @@ from ..helpers.sandbox import PROBE_CHECK, Result, Sandbox, needs_root
 
 pytestmark = needs_root
 
-PROBE = PROBE_CHECK + """
+PROBE = (
+    PROBE_CHECK
+    + """
 import fcntl, time
 fd = os.open(os.environ["ALLOWED_FILE"], os.O_RDONLY)
 check("F_SETLEASE", lambda: fcntl.fcntl(fd, 1024, fcntl.F_RDLCK))
@@ -25,6 +27,7 @@ fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
 print("LOCKED", flush=True)
 time.sleep(60)
 """
+)
 
 
 def host_can_lock(path: Path) -> bool:

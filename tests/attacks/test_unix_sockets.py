@@ -15,7 +15,9 @@ from ..helpers.sandbox import PROBE_CHECK, Sandbox, needs_root
 
 pytestmark = needs_root
 
-PROBE = PROBE_CHECK + """
+PROBE = (
+    PROBE_CHECK
+    + """
 where = os.environ["ALLOWED_HOST_SOCKETS"]
 def datagram_sendto():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -39,6 +41,7 @@ for kind, name in ((socket.SOCK_STREAM, "stream"), (socket.SOCK_SEQPACKET, "seqp
 import asyncio  # its event loop wakes itself through a stream socketpair
 print("ASYNCIO", asyncio.run(asyncio.sleep(0, result="runs")))
 """
+)
 
 
 @contextlib.contextmanager
