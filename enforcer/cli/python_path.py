@@ -1,11 +1,19 @@
-"""No PYTHONPATH or PYTHONHOME that anyone but root (the command's user) may write.
+"""No directory the interpreter imports from, or reads compiled modules from, that anyone but root
+(the command's user) may write: PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONPYCACHEPREFIX.
 
-The interpreter imports from there at its start (sitecustomize, encodings), before any of the
-command's code, and the commands import some modules lazily after: the egress filter (uid 0 in the
-host's mount namespace) loads dnspython as an agent's session starts. Named by an operator, an
-agent's workspace would have the modules the agent planted there run as root from its next session
-on. Refused at the first start, before any agent could plant anything. Checked only when one of
-them is set: nothing is imported otherwise."""
+The interpreter imports from there at its start (sitecustomize, encodings, the .pth files of the
+user's site-packages), before any of the command's code, and the commands import some modules lazily
+after: the egress filter (uid 0 in the host's mount namespace) loads dnspython as an agent's session
+starts. A pycache prefix is worth as much: a compiled module found there is run in place of its
+source as long as its header names the source's size and time, which the agent may read. Named by
+an operator, an agent's workspace would have what the agent planted there run as root from its next
+session on. Refused at the first start, before any agent could plant anything.
+
+An empty PYTHONPATH entry (a leading, trailing or doubled separator: `$PYTHONPATH:/opt/lib` with
+PYTHONPATH unset) is the working directory, as `.` is: refused like any relative entry.
+
+Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
+imported otherwise."""
 
 from __future__ import annotations
 
@@ -13,18 +21,24 @@ import os
 import sys
 from pathlib import Path
 
-from ..paths import check_import_directory
-
-NAMES = ("PYTHONPATH", "PYTHONHOME")
+# The variables naming directories, with whether each is a list (split on os.pathsep).
+NAMES = {"PYTHONPATH": True, "PYTHONHOME": True, "PYTHONUSERBASE": False, "PYTHONPYCACHEPREFIX": False}
 
 
 def refuse_untrusted(program: str) -> None:
-    """Exit (2) naming each entry of PYTHONPATH or PYTHONHOME that is no directory to import from."""
+    """Exit (2) naming each directory the interpreter imports from, or reads compiled modules from,
+    that is no directory to trust (see above). Returns at once when none is named."""
+    named = [(name, os.environ[name]) for name in NAMES if os.environ.get(name)]
+    prefix = sys.pycache_prefix
+    if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
+        named.append(("-X pycache_prefix", prefix))
+    if not named:  # an empty variable is as good as unset to the interpreter
+        return
     problems = [
         f"{name} names {entry!r}: {why}"
-        for name in NAMES
-        for entry in os.environ.get(name, "").split(os.pathsep)
-        if entry and (why := _untrusted(entry))
+        for name, value in named
+        for entry in (value.split(os.pathsep) if NAMES.get(name) else [value])
+        if (why := _untrusted(entry))
     ]
     if problems:
         print(
@@ -38,6 +52,10 @@ def refuse_untrusted(program: str) -> None:
 
 def _untrusted(entry: str) -> str | None:
     """Why `entry` is no directory to import from, None if it is one."""
+    from ..paths import check_import_directory  # only once something is named: not on the launch path
+
+    if not entry:
+        return "an empty entry, which the interpreter reads as the working directory"
     if not os.path.isabs(entry):
         return "a relative path, resolved against whatever directory a process is in"
     try:

@@ -84,3 +84,43 @@ def test_a_python_path_others_may_write_is_refused_before_anything_runs(sandbox:
         assert "PYTHONPATH" in ran.err and entries[-1] in ran.err, ran.err
     control = sandbox.python("print('ran')", env={"PYTHONPATH": str(trusted)})  # root's own, 0755
     assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_an_empty_python_path_entry_is_refused_as_the_working_directory(sandbox: Sandbox, tmp_path: Path) -> None:
+    """An empty PYTHONPATH entry (`$PYTHONPATH:/opt/lib` with PYTHONPATH unset, a trailing or
+    doubled separator) is the working directory to the interpreter, as `.` is, whichever directory
+    the operator starts from: the agent's workspace, say. Refused like a relative entry."""
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    for value in (f":{trusted}", f"{trusted}:", f"{trusted}::{trusted}"):
+        ran = sandbox.python("print('ran')", env={"PYTHONPATH": value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (value, ran.code, ran.out, ran.err)
+        assert "PYTHONPATH names '': an empty entry" in ran.err, ran.err
+
+
+def test_a_pycache_prefix_or_user_base_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A pycache prefix is where the interpreter reads compiled modules from, in place of their
+    sources (the standard library's encodings included, at its start): a module compiled by the
+    agent, its header naming the size and time of the source it stands for (which the agent may
+    stat), runs as root at the next import of that module. PYTHONUSERBASE names the user's
+    site-packages, whose .pth files run at the interpreter's start. Each is checked as a
+    PYTHONPATH entry is, -X pycache_prefix included."""
+    for name, value in (
+        ("PYTHONPYCACHEPREFIX", str(sandbox.ws)),  # the agent's own
+        ("PYTHONPYCACHEPREFIX", str(sandbox.ws / "pycache")),  # not there yet: the agent may make it
+        ("PYTHONPYCACHEPREFIX", "pycache"),  # relative to whatever directory a process is in
+        ("PYTHONUSERBASE", str(sandbox.ws)),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names {value!r}" in ran.err, ran.err
+    argv = sandbox.exec_argv("python3", "-c", "print('ran')", args=("--report",))
+    assert argv[len(sandbox.wrap)] == sys.executable
+    argv[len(sandbox.wrap) + 1 : len(sandbox.wrap) + 1] = ["-X", f"pycache_prefix={sandbox.ws}"]
+    proc = subprocess.run(argv, env=sandbox.environ(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert f"-X pycache_prefix names {str(sandbox.ws)!r}" in proc.stderr, proc.stderr
+    trusted = tmp_path / "pycache"  # root's own, 0755: still runs, compiled modules read from there
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"PYTHONPYCACHEPREFIX": str(trusted), "PYTHONUSERBASE": str(trusted)})
+    assert control.code == 0 and control.out.strip() == "ran", control.err
