@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, logfiles, records
+from enforcer.audit.query import iter_records
 from enforcer.audit.writer import log_files
 
 
@@ -110,3 +111,46 @@ def test_a_torn_tail_is_not_cut_back_through_a_log_file_swapped_for_a_symlink(
     assert victim.read_bytes() == b"x" * (end + 4096)
     cut = (tmp_path / "moved.jsonl").read_bytes()  # the log itself is cut back, through its descriptor
     assert cut[:end] == kept and cut[end : end + 4] != b"torn", cut[end - 100 : end + 100]
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited_on(
+    tmp_path: Path, planted: str
+) -> None:
+    """Each writer reads every entry of writers/ nobody holds (a writer that died) and records what
+    it says. Whoever can write the directory replaces writers/ by a directory of its own (the
+    writer takes any) and plants there: a FIFO, which the writer opened read-write (its own end
+    keeping the read from ever ending) and waited on for good, holding the append lease; or a
+    symlink, which it opened read-write as root, locked and read, recording the file's "writer"
+    and "pid" (from a JSON file only root may read). Either is recorded as an entry that names
+    nothing, and removed. The writer runs in a child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    (directory / "writers").rename(directory / "writers.old")
+    (directory / "writers").mkdir()
+    victim = tmp_path / "secret.json"
+    victim.write_text('{"writer": "root-only-secret", "pid": 4242, "started": "x"}')
+    victim.chmod(0o600)
+    entry = directory / "writers" / "planted"
+    if planted == "fifo":
+        os.mkfifo(entry)
+    else:
+        entry.symlink_to(victim)
+    code = (
+        "import sys; from pathlib import Path; from enforcer.audit import AuditWriter\n"
+        "AuditWriter(Path(sys.argv[1]), Path(sys.argv[2])).close()\n"
+    )
+    key = tmp_path / "key" / "audit.pem"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True, text=True
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the writer waited on a {planted} planted in writers/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    gaps = [
+        r["payload"]
+        for r in iter_records(directory)
+        if r["intent"].endswith(records.GAP) and r["payload"]["reason"] == "writer_stopped_uncleanly"
+    ]
+    assert gaps == [{**gaps[0], "writer": "planted", "pid": None, "started": None}], gaps
+    assert not os.path.lexists(entry) and victim.read_text().startswith('{"writer": "root-only-secret"')
