@@ -153,13 +153,19 @@ def set_torn_aside(directory: Path, path: Path, fd: int, end: int, torn: bytes) 
     aside_dir.mkdir(exist_ok=True, mode=0o750)
     aside = aside_dir / f"{path.name}.{end}"
     # Both names are predictable and the bytes are whoever tore the file's: never written through a
-    # symlink planted as torn/ or as the file (root would write them where it points).
+    # symlink planted as torn/ or as the file (root would write them where it points), nor into a
+    # FIFO planted as the file (its open would wait for a reader).
     torn_fd = os.open(aside_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         aside_fd = os.open(aside.name, flags, 0o640, dir_fd=torn_fd)
     finally:
         os.close(torn_fd)
+    try:
+        _check_regular(aside_fd, aside)
+    except BaseException:
+        os.close(aside_fd)
+        raise
     with open(aside_fd, "wb") as out:
         out.write(torn)
         out.flush()

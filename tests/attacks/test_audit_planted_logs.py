@@ -154,3 +154,34 @@ def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited
     ]
     assert gaps == [{**gaps[0], "writer": "planted", "pid": None, "started": None}], gaps
     assert not os.path.lexists(entry) and victim.read_text().startswith('{"writer": "root-only-secret"')
+
+
+def test_a_fifo_planted_where_a_torn_tail_goes_does_not_hold_the_writer(tmp_path: Path) -> None:
+    """The writer copies a torn last line to torn/<file>.<offset>, a name known in advance (and a
+    log file with a torn tail is easily made: the one record before it need only hash right). A FIFO
+    planted there had its open for writing wait for a reader for good, under the append lease. The
+    writer must refuse the directory at once, as for a symlink planted there. It runs in a child: a
+    hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    newest = log_files(directory)[-1]
+    end = newest.stat().st_size
+    with newest.open("ab") as f:
+        f.write(b"torn")
+    (directory / "torn").mkdir(exist_ok=True)
+    os.mkfifo(directory / "torn" / f"{newest.name}.{end}")
+    code = (
+        "import sys; from pathlib import Path; from enforcer.audit import AuditUnavailable, AuditWriter\n"
+        "try:\n"
+        "    AuditWriter(Path(sys.argv[1]), Path(sys.argv[2])).close()\n"
+        "except AuditUnavailable as exc:\n"
+        "    sys.exit(f'refused: {exc}')\n"
+    )
+    key = tmp_path / "key" / "audit.pem"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True, text=True
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the writer waited on a FIFO planted in torn/")
+    assert done.returncode == 1 and "refused: " in done.stderr, done.stderr[-2000:]
+    assert newest.read_bytes()[end:] == b"torn"  # refused before it cut anything
