@@ -185,3 +185,30 @@ def test_a_fifo_planted_where_a_torn_tail_goes_does_not_hold_the_writer(tmp_path
         pytest.fail("the writer waited on a FIFO planted in torn/")
     assert done.returncode == 1 and "refused: " in done.stderr, done.stderr[-2000:]
     assert newest.read_bytes()[end:] == b"torn"  # refused before it cut anything
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_follow_reads_no_log_file_that_is_not_a_file(tmp_path: Path, planted: str) -> None:
+    """`adl-audit follow --from-start` (the operator's shell, often root) read the oldest log file by
+    name: through a symlink planted there it printed the records of whatever file it names; from
+    a FIFO it waited for good before printing anything. Refused, naming it (exit 2). It runs in a
+    child: a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    oldest = log_files(directory)[0]
+    saved = tmp_path / "saved.jsonl"
+    oldest.rename(saved)
+    if planted == "fifo":
+        os.mkfifo(oldest)
+    else:
+        oldest.symlink_to(saved)  # records, here; any file root may read, there
+    code = (
+        "import sys; from enforcer.cli.audit import main\n"
+        "sys.exit(main(['--dir', sys.argv[1], 'follow', '--from-start']))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(directory)], timeout=20, capture_output=True, text=True)
+    except subprocess.TimeoutExpired as exc:  # following it for good, having printed what it read
+        printed = (exc.stdout or b"")[-300:]
+        pytest.fail(f"follow went on with a {planted} planted as {oldest.name}, printing {printed!r}")
+    assert done.returncode == 2 and done.stdout == "", (done.stdout[-500:], done.stderr[-500:])
+    assert oldest.name in done.stderr, done.stderr
