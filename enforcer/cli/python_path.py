@@ -1,5 +1,6 @@
 """No directory the interpreter imports from, or reads compiled modules from, that anyone but root
-(the command's user) may write: PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONPYCACHEPREFIX.
+(the command's user) may write: PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONPYCACHEPREFIX; no
+PYTHONPLATLIBDIR that moves the standard library out of the interpreter's prefix.
 
 The interpreter imports from there at its start (sitecustomize, encodings, the .pth files of the
 user's site-packages), before any of the command's code, and the commands import some modules lazily
@@ -32,7 +33,8 @@ def refuse_untrusted(program: str) -> None:
     prefix = sys.pycache_prefix
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
-    if not named:  # an empty variable is as good as unset to the interpreter
+    platlib = os.environ.get("PYTHONPLATLIBDIR", "")
+    if not named and not platlib:  # an empty variable is as good as unset to the interpreter
         return
     problems = [
         f"{name} names {entry!r}: {why}"
@@ -40,6 +42,10 @@ def refuse_untrusted(program: str) -> None:
         for entry in (value.split(os.pathsep) if NAMES.get(name) else [value])
         if (why := _untrusted(entry))
     ]
+    # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
+    # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
+    if platlib and (os.sep in platlib or platlib in (os.curdir, os.pardir)):
+        problems.append(f"PYTHONPLATLIBDIR names {platlib!r}: not a directory name below the interpreter's prefix")
     if problems:
         print(
             f"{program}: " + "; ".join(problems) + ". Modules are imported from there, as this "

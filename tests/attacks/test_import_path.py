@@ -124,3 +124,23 @@ def test_a_pycache_prefix_or_user_base_others_may_write_is_refused(sandbox: Sand
     trusted.mkdir(mode=0o755)
     control = sandbox.python("print('ran')", env={"PYTHONPYCACHEPREFIX": str(trusted), "PYTHONUSERBASE": str(trusted)})
     assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_platlibdir_that_moves_the_standard_library_is_refused(sandbox: Sandbox) -> None:
+    """PYTHONPLATLIBDIR names the standard library's directory below the interpreter's prefix
+    ("lib64" for "lib"); a path climbing out of it ("../../..") or an absolute one moves the whole
+    standard library (encodings, imported at the start; lib-dynload's C modules) there: to a
+    directory the agent may write, where it mirrors the real one (links to it, here) until it
+    replaces a module. Refused unless a plain directory name."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    planted = sandbox.ws / "stdlib"
+    planted.mkdir()
+    (planted / version).symlink_to(Path(sys.base_prefix) / sys.platlibdir / version)
+    climb = os.path.relpath(planted, sys.base_prefix)
+    assert climb.startswith("..") and os.sep in climb
+    for value in (climb, str(planted)):
+        ran = sandbox.python("print('ran')", env={"PYTHONPLATLIBDIR": value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (value, ran.code, ran.out, ran.err[-2000:])
+        assert f"PYTHONPLATLIBDIR names {value!r}" in ran.err, ran.err
+    control = sandbox.python("print('ran')", env={"PYTHONPLATLIBDIR": sys.platlibdir})  # the usual one
+    assert control.code == 0 and control.out.strip() == "ran", control.err
