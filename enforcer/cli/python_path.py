@@ -13,6 +13,12 @@ session on. Refused at the first start, before any agent could plant anything.
 An empty PYTHONPATH entry (a leading, trailing or doubled separator: `$PYTHONPATH:/opt/lib` with
 PYTHONPATH unset) is the working directory, as `.` is: refused like any relative entry.
 
+The dynamic loader's variables have the same effect one level down: LD_LIBRARY_PATH is searched
+first for the libraries a C extension needs when it is imported (lazily too: after the agent has
+started), LD_PRELOAD and LD_AUDIT name libraries loaded into the process at its start. Held to the
+same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is the working directory
+there too), each library named by a path as a file only root may write.
+
 Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
 imported otherwise."""
 
@@ -22,8 +28,17 @@ import os
 import sys
 from pathlib import Path
 
-# The variables naming directories, with whether each is a list (split on os.pathsep).
-NAMES = {"PYTHONPATH": True, "PYTHONHOME": True, "PYTHONUSERBASE": False, "PYTHONPYCACHEPREFIX": False}
+# The variables naming directories, with what separates their entries (None: a single one).
+NAMES = {
+    "PYTHONPATH": os.pathsep,
+    "PYTHONHOME": os.pathsep,
+    "PYTHONUSERBASE": None,
+    "PYTHONPYCACHEPREFIX": None,
+    "LD_LIBRARY_PATH": ":;",
+}
+# The loader's variables naming libraries, with what separates them; one named without a slash is
+# looked up as any needed library is (LD_LIBRARY_PATH, then the system's directories).
+LIBRARIES = {"LD_PRELOAD": ": ", "LD_AUDIT": ":"}
 
 
 def refuse_untrusted(program: str) -> None:
@@ -34,13 +49,20 @@ def refuse_untrusted(program: str) -> None:
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
     platlib = os.environ.get("PYTHONPLATLIBDIR", "")
-    if not named and not platlib:  # an empty variable is as good as unset to the interpreter
+    libraries = [(name, os.environ[name]) for name in LIBRARIES if os.environ.get(name)]
+    if not named and not platlib and not libraries:  # an empty variable is as good as unset
         return
     problems = [
         f"{name} names {entry!r}: {why}"
         for name, value in named
-        for entry in (value.split(os.pathsep) if NAMES.get(name) else [value])
+        for entry in _split(value, NAMES.get(name))
         if (why := _untrusted(entry))
+    ]
+    problems += [
+        f"{name} names {entry!r}: {why}"
+        for name, value in libraries
+        for entry in _split(value, LIBRARIES[name])
+        if "/" in entry and (why := _untrusted_library(entry))
     ]
     # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
     # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
@@ -48,12 +70,35 @@ def refuse_untrusted(program: str) -> None:
         problems.append(f"PYTHONPLATLIBDIR names {platlib!r}: not a directory name below the interpreter's prefix")
     if problems:
         print(
-            f"{program}: " + "; ".join(problems) + ". Modules are imported from there, as this "
-            "process's user (root: an agent's planted code would run as root); unset it, or name only "
-            "directories nobody else may write",
+            f"{program}: " + "; ".join(problems) + ". Modules or libraries are loaded from there, as "
+            "this process's user (root: an agent's planted code would run as root); unset it, or name "
+            "only directories and files nobody else may write",
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _split(value: str, separators: str | None) -> list[str]:
+    if separators is None:
+        return [value]
+    for separator in separators[1:]:
+        value = value.replace(separator, separators[0])
+    return value.split(separators[0])
+
+
+def _untrusted_library(entry: str) -> str | None:
+    """Why the library file `entry` is none to load, None if it is one."""
+    from ..paths import check_private_file
+
+    if not os.path.isabs(entry):
+        return "a relative path, resolved against whatever directory a process is in"
+    try:
+        check_private_file(Path(entry))
+    except FileNotFoundError:
+        return "it does not exist (whoever may create it could fill it)"
+    except OSError as exc:  # PermissionError: who owns or may write it, or above it
+        return str(exc)
+    return None
 
 
 def _untrusted(entry: str) -> str | None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_GID, AGENT_UID, AGENT_USER, Sandbox, needs_root
 
 pytestmark = needs_root
 
@@ -143,4 +143,33 @@ def test_a_platlibdir_that_moves_the_standard_library_is_refused(sandbox: Sandbo
         assert ran.code == 2 and ran.out == "" and ran.records == [], (value, ran.code, ran.out, ran.err[-2000:])
         assert f"PYTHONPLATLIBDIR names {value!r}" in ran.err, ran.err
     control = sandbox.python("print('ran')", env={"PYTHONPLATLIBDIR": sys.platlibdir})  # the usual one
+    assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_library_path_or_preload_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The dynamic loader's variables do for C libraries what PYTHONPATH does for modules:
+    LD_LIBRARY_PATH is searched first for what a C extension needs as it is imported (lazily too,
+    once the agent runs: a libssl.so.3 the agent planted there would be loaded by root), and an
+    empty entry there is the working directory; LD_PRELOAD and LD_AUDIT load the library they name
+    into root's process at its start. Each is held to PYTHONPATH's rules, a library named by a path
+    to a file only root may write; one named without a slash is looked up in the checked path."""
+    planted = sandbox.ws / "libplanted.so"
+    planted.write_bytes(b"")
+    os.chown(planted, AGENT_UID, AGENT_GID)  # the agent's, as if it had written it
+    for name, value in (
+        ("LD_LIBRARY_PATH", str(sandbox.ws)),
+        ("LD_LIBRARY_PATH", f"/usr/lib:{sandbox.ws}"),
+        ("LD_LIBRARY_PATH", "/usr/lib:"),  # the working directory
+        ("LD_LIBRARY_PATH", "/usr/lib;lib"),
+        ("LD_PRELOAD", str(planted)),
+        ("LD_AUDIT", str(planted)),
+    ):
+        # The loader reads the variable for adl-exec's own start as well: it must load nothing
+        # there, the planted library being empty (and so refused by the loader with a warning).
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err, ran.err
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"LD_LIBRARY_PATH": str(trusted), "LD_PRELOAD": "libc.so.6"})
     assert control.code == 0 and control.out.strip() == "ran", control.err
