@@ -3,10 +3,13 @@ how the last record is found at the end of one, a torn last line included."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from . import records
 from .records import parse_line
@@ -36,14 +39,42 @@ def log_files(directory: Path) -> list[Path]:
 
 def open_log(path: Path, *, create: bool) -> int:
     """A descriptor that appends to `path`; with `create`, the file must not exist yet. Never through
-    a symlink: whoever could plant one in the directory would have records appended to its target."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
-    return os.open(path, flags, 0o640)
+    a symlink: whoever could plant one in the directory would have records appended to its target;
+    nor waiting on a FIFO planted there (ENXIO while nobody reads it): OSError for what is not a
+    regular file."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(path, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o640)
+    try:
+        _check_regular(fd, path)
+        # Only the open had to not wait: the appends are a regular file's, as before.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_for_reading(path: Path) -> BinaryIO:
+    """`path`, a log file, open for reading: never through a symlink nor waiting on a FIFO (whoever
+    can write the directory may plant either under a log file's name). OSError for what is not a
+    regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        _check_regular(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, "rb")
+
+
+def _check_regular(fd: int, path: Path) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
 
 
 def read_tail(path: Path) -> tuple[bytes | None, int, bytes]:
     """(last complete line, offset where the complete lines end, torn bytes after them)."""
-    with open(path, "rb") as f:
+    with open_for_reading(path) as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return None, 0, b""
@@ -68,7 +99,7 @@ def has_checkpoint(directory: Path) -> bool:
     """Whether a log file holds a checkpoint record (read only when HEAD.json is missing)."""
     marker = b'"intent":"' + (records.INTENT_PREFIX + records.CHECKPOINT).encode() + b'"'
     for path in log_files(directory):
-        with open(path, "rb") as f:
+        with open_for_reading(path) as f:
             for line in f:
                 if marker not in line:
                     continue
@@ -82,7 +113,7 @@ def has_checkpoint(directory: Path) -> bool:
 
 def first_record(path: Path) -> dict[str, Any]:
     """The first record of a log file ({} while its first line is incomplete)."""
-    with open(path, "rb") as f:
+    with open_for_reading(path) as f:
         line = f.readline()
     return parse_line(line) if line.endswith(b"\n") else {}
 
@@ -122,18 +153,24 @@ def set_torn_aside(directory: Path, path: Path, fd: int, end: int, torn: bytes) 
     aside_dir.mkdir(exist_ok=True, mode=0o750)
     aside = aside_dir / f"{path.name}.{end}"
     # Both names are predictable and the bytes are whoever tore the file's: never written through a
-    # symlink planted as torn/ or as the file (root would write them where it points).
+    # symlink planted as torn/ or as the file (root would write them where it points), nor into a
+    # FIFO planted as the file (its open would wait for a reader).
     torn_fd = os.open(aside_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         aside_fd = os.open(aside.name, flags, 0o640, dir_fd=torn_fd)
     finally:
         os.close(torn_fd)
+    try:
+        _check_regular(aside_fd, aside)
+    except BaseException:
+        os.close(aside_fd)
+        raise
     with open(aside_fd, "wb") as out:
         out.write(torn)
         out.flush()
         os.fsync(out.fileno())
-    os.truncate(path, end)
+    os.ftruncate(fd, end)  # the file the writer opened: `path` may name another by now
     os.fsync(fd)
     return {
         "reason": "torn_write",

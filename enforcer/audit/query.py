@@ -17,7 +17,7 @@ import orjson
 
 from ..text import printable
 from . import records
-from .logfiles import log_files
+from .logfiles import log_files, open_for_reading
 
 _RELATIVE = re.compile(r"^-?(\d+)\s*(s|sec|m|min|h|hour|d|day|w|week)s?$")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400, "w": 604800}
@@ -128,7 +128,8 @@ def _record_ns(record: dict[str, Any]) -> int | None:
 def iter_records(directory: Path, *, reverse: bool = False) -> Iterator[dict[str, Any]]:
     files = log_files(directory)
     for path in reversed(files) if reverse else files:
-        lines = path.read_bytes().split(b"\n")
+        with open_for_reading(path) as f:
+            lines = f.read().split(b"\n")
         lines.pop()  # "" after the last newline, or a torn line
         for line in reversed(lines) if reverse else lines:
             try:

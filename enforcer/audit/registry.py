@@ -4,8 +4,10 @@ flock on audit.lock, held as a lease (see Lease)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,8 +67,20 @@ def dead_writers(directory: Path) -> Iterator[dict[str, Any]]:
     caller resumes the iteration, that is after it has recorded the death. Call under the lease, so
     that two writers do not both report one death."""
     for entry in sorted((directory / WRITERS_DIR).iterdir()):
-        fd = os.open(entry, os.O_RDWR | os.O_CLOEXEC)
+        # Whoever can write the directory may plant anything here: never followed (root would open,
+        # lock and record a file it names), never waited on (a FIFO's read would not end). What is
+        # no regular file is no writer's entry: recorded as one that names nothing, and removed.
         try:
+            fd = os.open(entry, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # a symlink; anything else is the directory's fault
+                raise
+            fd = -1
+        try:
+            if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+                yield {"writer": entry.name, "pid": None, "started": None}
+                entry.unlink()
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -78,4 +92,5 @@ def dead_writers(directory: Path) -> Iterator[dict[str, Any]]:
             yield {"writer": info.get("writer", entry.name), "pid": info.get("pid"), "started": info.get("started")}
             entry.unlink()
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)

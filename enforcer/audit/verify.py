@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from . import keys, records
 from .head import HEAD_FILE, read_head_file
-from .logfiles import log_files, log_name
+from .logfiles import log_files, log_name, open_for_reading
 from .records import GENESIS, canonical
 
 
@@ -136,8 +136,11 @@ def _walk(
                 expected_seq, f"{path.name} should start at seq {expected_seq} (expected {log_name(expected_seq)})"
             )
         rotate_to = None
-        with open(path, "rb") as f:
-            data = f.read()
+        try:
+            with open_for_reading(path) as f:
+                data = f.read()
+        except OSError as exc:  # a symlink, a FIFO: no log file a writer makes
+            raise _Broken(expected_seq, f"{path.name} is unreadable ({exc.strerror or exc})") from None
         lines = data.split(b"\n")
         torn = lines.pop()  # b"" when the file ends with a newline
         for line in lines:  # the hot loop: runs once per record of the whole log

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ..audit import keys, records
-from ..audit.logfiles import rotation_target
+from ..audit.logfiles import open_for_reading, rotation_target
 from ..audit.query import Filters, QueryError, iter_records, one_line, parse_seq_range, parse_time, summarise
 from ..audit.verify import read_head, verify_directory
 from ..audit.writer import log_files
@@ -310,7 +310,7 @@ def _tail(directory: Path, from_start: bool, interval: float) -> Iterator[dict[s
     current = files[0] if from_start else files[-1]
     offset = 0 if from_start else current.stat().st_size
     while True:
-        with open(current, "rb") as f:
+        with open_for_reading(current) as f:  # never through a symlink nor waiting on a FIFO planted there
             f.seek(offset)
             data = f.read()
         end = data.rfind(b"\n") + 1

@@ -97,10 +97,9 @@ def _spawner_config(settings: Settings) -> SpawnerConfig:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # run as the command
         start_command()
-        if any(name in os.environ for name in ("PYTHONPATH", "PYTHONHOME")):
-            from .python_path import refuse_untrusted
+        from .python_path import refuse_untrusted
 
-            refuse_untrusted("adl-enforcerd")
+        refuse_untrusted("adl-enforcerd")
         argv = sys.argv[1:]
     if argv[:1] == ["install-systemd"]:
         from . import install_systemd

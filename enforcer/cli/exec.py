@@ -138,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         from ..command_start import start_command
 
         start_command()
-        if any(name in os.environ for name in ("PYTHONPATH", "PYTHONHOME")):
-            from .python_path import refuse_untrusted
+        from .python_path import refuse_untrusted
 
-            refuse_untrusted("adl-exec")
+        refuse_untrusted("adl-exec")
         return end_command(_main(sys.argv[1:]))
     return _main(argv)
 

@@ -1,11 +1,26 @@
-"""No PYTHONPATH or PYTHONHOME that anyone but root (the command's user) may write.
+"""No directory the interpreter imports from, or reads compiled modules from, that anyone but root
+(the command's user) may write: PYTHONPATH, PYTHONHOME, PYTHONUSERBASE, PYTHONPYCACHEPREFIX; no
+PYTHONPLATLIBDIR that moves the standard library out of the interpreter's prefix.
 
-The interpreter imports from there at its start (sitecustomize, encodings), before any of the
-command's code, and the commands import some modules lazily after: the egress filter (uid 0 in the
-host's mount namespace) loads dnspython as an agent's session starts. Named by an operator, an
-agent's workspace would have the modules the agent planted there run as root from its next session
-on. Refused at the first start, before any agent could plant anything. Checked only when one of
-them is set: nothing is imported otherwise."""
+The interpreter imports from there at its start (sitecustomize, encodings, the .pth files of the
+user's site-packages), before any of the command's code, and the commands import some modules lazily
+after: the egress filter (uid 0 in the host's mount namespace) loads dnspython as an agent's session
+starts. A pycache prefix is worth as much: a compiled module found there is run in place of its
+source as long as its header names the source's size and time, which the agent may read. Named by
+an operator, an agent's workspace would have what the agent planted there run as root from its next
+session on. Refused at the first start, before any agent could plant anything.
+
+An empty PYTHONPATH entry (a leading, trailing or doubled separator: `$PYTHONPATH:/opt/lib` with
+PYTHONPATH unset) is the working directory, as `.` is: refused like any relative entry.
+
+The dynamic loader's variables have the same effect one level down: LD_LIBRARY_PATH is searched
+first for the libraries a C extension needs when it is imported (lazily too: after the agent has
+started), LD_PRELOAD and LD_AUDIT name libraries loaded into the process at its start. Held to the
+same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is the working directory
+there too), each library named by a path as a file only root may write.
+
+Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
+imported otherwise."""
 
 from __future__ import annotations
 
@@ -13,31 +28,85 @@ import os
 import sys
 from pathlib import Path
 
-from ..paths import check_import_directory
-
-NAMES = ("PYTHONPATH", "PYTHONHOME")
+# The variables naming directories, with what separates their entries (None: a single one).
+NAMES = {
+    "PYTHONPATH": os.pathsep,
+    "PYTHONHOME": os.pathsep,
+    "PYTHONUSERBASE": None,
+    "PYTHONPYCACHEPREFIX": None,
+    "LD_LIBRARY_PATH": ":;",
+}
+# The loader's variables naming libraries, with what separates them; one named without a slash is
+# looked up as any needed library is (LD_LIBRARY_PATH, then the system's directories).
+LIBRARIES = {"LD_PRELOAD": ": ", "LD_AUDIT": ":"}
 
 
 def refuse_untrusted(program: str) -> None:
-    """Exit (2) naming each entry of PYTHONPATH or PYTHONHOME that is no directory to import from."""
+    """Exit (2) naming each directory the interpreter imports from, or reads compiled modules from,
+    that is no directory to trust (see above). Returns at once when none is named."""
+    named = [(name, os.environ[name]) for name in NAMES if os.environ.get(name)]
+    prefix = sys.pycache_prefix
+    if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
+        named.append(("-X pycache_prefix", prefix))
+    platlib = os.environ.get("PYTHONPLATLIBDIR", "")
+    libraries = [(name, os.environ[name]) for name in LIBRARIES if os.environ.get(name)]
+    if not named and not platlib and not libraries:  # an empty variable is as good as unset
+        return
     problems = [
         f"{name} names {entry!r}: {why}"
-        for name in NAMES
-        for entry in os.environ.get(name, "").split(os.pathsep)
-        if entry and (why := _untrusted(entry))
+        for name, value in named
+        for entry in _split(value, NAMES.get(name))
+        if (why := _untrusted(entry))
     ]
+    problems += [
+        f"{name} names {entry!r}: {why}"
+        for name, value in libraries
+        for entry in _split(value, LIBRARIES[name])
+        if "/" in entry and (why := _untrusted_library(entry))
+    ]
+    # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
+    # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
+    if platlib and (os.sep in platlib or platlib in (os.curdir, os.pardir)):
+        problems.append(f"PYTHONPLATLIBDIR names {platlib!r}: not a directory name below the interpreter's prefix")
     if problems:
         print(
-            f"{program}: " + "; ".join(problems) + ". Modules are imported from there, as this "
-            "process's user (root: an agent's planted code would run as root); unset it, or name only "
-            "directories nobody else may write",
+            f"{program}: " + "; ".join(problems) + ". Modules or libraries are loaded from there, as "
+            "this process's user (root: an agent's planted code would run as root); unset it, or name "
+            "only directories and files nobody else may write",
             file=sys.stderr,
         )
         sys.exit(2)
 
 
+def _split(value: str, separators: str | None) -> list[str]:
+    if separators is None:
+        return [value]
+    for separator in separators[1:]:
+        value = value.replace(separator, separators[0])
+    return value.split(separators[0])
+
+
+def _untrusted_library(entry: str) -> str | None:
+    """Why the library file `entry` is none to load, None if it is one."""
+    from ..paths import check_private_file
+
+    if not os.path.isabs(entry):
+        return "a relative path, resolved against whatever directory a process is in"
+    try:
+        check_private_file(Path(entry))
+    except FileNotFoundError:
+        return "it does not exist (whoever may create it could fill it)"
+    except OSError as exc:  # PermissionError: who owns or may write it, or above it
+        return str(exc)
+    return None
+
+
 def _untrusted(entry: str) -> str | None:
     """Why `entry` is no directory to import from, None if it is one."""
+    from ..paths import check_import_directory  # only once something is named: not on the launch path
+
+    if not entry:
+        return "an empty entry, which the interpreter reads as the working directory"
     if not os.path.isabs(entry):
         return "a relative path, resolved against whatever directory a process is in"
     try:

@@ -125,15 +125,41 @@ class Recorder:
     _counted: Tally[str] = field(default_factory=Tally)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sealed: bool = False
+    _writing: int = 0  # records past the seal's check, not written yet
+    _written: threading.Condition = field(init=False)
 
-    def seal(self) -> None:
-        """The summary is written: every later record is refused (AuditUnavailable), so what would
-        have been recorded after it is denied instead."""
-        self._sealed = True
+    def __post_init__(self) -> None:
+        self._written = threading.Condition(self._lock)
+
+    def seal(self, timeout: float) -> int:
+        """The summary comes next: every later record is refused (AuditUnavailable), so what would
+        have been recorded after it is denied instead; those already on their way are waited for (up
+        to `timeout`), so that they come before it and are in its counts. Returns how many are still
+        being written (a stalled log: they hold the writer's lock, which serves them first)."""
+        with self._lock:
+            self._sealed = True
+            self._written.wait_for(lambda: not self._writing, timeout)
+            return self._writing
+
+    def summarize(self, payload: dict[str, Any]) -> None:
+        """The session's net.summary, once sealed."""
+        self._write("net.summary", payload, high=payload.get("decision") == "deny")
 
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
-        if self._sealed:
-            raise AuditUnavailable(f"{kind} after the session's net.summary")
+        # Checked and counted together: a record either comes before the summary or is refused.
+        with self._lock:
+            if self._sealed:
+                raise AuditUnavailable(f"{kind} after the session's net.summary")
+            self._writing += 1
+        try:
+            self._record(kind, payload)
+        finally:
+            with self._lock:
+                self._writing -= 1
+                if not self._writing:
+                    self._written.notify_all()
+
+    def _record(self, kind: str, payload: dict[str, Any]) -> None:
         high = payload.get("decision") == "deny"
         if high and kind != "net.summary":
             with self._lock:
@@ -500,6 +526,7 @@ class FilterServer:
             self.workers.shutdown(wait=False, cancel_futures=True)
         if self._dns_pool is not None:
             self._dns_pool.shutdown(wait=True, cancel_futures=True)
+        self.record.seal(timeout=wait_s)  # what is on its way is written, and counted, before the summary
         with self._dns_lock:
             dns_stats = dict(self.dns_stats)
         summary = {
@@ -512,8 +539,7 @@ class FilterServer:
             "denials_counted_only": self.record.counted(),
         }
         rules = sorted(f"net.{name}" for name, count in dropped.items() if isinstance(count, int) and count)
-        self.record("net.summary", {"decision": "deny" if rules else "allow", "rules": rules, **summary})
-        self.record.seal()  # a thread still going writes nothing after the summary: it is refused
+        self.record.summarize({"decision": "deny" if rules else "allow", "rules": rules, **summary})
         return summary
 
 

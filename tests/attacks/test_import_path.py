@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..helpers.sandbox import AGENT_USER, Sandbox, needs_root
+from ..helpers.sandbox import AGENT_GID, AGENT_UID, AGENT_USER, Sandbox, needs_root
 
 pytestmark = needs_root
 
@@ -83,4 +83,93 @@ def test_a_python_path_others_may_write_is_refused_before_anything_runs(sandbox:
         assert ran.code == 2 and ran.out == "" and ran.records == [], (entries, ran.code, ran.out, ran.err)
         assert "PYTHONPATH" in ran.err and entries[-1] in ran.err, ran.err
     control = sandbox.python("print('ran')", env={"PYTHONPATH": str(trusted)})  # root's own, 0755
+    assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_an_empty_python_path_entry_is_refused_as_the_working_directory(sandbox: Sandbox, tmp_path: Path) -> None:
+    """An empty PYTHONPATH entry (`$PYTHONPATH:/opt/lib` with PYTHONPATH unset, a trailing or
+    doubled separator) is the working directory to the interpreter, as `.` is, whichever directory
+    the operator starts from: the agent's workspace, say. Refused like a relative entry."""
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    for value in (f":{trusted}", f"{trusted}:", f"{trusted}::{trusted}"):
+        ran = sandbox.python("print('ran')", env={"PYTHONPATH": value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (value, ran.code, ran.out, ran.err)
+        assert "PYTHONPATH names '': an empty entry" in ran.err, ran.err
+
+
+def test_a_pycache_prefix_or_user_base_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A pycache prefix is where the interpreter reads compiled modules from, in place of their
+    sources (the standard library's encodings included, at its start): a module compiled by the
+    agent, its header naming the size and time of the source it stands for (which the agent may
+    stat), runs as root at the next import of that module. PYTHONUSERBASE names the user's
+    site-packages, whose .pth files run at the interpreter's start. Each is checked as a
+    PYTHONPATH entry is, -X pycache_prefix included."""
+    for name, value in (
+        ("PYTHONPYCACHEPREFIX", str(sandbox.ws)),  # the agent's own
+        ("PYTHONPYCACHEPREFIX", str(sandbox.ws / "pycache")),  # not there yet: the agent may make it
+        ("PYTHONPYCACHEPREFIX", "pycache"),  # relative to whatever directory a process is in
+        ("PYTHONUSERBASE", str(sandbox.ws)),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names {value!r}" in ran.err, ran.err
+    argv = sandbox.exec_argv("python3", "-c", "print('ran')", args=("--report",))
+    assert argv[len(sandbox.wrap)] == sys.executable
+    argv[len(sandbox.wrap) + 1 : len(sandbox.wrap) + 1] = ["-X", f"pycache_prefix={sandbox.ws}"]
+    proc = subprocess.run(argv, env=sandbox.environ(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert f"-X pycache_prefix names {str(sandbox.ws)!r}" in proc.stderr, proc.stderr
+    trusted = tmp_path / "pycache"  # root's own, 0755: still runs, compiled modules read from there
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"PYTHONPYCACHEPREFIX": str(trusted), "PYTHONUSERBASE": str(trusted)})
+    assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_platlibdir_that_moves_the_standard_library_is_refused(sandbox: Sandbox) -> None:
+    """PYTHONPLATLIBDIR names the standard library's directory below the interpreter's prefix
+    ("lib64" for "lib"); a path climbing out of it ("../../..") or an absolute one moves the whole
+    standard library (encodings, imported at the start; lib-dynload's C modules) there: to a
+    directory the agent may write, where it mirrors the real one (links to it, here) until it
+    replaces a module. Refused unless a plain directory name."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    planted = sandbox.ws / "stdlib"
+    planted.mkdir()
+    (planted / version).symlink_to(Path(sys.base_prefix) / sys.platlibdir / version)
+    climb = os.path.relpath(planted, sys.base_prefix)
+    assert climb.startswith("..") and os.sep in climb
+    for value in (climb, str(planted)):
+        ran = sandbox.python("print('ran')", env={"PYTHONPLATLIBDIR": value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (value, ran.code, ran.out, ran.err[-2000:])
+        assert f"PYTHONPLATLIBDIR names {value!r}" in ran.err, ran.err
+    control = sandbox.python("print('ran')", env={"PYTHONPLATLIBDIR": sys.platlibdir})  # the usual one
+    assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_library_path_or_preload_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The dynamic loader's variables do for C libraries what PYTHONPATH does for modules:
+    LD_LIBRARY_PATH is searched first for what a C extension needs as it is imported (lazily too,
+    once the agent runs: a libssl.so.3 the agent planted there would be loaded by root), and an
+    empty entry there is the working directory; LD_PRELOAD and LD_AUDIT load the library they name
+    into root's process at its start. Each is held to PYTHONPATH's rules, a library named by a path
+    to a file only root may write; one named without a slash is looked up in the checked path."""
+    planted = sandbox.ws / "libplanted.so"
+    planted.write_bytes(b"")
+    os.chown(planted, AGENT_UID, AGENT_GID)  # the agent's, as if it had written it
+    for name, value in (
+        ("LD_LIBRARY_PATH", str(sandbox.ws)),
+        ("LD_LIBRARY_PATH", f"/usr/lib:{sandbox.ws}"),
+        ("LD_LIBRARY_PATH", "/usr/lib:"),  # the working directory
+        ("LD_LIBRARY_PATH", "/usr/lib;lib"),
+        ("LD_PRELOAD", str(planted)),
+        ("LD_AUDIT", str(planted)),
+    ):
+        # The loader reads the variable for adl-exec's own start as well: it must load nothing
+        # there, the planted library being empty (and so refused by the loader with a warning).
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err, ran.err
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"LD_LIBRARY_PATH": str(trusted), "LD_PRELOAD": "libc.so.6"})
     assert control.code == 0 and control.out.strip() == "ran", control.err
