@@ -10,7 +10,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -84,13 +84,7 @@ def check_private_file(path: Path) -> None:
     through links check_private accepts."""
     real = _resolve(path)
     _check_owners(real.parent, private_leaf=True)
-    st = os.stat(real)
-    if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(f"{real} is not a regular file")
-    if st.st_uid not in (0, os.geteuid()):
-        raise PermissionError(f"{real} is owned by uid {st.st_uid}")
-    if st.st_mode & 0o022:
-        raise PermissionError(f"{real} is writable by group or others")
+    _check_unwritable(real, os.stat(real), stat.S_ISREG, "a regular file")
 
 
 def check_import_directory(directory: Path) -> None:
@@ -99,9 +93,14 @@ def check_import_directory(directory: Path) -> None:
     check_private accepts above a directory: another user could plant modules there."""
     real = _resolve(directory)
     _check_owners(real.parent, private_leaf=False)
-    st = os.lstat(real)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"{real} is not a directory")
+    _check_unwritable(real, os.lstat(real), stat.S_ISDIR, "a directory")
+
+
+def _check_unwritable(real: Path, st: os.stat_result, is_kind: Callable[[int], bool], kind: str) -> None:
+    """PermissionError unless `real` is of its kind, owned by root or this process's user, and
+    writable by nobody else."""
+    if not is_kind(st.st_mode):
+        raise PermissionError(f"{real} is not {kind}")
     if st.st_uid not in (0, os.geteuid()):
         raise PermissionError(f"{real} is owned by uid {st.st_uid}")
     if st.st_mode & 0o022:

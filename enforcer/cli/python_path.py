@@ -27,6 +27,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # The variables naming directories, with what separates their entries (None: a single one).
 NAMES = {
@@ -90,15 +94,7 @@ def _untrusted_library(entry: str) -> str | None:
     """Why the library file `entry` is none to load, None if it is one."""
     from ..paths import check_private_file
 
-    if not os.path.isabs(entry):
-        return "a relative path, resolved against whatever directory a process is in"
-    try:
-        check_private_file(Path(entry))
-    except FileNotFoundError:
-        return "it does not exist (whoever may create it could fill it)"
-    except OSError as exc:  # PermissionError: who owns or may write it, or above it
-        return str(exc)
-    return None
+    return _refused(entry, check_private_file)
 
 
 def _untrusted(entry: str) -> str | None:
@@ -107,10 +103,15 @@ def _untrusted(entry: str) -> str | None:
 
     if not entry:
         return "an empty entry, which the interpreter reads as the working directory"
+    return _refused(entry, check_import_directory)
+
+
+def _refused(entry: str, check: Callable[[Path], object]) -> str | None:
+    """Why `check` refuses the absolute path `entry`, None if it passes."""
     if not os.path.isabs(entry):
         return "a relative path, resolved against whatever directory a process is in"
     try:
-        check_import_directory(Path(entry))
+        check(Path(entry))
     except FileNotFoundError:
         return "it does not exist (whoever may create it could fill it)"
     except OSError as exc:  # PermissionError: who owns or may write it, or above it

@@ -27,15 +27,9 @@ def _sealed_log(tmp_path: Path) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("where", ["newest", "oldest"])
-def test_a_fifo_planted_as_a_log_file_does_not_hold_the_writer(tmp_path: Path, where: str) -> None:
-    """A FIFO nobody opens, named as the newest log file (the writer appends there: open for
-    writing waits for a reader) or as one sorting first (the writer reads the log's id from it).
-    The writer must refuse the directory at once, as for a symlinked log file. It runs in a child:
-    a hang is bounded and reported."""
-    directory = _sealed_log(tmp_path)
-    name = "audit-9999999999999999.jsonl" if where == "newest" else "audit-0000000000000000.jsonl"
-    os.mkfifo(directory / name)
+def _writer_in_child(tmp_path: Path, directory: Path, planted: str) -> subprocess.CompletedProcess[str]:
+    """Open and close a writer on `directory` in a child process: a hang is bounded and reported
+    (naming what was `planted`). Exit 1 with `refused: ...` on stderr when the writer refused."""
     code = (
         "import sys; from pathlib import Path; from enforcer.audit import AuditUnavailable, AuditWriter\n"
         "try:\n"
@@ -45,11 +39,23 @@ def test_a_fifo_planted_as_a_log_file_does_not_hold_the_writer(tmp_path: Path, w
     )
     key = tmp_path / "key" / "audit.pem"
     try:
-        done = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True, text=True
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the writer waited on a FIFO planted as {name}")
+        pytest.fail(f"the writer waited on {planted}")
+
+
+@pytest.mark.parametrize("where", ["newest", "oldest"])
+def test_a_fifo_planted_as_a_log_file_does_not_hold_the_writer(tmp_path: Path, where: str) -> None:
+    """A FIFO nobody opens, named as the newest log file (the writer appends there: open for
+    writing waits for a reader) or as one sorting first (the writer reads the log's id from it).
+    The writer must refuse the directory at once, as for a symlinked log file. It runs in a child:
+    a hang is bounded and reported."""
+    directory = _sealed_log(tmp_path)
+    name = "audit-9999999999999999.jsonl" if where == "newest" else "audit-0000000000000000.jsonl"
+    os.mkfifo(directory / name)
+    done = _writer_in_child(tmp_path, directory, f"a FIFO planted as {name}")
     assert done.returncode == 1 and "refused: " in done.stderr and name in done.stderr, done.stderr[-2000:]
 
 
@@ -135,17 +141,7 @@ def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited
         os.mkfifo(entry)
     else:
         entry.symlink_to(victim)
-    code = (
-        "import sys; from pathlib import Path; from enforcer.audit import AuditWriter\n"
-        "AuditWriter(Path(sys.argv[1]), Path(sys.argv[2])).close()\n"
-    )
-    key = tmp_path / "key" / "audit.pem"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True, text=True
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the writer waited on a {planted} planted in writers/")
+    done = _writer_in_child(tmp_path, directory, f"a {planted} planted in writers/")
     assert done.returncode == 0, done.stderr[-2000:]
     gaps = [
         r["payload"]
@@ -169,20 +165,7 @@ def test_a_fifo_planted_where_a_torn_tail_goes_does_not_hold_the_writer(tmp_path
         f.write(b"torn")
     (directory / "torn").mkdir(exist_ok=True)
     os.mkfifo(directory / "torn" / f"{newest.name}.{end}")
-    code = (
-        "import sys; from pathlib import Path; from enforcer.audit import AuditUnavailable, AuditWriter\n"
-        "try:\n"
-        "    AuditWriter(Path(sys.argv[1]), Path(sys.argv[2])).close()\n"
-        "except AuditUnavailable as exc:\n"
-        "    sys.exit(f'refused: {exc}')\n"
-    )
-    key = tmp_path / "key" / "audit.pem"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", code, str(directory), str(key)], timeout=30, capture_output=True, text=True
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the writer waited on a FIFO planted in torn/")
+    done = _writer_in_child(tmp_path, directory, "a FIFO planted in torn/")
     assert done.returncode == 1 and "refused: " in done.stderr, done.stderr[-2000:]
     assert newest.read_bytes()[end:] == b"torn"  # refused before it cut anything
 

@@ -17,18 +17,12 @@ import pytest
 
 from enforcer.sandbox import cgroups, guardian
 
+from ..helpers.processes import alive
+
 ROOT = Path("/sys/fs/cgroup")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not (ROOT / "pids" / "cgroup.procs").exists(), reason="needs root and cgroup v1 pids"
 )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @contextlib.contextmanager
@@ -92,7 +86,7 @@ def test_the_guardian_kills_a_member_that_joins_before_the_rmdir(monkeypatch: py
         guardian.remove([str(directory)], [], timeout=5)
         assert joined, "the group was never seen empty"
         assert not directory.exists(), "the guardian left the group"
-        assert not _alive(joined[0]), "the guardian left a member alive"
+        assert not alive(joined[0]), "the guardian left a member alive"
 
 
 def test_a_cgroup_removal_kills_a_member_that_joins_before_the_rmdir(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,4 +100,4 @@ def test_a_cgroup_removal_kills_a_member_that_joins_before_the_rmdir(monkeypatch
         group.remove(timeout=5)
         assert joined, "the group was never seen empty"
         assert not directory.exists(), "the removal left the group"
-        assert not _alive(joined[0]), "the removal left a member alive"
+        assert not alive(joined[0]), "the removal left a member alive"

@@ -19,17 +19,10 @@ from enforcer.egress_values import EgressValues
 from enforcer.policy import SchemaSet
 
 from ..helpers.documents import base_adl, compile_doc
+from ..helpers.processes import alive
 from ..helpers.sandbox import needs_root
 
 pytestmark = needs_root
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_filter_whose_launcher_died_before_it_started_ends_creating_nothing(
@@ -74,9 +67,9 @@ def test_a_filter_whose_launcher_died_before_it_started_ends_creating_nothing(
         os.kill(launcher, signal.SIGKILL)
         os.waitpid(launcher, 0)
         deadline = time.monotonic() + 10
-        while _alive(filter_pid) and time.monotonic() < deadline:
+        while alive(filter_pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not _alive(filter_pid), "the filter did not end"
+        assert not alive(filter_pid), "the filter did not end"
         assert not created.exists(), "the filter went on without its launcher"
     finally:
         if filter_pid is not None:

@@ -18,18 +18,11 @@ import pytest
 
 from enforcer.sandbox import pidns
 
+from ..helpers.processes import alive
 from ..helpers.sandbox import needs_root
 
 pytestmark = needs_root
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _fill(fd: int) -> int:
@@ -103,7 +96,7 @@ def test_init_adopted_after_its_launcher_died_ends_the_session(tmp_path: Path, s
         init = pidns.read_pid(status_read)
         assert init is not None
         os.waitpid(stage, 0)  # adopted here when the launcher died
-        assert _wait_until(lambda: not _alive(init) and not _alive(pid2), 5), "init outlived its launcher"
+        assert _wait_until(lambda: not alive(init) and not alive(pid2), 5), "init outlived its launcher"
     finally:
         for pid in (pids.get("a"), init):
             if pid is not None:

@@ -20,6 +20,7 @@ import pytest
 
 from enforcer.sandbox import cgroups, pidns, pidns_init
 
+from ..helpers.processes import alive
 from ..helpers.sandbox import Sandbox, needs_root, session_cgroups
 
 pytestmark = needs_root
@@ -31,14 +32,6 @@ try:
 except OSError as exc:
     os.write(report, str(exc).encode())
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _read_int(fd: int, timeout: float = 10.0) -> int:
@@ -155,9 +148,9 @@ def test_the_small_init_dies_with_its_launcher(tmp_path: Path) -> None:
         os.kill(launcher, signal.SIGKILL)
         os.waitpid(launcher, 0)
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in pids), f"init {init} or pid 2 outlived the launcher"
+        assert not any(alive(p) for p in pids), f"init {init} or pid 2 outlived the launcher"
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -381,6 +374,6 @@ def _holding(marks: tuple[bytes, ...]) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if any(mark in cmdline for mark in marks) and _alive(int(entry)):
+            if any(mark in cmdline for mark in marks) and alive(int(entry)):
                 found.append(int(entry))
     return found

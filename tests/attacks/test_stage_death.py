@@ -25,19 +25,12 @@ import pytest
 
 from enforcer.sandbox import pidns
 
+from ..helpers.processes import alive
 from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 BASELINE = Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"
 BOUND_S = 20.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _until(condition: Callable[[], bool], timeout: float) -> bool:
@@ -147,7 +140,7 @@ def _launch(sandbox: Sandbox, marker: Path, ahead: bool) -> Callable[[], str]:
 
 def _assert_gone(inits: list[int]) -> None:
     for init in inits:  # pid 2 goes with init: the kernel kills the rest of its PID namespace
-        assert _until(lambda init=init: not _alive(init), 10), f"the session's init {init} outlived the launch"
+        assert _until(lambda init=init: not alive(init), 10), f"the session's init {init} outlived the launch"
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["per-order-stage", "stage-forked-ahead"])

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ..helpers.processes import alive
 from ..helpers.sandbox import AGENT_USER, Sandbox, give_to_agent, needs_root, session_cgroups
 
 pytestmark = needs_root
@@ -232,14 +233,6 @@ def _adl_exec(sandbox: Sandbox) -> list[str]:
     return [sys.executable, "-m", "enforcer.cli.exec", "--adl", str(sandbox.policy()), "--user", AGENT_USER]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_the_agent_holds_only_its_stdio(sandbox: Sandbox) -> None:
     # The stage receives descriptors (stdio, the guard's report pipe) and held the launcher's; none
     # but 0-2 may reach the agent. 3 is the directory listdir itself opens.
@@ -266,9 +259,9 @@ def test_sigkill_of_adl_exec_before_the_launch_leaves_nothing(sandbox: Sandbox) 
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while (session_cgroups(sandbox.group) or any(_alive(p) for p in stages)) and time.monotonic() < deadline:
+        while (session_cgroups(sandbox.group) or any(alive(p) for p in stages)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(p) for p in stages) and session_cgroups(sandbox.group) == []
+        assert not any(alive(p) for p in stages) and session_cgroups(sandbox.group) == []
     finally:
         proc.kill()
 
