@@ -195,3 +195,40 @@ def test_follow_reads_no_log_file_that_is_not_a_file(tmp_path: Path, planted: st
         pytest.fail(f"follow went on with a {planted} planted as {oldest.name}, printing {printed!r}")
     assert done.returncode == 2 and done.stdout == "", (done.stdout[-500:], done.stderr[-500:])
     assert oldest.name in done.stderr, done.stderr
+
+
+def test_a_symlink_planted_as_the_writers_registry_is_not_followed(tmp_path: Path) -> None:
+    """writers/ itself replaced by a symlink to a directory root keeps files in: the writer listed
+    the directory it names as its registry, and removed every file there nobody held a lock on (a
+    dead writer's entry, to it), recording each as a writer that stopped. The writer must refuse the
+    directory, leaving the directory named untouched. It runs in a child: a hang is bounded."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.conf").write_text("root's\n")
+    (victim / "precious.conf").chmod(0o600)
+    (victim / "link").symlink_to(victim / "precious.conf")
+    (directory / "writers").rename(directory / "writers.old")
+    (directory / "writers").symlink_to(victim)
+    done = _writer_in_child(tmp_path, directory, "a symlink planted as writers/")
+    assert sorted(p.name for p in victim.iterdir()) == ["link", "precious.conf"], done.stderr[-2000:]
+    assert (victim / "precious.conf").read_text() == "root's\n"
+    assert done.returncode == 1 and "refused: " in done.stderr and "writers" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_symlink_swapped_in_as_the_writers_registry_is_not_followed_at_the_close(tmp_path: Path) -> None:
+    """The same swap once the writer runs: its close removed its entry through the link (a file of
+    the writer's name in the directory it names). It must refuse, touch nothing there, and still
+    release every descriptor it holds."""
+    directory = tmp_path / "audit"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    w = AuditWriter(directory, tmp_path / "key" / "audit.pem")
+    (victim / w.writer_id).write_text("root's\n")
+    (directory / "writers").rename(directory / "writers.old")
+    (directory / "writers").symlink_to(victim)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError):
+        w.close()
+    assert (victim / w.writer_id).read_text() == "root's\n"
+    assert len(set(os.listdir("/proc/self/fd")) - before) == 0 and len(before - set(os.listdir("/proc/self/fd"))) >= 3
