@@ -17,7 +17,8 @@ The dynamic loader's variables have the same effect one level down: LD_LIBRARY_P
 first for the libraries a C extension needs when it is imported (lazily too: after the agent has
 started), LD_PRELOAD and LD_AUDIT name libraries loaded into the process at its start. Held to the
 same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is the working directory
-there too), each library named by a path as a file only root may write.
+there too), each library named by a path as a file only root may write; none with a `$` token, which
+the loader rewrites after the check.
 
 Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
 imported otherwise."""
@@ -60,13 +61,13 @@ def refuse_untrusted(program: str) -> None:
         f"{name} names {entry!r}: {why}"
         for name, value in named
         for entry in _split(value, NAMES.get(name))
-        if (why := _untrusted(entry))
+        if (why := _untrusted(name, entry))
     ]
     problems += [
         f"{name} names {entry!r}: {why}"
         for name, value in libraries
         for entry in _split(value, LIBRARIES[name])
-        if "/" in entry and (why := _untrusted_library(entry))
+        if "/" in entry and (why := _untrusted_library(name, entry))
     ]
     # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
     # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
@@ -90,26 +91,29 @@ def _split(value: str, separators: str | None) -> list[str]:
     return value.split(separators[0])
 
 
-def _untrusted_library(entry: str) -> str | None:
+def _untrusted_library(name: str, entry: str) -> str | None:
     """Why the library file `entry` is none to load, None if it is one."""
     from ..paths import check_private_file
 
-    return _refused(entry, check_private_file)
+    return _refused(name, entry, check_private_file)
 
 
-def _untrusted(entry: str) -> str | None:
+def _untrusted(name: str, entry: str) -> str | None:
     """Why `entry` is no directory to import from, None if it is one."""
     from ..paths import check_import_directory  # only once something is named: not on the launch path
 
     if not entry:
         return "an empty entry, which the interpreter reads as the working directory"
-    return _refused(entry, check_import_directory)
+    return _refused(name, entry, check_import_directory)
 
 
-def _refused(entry: str, check: Callable[[Path], object]) -> str | None:
-    """Why `check` refuses the absolute path `entry`, None if it passes."""
+def _refused(name: str, entry: str, check: Callable[[Path], object]) -> str | None:
+    """Why `check` refuses the absolute path `entry` of the variable `name`, None if it passes."""
     if not os.path.isabs(entry):
         return "a relative path, resolved against whatever directory a process is in"
+    if name.startswith("LD_") and "$" in entry:
+        # The loader replaces $ORIGIN, $LIB, $PLATFORM (braced or not) before it looks there.
+        return "the loader rewrites its $ tokens: it would look elsewhere than the path checked"
     try:
         check(Path(entry))
     except FileNotFoundError:

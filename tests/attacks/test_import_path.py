@@ -173,3 +173,24 @@ def test_a_library_path_or_preload_others_may_write_is_refused(sandbox: Sandbox,
     trusted.mkdir(mode=0o755)
     control = sandbox.python("print('ran')", env={"LD_LIBRARY_PATH": str(trusted), "LD_PRELOAD": "libc.so.6"})
     assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_loader_path_with_a_token_the_loader_rewrites_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The loader rewrites $LIB, $PLATFORM and $ORIGIN (braced or not) in LD_LIBRARY_PATH and in
+    the libraries LD_PRELOAD and LD_AUDIT name before it looks there: '<base>/$LIB' is searched as
+    '<base>/lib/x86_64-linux-gnu' (say). A directory literally named '$LIB' that only root may write
+    passed the check while the loader searched one the agent may write. Refused."""
+    base = tmp_path / "base"
+    base.mkdir(mode=0o755)
+    (base / "$LIB").mkdir(mode=0o755)  # what the check saw
+    (base / "${PLATFORM}").mkdir(mode=0o755)
+    (base / "$LIB" / "libx.so").write_bytes(b"")
+    for name, value in (
+        ("LD_LIBRARY_PATH", f"{base}/$LIB"),
+        ("LD_LIBRARY_PATH", f"/usr/lib:{base}/${{PLATFORM}}"),
+        ("LD_PRELOAD", f"{base}/$LIB/libx.so"),
+        ("LD_AUDIT", f"{base}/$LIB/libx.so"),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err and "$ tokens" in ran.err, ran.err
