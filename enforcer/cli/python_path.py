@@ -18,7 +18,9 @@ first for the libraries a C extension needs when it is imported (lazily too: aft
 started), LD_PRELOAD and LD_AUDIT name libraries loaded into the process at its start. Held to the
 same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is the working directory
 there too), each library named by a path as a file only root may write; none with a `$` token, which
-the loader rewrites after the check.
+the loader rewrites after the check. So are the C library's GCONV_PATH (its character set converters,
+shared libraries loaded as the interpreter decodes its arguments at its start) and LOCPATH (the
+locale files it parses, naming those converters).
 
 Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
 imported otherwise."""
@@ -40,6 +42,8 @@ NAMES = {
     "PYTHONUSERBASE": None,
     "PYTHONPYCACHEPREFIX": None,
     "LD_LIBRARY_PATH": ":;",
+    "GCONV_PATH": ":",
+    "LOCPATH": ":",
 }
 # The loader's variables naming libraries, with what separates them; one named without a slash is
 # looked up as any needed library is (LD_LIBRARY_PATH, then the system's directories).

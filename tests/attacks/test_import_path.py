@@ -194,3 +194,24 @@ def test_a_loader_path_with_a_token_the_loader_rewrites_is_refused(sandbox: Sand
         ran = sandbox.python("print('ran')", env={name: value})
         assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
         assert f"{name} names " in ran.err and "$ tokens" in ran.err, ran.err
+
+
+def test_a_converter_or_locale_path_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The C library loads its character set converters from GCONV_PATH: a gconv-modules file
+    there naming a converter for UTF-8 has its shared library run as the interpreter decodes its
+    arguments at its start (the converter's init ran as uid 0 in `env -i GCONV_PATH=<dir> python3`),
+    the egress filter's and every later start included. LOCPATH names the locale files it parses,
+    which name the converters. Both are held to PYTHONPATH's rules."""
+    for name, value in (
+        ("GCONV_PATH", str(sandbox.ws)),
+        ("GCONV_PATH", f"/usr/lib:{sandbox.ws}"),
+        ("GCONV_PATH", "gconv"),
+        ("LOCPATH", str(sandbox.ws)),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err, ran.err
+    trusted = tmp_path / "gconv"
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"GCONV_PATH": str(trusted), "LOCPATH": str(trusted)})
+    assert control.code == 0 and control.out.strip() == "ran", control.err
