@@ -99,7 +99,7 @@ def _dead_entries(registry_fd: int) -> Iterator[dict[str, Any]]:
         try:
             fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=registry_fd)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:  # a symlink; anything else is the directory's fault
+            if exc.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink, a socket; else the directory's fault
                 raise
             fd = -1
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,7 @@ def test_a_torn_tail_is_not_cut_back_through_a_log_file_swapped_for_a_symlink(
     assert cut[:end] == kept and cut[end : end + 4] != b"torn", cut[end - 100 : end + 100]
 
 
-@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "socket"])
 def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited_on(
     tmp_path: Path, planted: str
 ) -> None:
@@ -139,6 +140,9 @@ def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited
     entry = directory / "writers" / "planted"
     if planted == "fifo":
         os.mkfifo(entry)
+    elif planted == "socket":  # which no open(2) takes (ENXIO): it refused the whole log
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(str(entry))
     else:
         entry.symlink_to(victim)
     done = _writer_in_child(tmp_path, directory, f"a {planted} planted in writers/")
