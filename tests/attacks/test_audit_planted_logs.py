@@ -17,6 +17,7 @@ import pytest
 
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, logfiles, records
 from enforcer.audit.query import iter_records
+from enforcer.audit.verify import verify_directory
 from enforcer.audit.writer import log_files
 
 
@@ -236,3 +237,15 @@ def test_a_symlink_swapped_in_as_the_writers_registry_is_not_followed_at_the_clo
         w.close()
     assert (victim / w.writer_id).read_text() == "root's\n"
     assert len(set(os.listdir("/proc/self/fd")) - before) == 0 and len(before - set(os.listdir("/proc/self/fd"))) >= 3
+
+
+def test_a_broken_log_is_reported_up_to_its_last_good_record(tmp_path: Path) -> None:
+    """verify stops at the first break (here a FIFO planted as a newer log file) and names its seq;
+    the report's last seq stayed 0 then, so the records checked before the break, and those after
+    the last checkpoint, came out negative ('unsealed: -46 record(s)')."""
+    directory = _sealed_log(tmp_path)
+    os.mkfifo(directory / "audit-9999999999999999.jsonl")
+    report = verify_directory(directory)
+    assert not report.intact and report.bad_seq is not None
+    assert report.last_seq == report.records == report.bad_seq - 1, report
+    assert 0 <= report.unsealed < report.last_seq, report
