@@ -22,8 +22,9 @@ the loader rewrites after the check. So are the C library's GCONV_PATH (its char
 shared libraries loaded as the interpreter decodes its arguments at its start) and LOCPATH (the
 locale files it parses, naming those converters).
 
-Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
-imported otherwise."""
+Each value a variable has in the environment the process started with is checked: given twice, the
+loader takes the last where os.environ shows the first. Checked only when one of them is set (or a
+prefix came from `-X pycache_prefix`): nothing is imported otherwise."""
 
 from __future__ import annotations
 
@@ -53,12 +54,14 @@ LIBRARIES = {"LD_PRELOAD": ": ", "LD_AUDIT": ":"}
 def refuse_untrusted(program: str) -> None:
     """Exit (2) naming each directory the interpreter imports from, or reads compiled modules from,
     that is no directory to trust (see above). Returns at once when none is named."""
-    named = [(name, os.environ[name]) for name in NAMES if os.environ.get(name)]
+    watched = (*NAMES, *LIBRARIES)
+    values = _started_with(watched) if any(name in os.environ for name in watched) else []
+    named = [(name, value) for name, value in values if name in NAMES and value]
     prefix = sys.pycache_prefix
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
     platlib = os.environ.get("PYTHONPLATLIBDIR", "")
-    libraries = [(name, os.environ[name]) for name in LIBRARIES if os.environ.get(name)]
+    libraries = [(name, value) for name, value in values if name in LIBRARIES and value]
     if not named and not platlib and not libraries:  # an empty variable is as good as unset
         return
     problems = [
@@ -85,6 +88,19 @@ def refuse_untrusted(program: str) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _started_with(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each value each of `names` has in the environment this process started with. A name given
+    twice there is its first value to os.environ and getenv, its last to the loader: both count."""
+    with open("/proc/self/environ", "rb") as block:
+        entries = block.read().split(b"\0")
+    found = []
+    for entry in entries:
+        name, equals, value = entry.partition(b"=")
+        if equals and (decoded := os.fsdecode(name)) in names:
+            found.append((decoded, os.fsdecode(value)))
+    return found
 
 
 def _split(value: str, separators: str | None) -> list[str]:

@@ -215,3 +215,38 @@ def test_a_converter_or_locale_path_others_may_write_is_refused(sandbox: Sandbox
     trusted.mkdir(mode=0o755)
     control = sandbox.python("print('ran')", env={"GCONV_PATH": str(trusted), "LOCPATH": str(trusted)})
     assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+# Execs its arguments with the environment it got plus one more entry, ADL_TEST_DUPLICATE's value:
+# a variable given twice, which no mapping (subprocess's env) can express.
+GIVE_TWICE = """
+import ctypes, os, sys
+extra = os.environb.pop(b"ADL_TEST_DUPLICATE")
+envp = [b"%s=%s" % item for item in os.environb.items()] + [extra]
+argv = [os.fsencode(arg) for arg in sys.argv[1:]]
+strings = lambda items: (ctypes.c_char_p * (len(items) + 1))(*items, None)
+ctypes.CDLL(None, use_errno=True).execve(argv[0], strings(argv), strings(envp))
+sys.exit(f"execve: {os.strerror(ctypes.get_errno())}")
+"""
+
+
+def test_a_loader_variable_given_twice_is_checked_in_each_value(sandbox: Sandbox, tmp_path: Path) -> None:
+    """An environment may name a variable twice. os.environ (and getenv) then hold the first value,
+    the loader takes the last: LD_LIBRARY_PATH given as a root 0755 directory and then as the
+    agent's workspace passed the check (made on the first) while the loader searched the
+    workspace (seen with LD_DEBUG=libs). So did an empty first value, taken as unset. Each value
+    is checked."""
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    sandbox.wrap = [sys.executable, "-c", GIVE_TWICE]
+    for first in (str(trusted), ""):
+        ran = sandbox.python(
+            "print('ran')",
+            env={"LD_LIBRARY_PATH": first, "ADL_TEST_DUPLICATE": f"LD_LIBRARY_PATH={sandbox.ws}"},
+        )
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (first, ran.code, ran.out, ran.err)
+        assert f"LD_LIBRARY_PATH names '{sandbox.ws}'" in ran.err, ran.err
+    control = sandbox.python(
+        "print('ran')", env={"LD_LIBRARY_PATH": "", "ADL_TEST_DUPLICATE": f"LD_LIBRARY_PATH={trusted}"}
+    )
+    assert control.code == 0 and control.out.strip() == "ran", control.err
