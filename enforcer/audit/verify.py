@@ -104,6 +104,8 @@ def verify_directory(
             _check_anchor(name, anchor, report, key)
     except _Broken as broken:
         report.bad_seq, report.problem = broken.seq, broken.problem
+        # The walk counts the records it accepted, from seq 1 on: a break leaves them the good ones.
+        report.last_seq = report.records
     return report
 
 

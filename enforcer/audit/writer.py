@@ -257,10 +257,12 @@ class AuditWriter(Appender):
                 self._lease.release()
                 os.close(self._fd)
                 self._fd = -1
-                if self._registry_fd >= 0:
-                    registry.unregister(self.directory, self.writer_id, self._registry_fd)
-                self._lease.close()
-                self._head.close()
+                try:  # writers/ swapped for a symlink meanwhile: refused, the rest still closed
+                    if self._registry_fd >= 0:
+                        registry.unregister(self.directory, self.writer_id, self._registry_fd)
+                finally:
+                    self._lease.close()
+                    self._head.close()
 
     def _release_all(self) -> None:
         """Close whatever a constructor that failed had opened, so that a caller retrying the open

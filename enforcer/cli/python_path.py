@@ -17,10 +17,14 @@ The dynamic loader's variables have the same effect one level down: LD_LIBRARY_P
 first for the libraries a C extension needs when it is imported (lazily too: after the agent has
 started), LD_PRELOAD and LD_AUDIT name libraries loaded into the process at its start. Held to the
 same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is the working directory
-there too), each library named by a path as a file only root may write.
+there too), each library named by a path as a file only root may write; none with a `$` token, which
+the loader rewrites after the check. So are the C library's GCONV_PATH (its character set converters,
+shared libraries loaded as the interpreter decodes its arguments at its start) and LOCPATH (the
+locale files it parses, naming those converters).
 
-Checked only when one of them is set (or a prefix came from `-X pycache_prefix`): nothing is
-imported otherwise."""
+Each value a variable has in the environment the process started with is checked: given twice, the
+loader takes the last where os.environ shows the first. Checked only when one of them is set (or a
+prefix came from `-X pycache_prefix`): nothing is imported otherwise."""
 
 from __future__ import annotations
 
@@ -39,6 +43,8 @@ NAMES = {
     "PYTHONUSERBASE": None,
     "PYTHONPYCACHEPREFIX": None,
     "LD_LIBRARY_PATH": ":;",
+    "GCONV_PATH": ":",
+    "LOCPATH": ":",
 }
 # The loader's variables naming libraries, with what separates them; one named without a slash is
 # looked up as any needed library is (LD_LIBRARY_PATH, then the system's directories).
@@ -48,25 +54,27 @@ LIBRARIES = {"LD_PRELOAD": ": ", "LD_AUDIT": ":"}
 def refuse_untrusted(program: str) -> None:
     """Exit (2) naming each directory the interpreter imports from, or reads compiled modules from,
     that is no directory to trust (see above). Returns at once when none is named."""
-    named = [(name, os.environ[name]) for name in NAMES if os.environ.get(name)]
+    watched = (*NAMES, *LIBRARIES)
+    values = _started_with(watched) if any(name in os.environ for name in watched) else []
+    named = [(name, value) for name, value in values if name in NAMES and value]
     prefix = sys.pycache_prefix
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
     platlib = os.environ.get("PYTHONPLATLIBDIR", "")
-    libraries = [(name, os.environ[name]) for name in LIBRARIES if os.environ.get(name)]
+    libraries = [(name, value) for name, value in values if name in LIBRARIES and value]
     if not named and not platlib and not libraries:  # an empty variable is as good as unset
         return
     problems = [
         f"{name} names {entry!r}: {why}"
         for name, value in named
         for entry in _split(value, NAMES.get(name))
-        if (why := _untrusted(entry))
+        if (why := _untrusted(name, entry))
     ]
     problems += [
         f"{name} names {entry!r}: {why}"
         for name, value in libraries
         for entry in _split(value, LIBRARIES[name])
-        if "/" in entry and (why := _untrusted_library(entry))
+        if "/" in entry and (why := _untrusted_library(name, entry))
     ]
     # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
     # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
@@ -82,6 +90,19 @@ def refuse_untrusted(program: str) -> None:
         sys.exit(2)
 
 
+def _started_with(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each value each of `names` has in the environment this process started with. A name given
+    twice there is its first value to os.environ and getenv, its last to the loader: both count."""
+    with open("/proc/self/environ", "rb") as block:
+        entries = block.read().split(b"\0")
+    found = []
+    for entry in entries:
+        name, equals, value = entry.partition(b"=")
+        if equals and (decoded := os.fsdecode(name)) in names:
+            found.append((decoded, os.fsdecode(value)))
+    return found
+
+
 def _split(value: str, separators: str | None) -> list[str]:
     if separators is None:
         return [value]
@@ -90,26 +111,29 @@ def _split(value: str, separators: str | None) -> list[str]:
     return value.split(separators[0])
 
 
-def _untrusted_library(entry: str) -> str | None:
+def _untrusted_library(name: str, entry: str) -> str | None:
     """Why the library file `entry` is none to load, None if it is one."""
     from ..paths import check_private_file
 
-    return _refused(entry, check_private_file)
+    return _refused(name, entry, check_private_file)
 
 
-def _untrusted(entry: str) -> str | None:
+def _untrusted(name: str, entry: str) -> str | None:
     """Why `entry` is no directory to import from, None if it is one."""
     from ..paths import check_import_directory  # only once something is named: not on the launch path
 
     if not entry:
         return "an empty entry, which the interpreter reads as the working directory"
-    return _refused(entry, check_import_directory)
+    return _refused(name, entry, check_import_directory)
 
 
-def _refused(entry: str, check: Callable[[Path], object]) -> str | None:
-    """Why `check` refuses the absolute path `entry`, None if it passes."""
+def _refused(name: str, entry: str, check: Callable[[Path], object]) -> str | None:
+    """Why `check` refuses the absolute path `entry` of the variable `name`, None if it passes."""
     if not os.path.isabs(entry):
         return "a relative path, resolved against whatever directory a process is in"
+    if name.startswith("LD_") and "$" in entry:
+        # The loader replaces $ORIGIN, $LIB, $PLATFORM (braced or not) before it looks there.
+        return "the loader rewrites its $ tokens: it would look elsewhere than the path checked"
     try:
         check(Path(entry))
     except FileNotFoundError:

@@ -131,15 +131,14 @@ class Recorder:
     def __post_init__(self) -> None:
         self._written = threading.Condition(self._lock)
 
-    def seal(self, timeout: float) -> int:
+    def seal(self, timeout: float) -> None:
         """The summary comes next: every later record is refused (AuditUnavailable), so what would
         have been recorded after it is denied instead; those already on their way are waited for (up
-        to `timeout`), so that they come before it and are in its counts. Returns how many are still
-        being written (a stalled log: they hold the writer's lock, which serves them first)."""
+        to `timeout`), so that they come before it and are in its counts. In a stalled log they wait
+        on the writer's lock ahead of the summary."""
         with self._lock:
             self._sealed = True
             self._written.wait_for(lambda: not self._writing, timeout)
-            return self._writing
 
     def summarize(self, payload: dict[str, Any]) -> None:
         """The session's net.summary, once sealed."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, logfiles, records
 from enforcer.audit.query import iter_records
+from enforcer.audit.verify import verify_directory
 from enforcer.audit.writer import log_files
 
 
@@ -119,7 +121,7 @@ def test_a_torn_tail_is_not_cut_back_through_a_log_file_swapped_for_a_symlink(
     assert cut[:end] == kept and cut[end : end + 4] != b"torn", cut[end - 100 : end + 100]
 
 
-@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "socket"])
 def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited_on(
     tmp_path: Path, planted: str
 ) -> None:
@@ -139,6 +141,9 @@ def test_an_entry_planted_in_the_writers_registry_is_neither_followed_nor_waited
     entry = directory / "writers" / "planted"
     if planted == "fifo":
         os.mkfifo(entry)
+    elif planted == "socket":  # which no open(2) takes (ENXIO): it refused the whole log
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(str(entry))
     else:
         entry.symlink_to(victim)
     done = _writer_in_child(tmp_path, directory, f"a {planted} planted in writers/")
@@ -195,3 +200,52 @@ def test_follow_reads_no_log_file_that_is_not_a_file(tmp_path: Path, planted: st
         pytest.fail(f"follow went on with a {planted} planted as {oldest.name}, printing {printed!r}")
     assert done.returncode == 2 and done.stdout == "", (done.stdout[-500:], done.stderr[-500:])
     assert oldest.name in done.stderr, done.stderr
+
+
+def test_a_symlink_planted_as_the_writers_registry_is_not_followed(tmp_path: Path) -> None:
+    """writers/ itself replaced by a symlink to a directory root keeps files in: the writer listed
+    the directory it names as its registry, and removed every file there nobody held a lock on (a
+    dead writer's entry, to it), recording each as a writer that stopped. The writer must refuse the
+    directory, leaving the directory named untouched. It runs in a child: a hang is bounded."""
+    directory = _sealed_log(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.conf").write_text("root's\n")
+    (victim / "precious.conf").chmod(0o600)
+    (victim / "link").symlink_to(victim / "precious.conf")
+    (directory / "writers").rename(directory / "writers.old")
+    (directory / "writers").symlink_to(victim)
+    done = _writer_in_child(tmp_path, directory, "a symlink planted as writers/")
+    assert sorted(p.name for p in victim.iterdir()) == ["link", "precious.conf"], done.stderr[-2000:]
+    assert (victim / "precious.conf").read_text() == "root's\n"
+    assert done.returncode == 1 and "refused: " in done.stderr and "writers" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_symlink_swapped_in_as_the_writers_registry_is_not_followed_at_the_close(tmp_path: Path) -> None:
+    """The same swap once the writer runs: its close removed its entry through the link (a file of
+    the writer's name in the directory it names). It must refuse, touch nothing there, and still
+    release every descriptor it holds."""
+    directory = tmp_path / "audit"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    w = AuditWriter(directory, tmp_path / "key" / "audit.pem")
+    (victim / w.writer_id).write_text("root's\n")
+    (directory / "writers").rename(directory / "writers.old")
+    (directory / "writers").symlink_to(victim)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError):
+        w.close()
+    assert (victim / w.writer_id).read_text() == "root's\n"
+    assert len(set(os.listdir("/proc/self/fd")) - before) == 0 and len(before - set(os.listdir("/proc/self/fd"))) >= 3
+
+
+def test_a_broken_log_is_reported_up_to_its_last_good_record(tmp_path: Path) -> None:
+    """verify stops at the first break (here a FIFO planted as a newer log file) and names its seq;
+    the report's last seq stayed 0 then, so the records checked before the break, and those after
+    the last checkpoint, came out negative ('unsealed: -46 record(s)')."""
+    directory = _sealed_log(tmp_path)
+    os.mkfifo(directory / "audit-9999999999999999.jsonl")
+    report = verify_directory(directory)
+    assert not report.intact and report.bad_seq is not None
+    assert report.last_seq == report.records == report.bad_seq - 1, report
+    assert 0 <= report.unsealed < report.last_seq, report

@@ -173,3 +173,80 @@ def test_a_library_path_or_preload_others_may_write_is_refused(sandbox: Sandbox,
     trusted.mkdir(mode=0o755)
     control = sandbox.python("print('ran')", env={"LD_LIBRARY_PATH": str(trusted), "LD_PRELOAD": "libc.so.6"})
     assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+def test_a_loader_path_with_a_token_the_loader_rewrites_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The loader rewrites $LIB, $PLATFORM and $ORIGIN (braced or not) in LD_LIBRARY_PATH and in
+    the libraries LD_PRELOAD and LD_AUDIT name before it looks there: '<base>/$LIB' is searched as
+    '<base>/lib/x86_64-linux-gnu' (say). A directory literally named '$LIB' that only root may write
+    passed the check while the loader searched one the agent may write. Refused."""
+    base = tmp_path / "base"
+    base.mkdir(mode=0o755)
+    (base / "$LIB").mkdir(mode=0o755)  # what the check saw
+    (base / "${PLATFORM}").mkdir(mode=0o755)
+    (base / "$LIB" / "libx.so").write_bytes(b"")
+    for name, value in (
+        ("LD_LIBRARY_PATH", f"{base}/$LIB"),
+        ("LD_LIBRARY_PATH", f"/usr/lib:{base}/${{PLATFORM}}"),
+        ("LD_PRELOAD", f"{base}/$LIB/libx.so"),
+        ("LD_AUDIT", f"{base}/$LIB/libx.so"),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err and "$ tokens" in ran.err, ran.err
+
+
+def test_a_converter_or_locale_path_others_may_write_is_refused(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The C library loads its character set converters from GCONV_PATH: a gconv-modules file
+    there naming a converter for UTF-8 has its shared library run as the interpreter decodes its
+    arguments at its start (the converter's init ran as uid 0 in `env -i GCONV_PATH=<dir> python3`),
+    the egress filter's and every later start included. LOCPATH names the locale files it parses,
+    which name the converters. Both are held to PYTHONPATH's rules."""
+    for name, value in (
+        ("GCONV_PATH", str(sandbox.ws)),
+        ("GCONV_PATH", f"/usr/lib:{sandbox.ws}"),
+        ("GCONV_PATH", "gconv"),
+        ("LOCPATH", str(sandbox.ws)),
+    ):
+        ran = sandbox.python("print('ran')", env={name: value})
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (name, value, ran.code, ran.out, ran.err)
+        assert f"{name} names " in ran.err, ran.err
+    trusted = tmp_path / "gconv"
+    trusted.mkdir(mode=0o755)
+    control = sandbox.python("print('ran')", env={"GCONV_PATH": str(trusted), "LOCPATH": str(trusted)})
+    assert control.code == 0 and control.out.strip() == "ran", control.err
+
+
+# Execs its arguments with the environment it got plus one more entry, ADL_TEST_DUPLICATE's value:
+# a variable given twice, which no mapping (subprocess's env) can express.
+GIVE_TWICE = """
+import ctypes, os, sys
+extra = os.environb.pop(b"ADL_TEST_DUPLICATE")
+envp = [b"%s=%s" % item for item in os.environb.items()] + [extra]
+argv = [os.fsencode(arg) for arg in sys.argv[1:]]
+strings = lambda items: (ctypes.c_char_p * (len(items) + 1))(*items, None)
+ctypes.CDLL(None, use_errno=True).execve(argv[0], strings(argv), strings(envp))
+sys.exit(f"execve: {os.strerror(ctypes.get_errno())}")
+"""
+
+
+def test_a_loader_variable_given_twice_is_checked_in_each_value(sandbox: Sandbox, tmp_path: Path) -> None:
+    """An environment may name a variable twice. os.environ (and getenv) then hold the first value,
+    the loader takes the last: LD_LIBRARY_PATH given as a root 0755 directory and then as the
+    agent's workspace passed the check (made on the first) while the loader searched the
+    workspace (seen with LD_DEBUG=libs). So did an empty first value, taken as unset. Each value
+    is checked."""
+    trusted = tmp_path / "lib"
+    trusted.mkdir(mode=0o755)
+    sandbox.wrap = [sys.executable, "-c", GIVE_TWICE]
+    for first in (str(trusted), ""):
+        ran = sandbox.python(
+            "print('ran')",
+            env={"LD_LIBRARY_PATH": first, "ADL_TEST_DUPLICATE": f"LD_LIBRARY_PATH={sandbox.ws}"},
+        )
+        assert ran.code == 2 and ran.out == "" and ran.records == [], (first, ran.code, ran.out, ran.err)
+        assert f"LD_LIBRARY_PATH names '{sandbox.ws}'" in ran.err, ran.err
+    control = sandbox.python(
+        "print('ran')", env={"LD_LIBRARY_PATH": "", "ADL_TEST_DUPLICATE": f"LD_LIBRARY_PATH={trusted}"}
+    )
+    assert control.code == 0 and control.out.strip() == "ran", control.err
