@@ -17,11 +17,11 @@ import contextlib
 import errno
 import os
 import signal
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from ..quick_dataclass import dataclass
+from . import guardian
 
 CPU_PERIOD_US = 100_000
 GROUP = "adl-enforcer"
@@ -114,31 +114,9 @@ class Cgroup(ABC):
         """The cgroup.kill file kill_all writes when it exists (the guardian kills the same way)."""
 
     def remove(self, timeout: float = 5.0) -> None:
-        """Kill what is left, wait for it to go, remove the directories (bounded wait). A process
-        may join after the last kill (a small init joins once its interpreter runs): the rmdir then
-        finds the group busy, and its members are killed again until the deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            while self.members():
-                self.kill_all()
-                if time.monotonic() > deadline:
-                    raise CgroupError(errno.EBUSY, f"processes still in {self.directories[0]}: {self.members()}")
-                time.sleep(0.01)
-            busy = None
-            for d in reversed(self.directories):
-                try:
-                    d.rmdir()
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:
-                        raise
-                    busy = d
-            if busy is None:
-                return
-            if time.monotonic() > deadline:
-                raise CgroupError(errno.EBUSY, f"{busy} stays busy")
-            time.sleep(0.01)
+        """Kill what is left, wait for it to go, remove the directories (bounded wait): the
+        guardian's loop (guardian.empty_and_remove), through this group's members and kill."""
+        guardian.empty_and_remove(self.directories, self.members, self.kill_all, timeout, CgroupError)
 
 
 class CgroupV2(Cgroup):

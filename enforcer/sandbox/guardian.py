@@ -30,6 +30,7 @@ import time
 TYPE_CHECKING = False  # typing is not loaded either
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable, Sequence
 else:  # the built-in module under `signal`, which builds enums of its constants: most of what this
     import _signal as signal  # process would otherwise hold in memory for the session's life
 
@@ -119,15 +120,29 @@ def kill_all(directories: list[str], kill_files: list[str]) -> None:
 
 
 def remove(directories: list[str], kill_files: list[str], timeout: float = REMOVE_TIMEOUT_S) -> None:
-    """Kill what is left, wait for it to go, remove the directories (bounded wait). A process may
-    join after the last kill (a small init joins once its interpreter runs): the rmdir then finds
-    the group busy, and its members are killed again until the deadline."""
+    """Kill what is left, wait for it to go, remove the directories (bounded wait)."""
+    empty_and_remove(
+        directories, lambda: members(directories), lambda: kill_all(directories, kill_files), timeout, OSError
+    )
+
+
+def empty_and_remove(
+    directories: Sequence[str | os.PathLike[str]],
+    listed: Callable[[], list[int]],
+    kill: Callable[[], None],
+    timeout: float,
+    error: type[OSError],
+) -> None:
+    """Kill the members (`listed`, `kill`) until none is left, then remove `directories`, raising
+    `error` (EBUSY) past `timeout`; cgroups.Cgroup.remove does the same through its own members and
+    kill. A process may join after the last kill (a small init joins once its interpreter runs):
+    the rmdir then finds the group busy, and its members are killed again until the deadline."""
     deadline = time.monotonic() + timeout
     while True:
-        while members(directories):
-            kill_all(directories, kill_files)
+        while listed():
+            kill()
             if time.monotonic() > deadline:
-                raise OSError(errno.EBUSY, f"processes still in {directories[0]}: {members(directories)}")
+                raise error(errno.EBUSY, f"processes still in {directories[0]}: {listed()}")
             time.sleep(0.01)
         busy = None
         for directory in reversed(directories):
@@ -142,7 +157,7 @@ def remove(directories: list[str], kill_files: list[str], timeout: float = REMOV
         if busy is None:
             return
         if time.monotonic() > deadline:
-            raise OSError(errno.EBUSY, f"{busy} stays busy")
+            raise error(errno.EBUSY, f"{busy} stays busy")
         time.sleep(0.01)
 
 

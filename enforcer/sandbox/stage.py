@@ -166,7 +166,7 @@ class Stage:
         if self._status in ready:
             return True
         # The stage writes its announcement before it exits: once it has exited, what it wrote is in the pipe.
-        return bool(_readable_now(self._status))
+        return _readable_now(self._status)
 
     def _collect_stage(self) -> None:
         if self._stage_pid != self.pid:
@@ -251,9 +251,7 @@ class Stage:
         wait for it."""
         if self._started:
             return True
-        poller = select.poll()  # not select(): the socket may be numbered above 1023 in a busy daemon
-        poller.register(self._sock, select.POLLIN)
-        return bool(poller.poll(0))
+        return _readable_now(self._sock.fileno())
 
     def _learn_agent_pid(self) -> None:
         """The future agent announces its host pid before it reads its order, so the pid is known
@@ -455,6 +453,7 @@ def prepare(
 
 
 def _readable_now(fd: int) -> bool:
+    # poll, not select(): the descriptor may be numbered above 1023 (a busy daemon, a caller's descriptors)
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))

@@ -18,7 +18,7 @@ import pytest
 
 from enforcer.sandbox import pidns
 
-from ..helpers.processes import alive
+from ..helpers.processes import alive, until
 from ..helpers.sandbox import needs_root
 
 pytestmark = needs_root
@@ -46,15 +46,6 @@ def _read_lines(fd: int, count: int, timeout: float = 10.0) -> dict[str, int]:
         assert chunk, "the reporting processes are gone"
         data += chunk
     return {line[:1].decode(): int(line[1:]) for line in data.split(b"\n") if line}
-
-
-def _wait_until(condition, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
 
 
 @pytest.mark.parametrize("small", [True, False], ids=["small-init", "forked-init"])
@@ -88,7 +79,9 @@ def test_init_adopted_after_its_launcher_died_ends_the_session(tmp_path: Path, s
     try:
         pids = _read_lines(report_read, 2)
         stage, pid2 = pids["s"], pids["a"]
-        assert _wait_until(lambda: "pipe_write" in Path(f"/proc/{stage}/wchan").read_text(), 10), "no blocked stage"
+        assert until(lambda: "pipe_write" in Path(f"/proc/{stage}/wchan").read_text(), 10, every_s=0.01), (
+            "no blocked stage"
+        )
         os.kill(launcher, signal.SIGKILL)
         os.waitpid(launcher, 0)
         while filled:  # the stage announces init, then exits
@@ -96,7 +89,7 @@ def test_init_adopted_after_its_launcher_died_ends_the_session(tmp_path: Path, s
         init = pidns.read_pid(status_read)
         assert init is not None
         os.waitpid(stage, 0)  # adopted here when the launcher died
-        assert _wait_until(lambda: not alive(init) and not alive(pid2), 5), "init outlived its launcher"
+        assert until(lambda: not alive(init) and not alive(pid2), 5, every_s=0.01), "init outlived its launcher"
     finally:
         for pid in (pids.get("a"), init):
             if pid is not None:

@@ -16,8 +16,7 @@ import contextlib
 import os
 import select
 import signal
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +24,12 @@ import pytest
 
 from enforcer.sandbox import pidns
 
-from ..helpers.processes import alive
+from ..helpers.processes import alive, until
 from ..helpers.sandbox import Sandbox, needs_root
 
 pytestmark = needs_root
 BASELINE = Path(__file__).resolve().parents[2] / "policies" / "runtime-baseline.yaml"
 BOUND_S = 20.0
-
-
-def _until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def _kill_stage_at(point: str, report: int) -> None:
@@ -69,9 +59,10 @@ def _kill_stage_at(point: str, report: int) -> None:
         pidns.announce = announcing  # type: ignore[assignment]
 
 
-def _in_launcher(work: Callable[[], str], point: str) -> tuple[str, list[int]]:
-    """Run `work` in a child (the launcher) with the stage's kill point set; its answer (or
-    "hung"), and the host pids of the inits the stage forked."""
+@contextlib.contextmanager
+def _in_launcher(work: Callable[[], str], point: str) -> Iterator[tuple[str, list[int]]]:
+    """Run `work` in a child (the launcher) with the stage's kill point set; yields its answer (or
+    "hung"), and the host pids of the inits the stage forked, which are killed afterwards."""
     answer_read, answer_write = os.pipe()
     report_read, report_write = os.pipe()
     launcher = os.fork()
@@ -103,7 +94,12 @@ def _in_launcher(work: Callable[[], str], point: str) -> tuple[str, list[int]]:
         inits = [int(line) for line in reported.split()]
         os.close(answer_read)
         os.close(report_read)
-    return answer, inits
+    try:
+        yield answer, inits
+    finally:
+        for init in inits:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
 
 
 def _plan(sandbox: Sandbox, marker: Path) -> Any:
@@ -140,15 +136,14 @@ def _launch(sandbox: Sandbox, marker: Path, ahead: bool) -> Callable[[], str]:
 
 def _assert_gone(inits: list[int]) -> None:
     for init in inits:  # pid 2 goes with init: the kernel kills the rest of its PID namespace
-        assert _until(lambda init=init: not alive(init), 10), f"the session's init {init} outlived the launch"
+        assert until(lambda init=init: not alive(init), 10), f"the session's init {init} outlived the launch"
 
 
 @pytest.mark.parametrize("ahead", [False, True], ids=["per-order-stage", "stage-forked-ahead"])
 @pytest.mark.parametrize("point", ["before-fork", "forked", "announced", "init-killed"])
 def test_an_embedded_launch_ends_whenever_its_stage_is_killed(sandbox: Sandbox, point: str, ahead: bool) -> None:
     marker = sandbox.ws / "ran"
-    answer, inits = _in_launcher(_launch(sandbox, marker, ahead), point)
-    try:
+    with _in_launcher(_launch(sandbox, marker, ahead), point) as (answer, inits):
         assert answer != "hung", "the launch never ended"
         if point == "announced":  # init was handed over: the session goes on without the stage
             assert answer == "ran: exit 0", answer
@@ -158,10 +153,6 @@ def test_an_embedded_launch_ends_whenever_its_stage_is_killed(sandbox: Sandbox, 
             assert not marker.exists()
         assert len(inits) == (0 if point == "before-fork" else 1)
         _assert_gone(inits)
-    finally:
-        for init in inits:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(init, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("point", ["before-fork", "forked"])
@@ -190,12 +181,7 @@ def test_a_daemon_prepared_stage_killed_before_it_announced_init_is_seen_gone(po
         finally:
             prepared.discard()
 
-    answer, inits = _in_launcher(work, point)
-    try:
+    with _in_launcher(work, point) as (answer, inits):
         assert answer.startswith("StageError: the launch stage is gone before"), answer
         assert len(inits) == (0 if point == "before-fork" else 1)
         _assert_gone(inits)
-    finally:
-        for init in inits:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(init, signal.SIGKILL)

@@ -3,13 +3,12 @@ of them from outside: the spawner's children, the prepared supervisors waiting, 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from enforcer.v1 import enforcer_pb2 as pb
 
 from .daemon import RunningDaemon
+from .processes import until
 
 
 def children(pid: int) -> list[int]:
@@ -43,16 +42,6 @@ def waiting(daemon: RunningDaemon) -> dict[int, list[int]]:
             continue
         found[pid] = children(pid)
     return found
-
-
-def until(condition: Callable[..., object], seconds: float, every_s: float = 0.02) -> bool:
-    """Whether `condition` holds within `seconds`, asked every `every_s`."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every_s)
-    return bool(condition())
 
 
 def gone(pid: int) -> bool:
