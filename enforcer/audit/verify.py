@@ -110,12 +110,12 @@ def verify_directory(
 
 
 def _named_seq(head: bytes | None) -> int | None:
-    """The seq HEAD.json names, read leniently: _check_head reads it strictly after the walk."""
+    """The seq HEAD.json names; None when there is none or it is no signed head (_check_head then
+    reports it after the walk)."""
     try:
-        seq = orjson.loads(head).get("seq") if head is not None else None
-    except (orjson.JSONDecodeError, AttributeError):
+        return read_head(head)["seq"] if head is not None else None
+    except ValueError:
         return None
-    return seq if isinstance(seq, int) else None
 
 
 def _walk(
@@ -267,12 +267,7 @@ def _check_anchor(
 def read_head(data: bytes) -> dict[str, Any]:
     """A signed head (HEAD.json or a saved copy of it), read strictly; its signature is not checked
     here. ValueError when it is not one."""
-    try:
-        head = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(head, dict):
-        raise ValueError("not a JSON object")
+    head = records.parse_line(data)  # its RecordError is a ValueError
     seq, digest, sig = head.get("seq"), head.get("hash"), head.get("sig")
     if type(seq) is not int or seq < 1 or not isinstance(digest, str) or not isinstance(sig, str):
         raise ValueError("a signed head has an integer seq from 1, a hash and a sig")

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, records
+from ..audit import AuditUnavailable, AuditWriter, Entry, Receipt, WriterSettings, records
 from ..framing import FrameError, recv_frame, send_frame
 from .orders import (
     REFUSAL_COUNTED,
@@ -290,7 +290,6 @@ def _first_uses() -> None:
     import tempfile
     from pathlib import Path
 
-    from ..audit import AuditUnavailable, AuditWriter, Entry, records
     from ..audit.keys import AuditKeyError, load_or_create
 
     try:
@@ -944,7 +943,6 @@ def _supervise_prepared(
     joining: _Join,
 ) -> int:
     from .. import launching
-    from ..audit import WriterSettings
     from ..sandbox.identity import Identity
 
     prepared = made.prepared
@@ -957,9 +955,8 @@ def _supervise_prepared(
                 pass
         made.kill()
 
-    opened: list[
-        SessionWriter
-    ] = []  # the session's writer, once open: what it wrote or withheld decides the exit status
+    # The session's writer, once open: what it wrote or withheld decides the exit status.
+    opened: list[SessionWriter] = []
 
     def open_audit() -> AuditWriter:
         settings = WriterSettings(group_ms=config.audit_group_ms, group_records=config.audit_group_records)
@@ -1041,7 +1038,6 @@ class SessionWriter(AuditWriter):
 def _refuse_unstarted(order: LaunchOrder, config: SpawnerConfig, client: socket.socket, detail: str) -> int:
     """A session whose supervisor could not start what it needs (no task left: the unit's or a pids
     cgroup's limit): recorded as refused (or only counted, as the order says) and its caller told so."""
-    from ..audit import AuditUnavailable, AuditWriter, WriterSettings
     from ..audit.events import caller_fields
     from ..session import record_refusal
     from ..v1 import enforcer_pb2 as pb

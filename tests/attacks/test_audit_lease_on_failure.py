@@ -9,6 +9,7 @@ import fcntl
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,19 @@ def _lease_free(directory: Path) -> bool:
     return True
 
 
+def _sync_fails(
+    writer: AuditWriter, directory: Path, monkeypatch: pytest.MonkeyPatch, failing: Callable[[int], None]
+) -> None:
+    """Append, with the lease then kept between appends for the flusher, and have the caller's
+    sync fail in fdatasync (`failing`)."""
+    writer.append(records.DECISION, {"decision": "allow"})
+    assert not _lease_free(directory)  # kept for the next append while the flusher runs
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(AuditUnavailable, match="Input/output error"):
+        writer.sync()
+    monkeypatch.undo()
+
+
 def test_a_writer_whose_flusher_failed_gives_the_lease_back(tmp_path: Path) -> None:
     directory = tmp_path / "audit"
     writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=300))
@@ -47,17 +61,12 @@ def test_a_writer_whose_sync_failed_gives_the_lease_back(tmp_path: Path, monkeyp
     appends for the flusher."""
     directory = tmp_path / "audit"
     writer = AuditWriter(directory, tmp_path / "k.pem", settings=WriterSettings(background_flush=True, group_ms=1000))
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
     try:
-        writer.append(records.DECISION, {"decision": "allow"})
-        assert not _lease_free(directory)  # kept for the next append while the flusher runs
-
-        def failing(fd: int) -> None:
-            raise OSError(5, "Input/output error")
-
-        monkeypatch.setattr(os, "fdatasync", failing)
-        with pytest.raises(AuditUnavailable, match="Input/output error"):
-            writer.sync()
-        monkeypatch.undo()
+        _sync_fails(writer, directory, monkeypatch, failing)
         assert isinstance(writer.failed, OSError)
         assert _lease_free(directory), "the failed writer still holds the append lease"
     finally:
@@ -87,12 +96,7 @@ def test_a_sync_failing_while_an_append_holds_the_lock_still_gives_the_lease_bac
         raise OSError(5, "Input/output error")
 
     try:
-        writer.append(records.DECISION, {"decision": "allow"})
-        assert not _lease_free(directory)  # kept for the next append while the flusher runs
-        monkeypatch.setattr(os, "fdatasync", failing)
-        with pytest.raises(AuditUnavailable, match="Input/output error"):
-            writer.sync()
-        monkeypatch.undo()
+        _sync_fails(writer, directory, monkeypatch, failing)
         holder.join()
         assert isinstance(writer.failed, OSError)
         assert _lease_free(directory), "the failed writer still holds the append lease"

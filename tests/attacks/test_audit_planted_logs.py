@@ -15,18 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, logfiles, records
+from enforcer.audit import AuditUnavailable, AuditWriter, logfiles, records
 from enforcer.audit.query import iter_records
 from enforcer.audit.verify import verify_directory
 from enforcer.audit.writer import log_files
 
+from ..helpers.audit_logs import make_log
+
 
 def _sealed_log(tmp_path: Path) -> Path:
-    directory = tmp_path / "audit"
-    with AuditWriter(directory, tmp_path / "key" / "audit.pem", settings=WriterSettings(checkpoint_records=15)) as w:
-        for i in range(40):
-            w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": i})
-    return directory
+    return make_log(tmp_path, 40, checkpoint_records=15)[0]
 
 
 def _writer_in_child(tmp_path: Path, directory: Path, planted: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,8 @@ from enforcer.audit import AuditUnavailable, AuditWriter, WriterSettings, record
 from enforcer.audit.writer import log_files
 from enforcer.cli.audit import main as audit_main
 
+from ..helpers.audit_logs import verify_cli
+
 
 def _sealed_log(tmp_path: Path, **settings: int) -> Path:
     directory = tmp_path / "audit"
@@ -27,24 +29,18 @@ def _sealed_log(tmp_path: Path, **settings: int) -> Path:
     return directory
 
 
-def _verify(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    code = audit_main(["--dir", str(directory), "verify"])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
-
-
 def test_cutting_the_log_back_to_a_checkpoint_and_removing_head_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     directory = _sealed_log(tmp_path)
-    assert _verify(directory, capsys)[0] == 0
+    assert verify_cli(directory, capsys)[0] == 0
     path = log_files(directory)[0]
     lines = path.read_bytes().splitlines(keepends=True)
     checkpoints = [i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line]
     kept = checkpoints[1] + 1  # every record after the second checkpoint goes, writer.close included
     path.write_bytes(b"".join(lines[:kept]))
     (directory / "HEAD.json").unlink()
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 2, out
     assert f"TAMPERED at seq {kept + 1}: HEAD.json is missing" in out
 
@@ -56,7 +52,7 @@ def test_a_log_never_sealed_needs_no_head(tmp_path: Path, capsys: pytest.Capture
     first_checkpoint = next(i for i, line in enumerate(lines) if b'"intent":"adl.enforcer.checkpoint"' in line)
     path.write_bytes(b"".join(lines[:first_checkpoint]))
     (directory / "HEAD.json").unlink()
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 0, out
     assert "unsealed:" in out
 
@@ -66,7 +62,7 @@ def test_a_file_name_chosen_by_the_tamperer_reaches_the_terminal_escaped(
 ) -> None:
     directory = _sealed_log(tmp_path)
     (directory / "audit-\x1b]0;owned\x07\x1b[2J.jsonl").write_bytes(b"")
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 2, out
     assert "TAMPERED at seq 1:" in out and "\\x1b]0;owned" in out
     assert "\x1b" not in out and "\x07" not in out
@@ -215,7 +211,7 @@ def test_an_edited_line_or_head_is_reported_not_a_crash(
     else:
         path = log_files(directory)[0]
         path.write_bytes(path.read_bytes() + data + b"\n")
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 2 and "TAMPERED" in out, out
     for argv in READERS:
         assert audit_main(["--dir", str(directory), *argv]) in (0, 1), argv
@@ -292,7 +288,7 @@ def test_a_head_copied_from_another_log_sealed_with_the_same_key_is_refused(
             w.append(records.DECISION, {"agent": "urn:b", "n": i})
     head = orjson.loads((other / "HEAD.json").read_bytes())
     (directory / "HEAD.json").write_bytes((other / "HEAD.json").read_bytes())
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 2, out
     assert f"TAMPERED at seq {head['seq']}: seq {head['seq']} is not the record the signed head names" in out
 
@@ -330,7 +326,7 @@ def test_a_log_cut_back_and_sealed_again_by_the_next_writer_says_head_was_missin
     (directory / "HEAD.json").unlink()
     with AuditWriter(directory, tmp_path / "key" / "audit.pem") as w:
         w.append(records.DECISION, {"agent": "urn:a", "decision": "deny", "n": "after"})
-    code, out = _verify(directory, capsys)
+    code, out = verify_cli(directory, capsys)
     assert code == 0, out
     # writer.open, the decision and writer.close come after the cut; then the gap, then the checkpoint
     assert f"gap at seq {kept + 4}: head_missing (last_seq_before_detection={kept + 3})" in out, out

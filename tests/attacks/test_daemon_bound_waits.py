@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ..helpers.daemon import REPO, RunningDaemon
-from ..helpers.sandbox import AGENT_GID, AGENT_UID
-from .test_daemon_fair_sessions import DONE, OTHER_UID, SLEEP, _client, _clients, _ended, _reply, _restart
+from ..helpers.daemon import RunningDaemon
+from ..helpers.launch_callers import (
+    DONE,
+    OTHER_UID,
+    SLEEP,
+    as_caller,
+    end_of,
+    launch_as,
+    launches,
+    reply_of,
+    restart_with,
+)
+from ..helpers.sandbox import AGENT_UID
 
 pytestmark = [
     pytest.mark.daemon,
@@ -62,24 +70,14 @@ def _threads(pid: int) -> int:
 
 
 def test_launches_waiting_at_a_uids_bound_are_bounded(daemon: RunningDaemon) -> None:
-    _restart(daemon, ADL_ENFORCER_MAX_SESSIONS_PER_UID="1", ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID="5")
+    restart_with(daemon, ADL_ENFORCER_MAX_SESSIONS_PER_UID="1", ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID="5")
     assert daemon.proc is not None
-    with _clients() as running:
-        running.append(_client(daemon, AGENT_UID, argv=SLEEP, cwd="/"))
-        assert _reply(running[-1])["accepted"]
+    with launches() as running:
+        running.append(launch_as(daemon, AGENT_UID, argv=SLEEP, cwd="/"))
+        assert reply_of(running[-1])["accepted"]
         time.sleep(0.5)  # the launch's thread is gone
         baseline = _threads(daemon.proc.pid)
-        flooder = subprocess.Popen(
-            [
-                *("setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_GID}", "--clear-groups"),
-                *(sys.executable, "-c", FLOODER, str(daemon.launch), str(FLOOD)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)},
-        )
+        flooder = as_caller(AGENT_UID, FLOODER, str(daemon.launch), str(FLOOD))
         try:
             peak = baseline
             deadline = time.monotonic() + 20
@@ -101,7 +99,7 @@ def test_launches_waiting_at_a_uids_bound_are_bounded(daemon: RunningDaemon) -> 
         assert len(at_once) >= FLOOD - FLOOD // 3, len(at_once)
 
         # Another uid launches meanwhile, unhindered.
-        other = _client(daemon, OTHER_UID, argv=DONE, cwd="/")
-        assert _reply(other)["accepted"]
-        ended = _ended(other)
+        other = launch_as(daemon, OTHER_UID, argv=DONE, cwd="/")
+        assert reply_of(other)["accepted"]
+        ended = end_of(other)
         assert ended["exit"] == 0, ended

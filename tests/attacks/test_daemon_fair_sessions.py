@@ -5,15 +5,9 @@ like the daemon's own, so a flood of them is summarised, not written one by one.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import subprocess
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,144 +15,81 @@ from enforcer.daemon.spawner import HELPERS_SUFFIX, HELPERS_TASKS_SHARE, PREPARE
 from enforcer.sandbox import cgroups
 from enforcer.v1 import enforcer_pb2 as pb
 
-from ..helpers.daemon import REPO, RunningDaemon
+from ..helpers.daemon import RunningDaemon
+from ..helpers.launch_callers import (
+    DONE,
+    OTHER_UID,
+    SLEEP,
+    end_of,
+    launch_as,
+    launches,
+    refused_records,
+    reply_of,
+    restart_with,
+)
 from ..helpers.prepared import children, ready, spawner_of, until, waiting
-from ..helpers.sandbox import AGENT_GID, AGENT_UID
+from ..helpers.sandbox import AGENT_UID
 
 pytestmark = [
     pytest.mark.daemon,
     pytest.mark.skipif(os.geteuid() != 0, reason="the daemon needs root (cgroups, namespaces)"),
 ]
 
-OTHER_UID = 63000 + os.getpid() % 1000  # a second caller; setpriv needs no account for a number
-
-# Launches over the raw launch socket; prints the reply, then how the session ended, one JSON line each.
-CLIENT = """
-import json, os, socket, sys
-from enforcer.framing import recv_frame, send_frame
-from enforcer.v1 import enforcer_pb2 as pb
-spec = json.loads(sys.argv[2])
-request = pb.LaunchRequest(environ={"PATH": "/usr/bin:/bin"}, **spec)
-null = os.open(os.devnull, os.O_RDWR)
-with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-    conn.connect(sys.argv[1])
-    send_frame(conn, request.SerializeToString(), [null] * 3)
-    reply = pb.LaunchReply.FromString(recv_frame(conn)[0])
-    print(json.dumps({"accepted": reply.accepted, "session": reply.session, "refusal": reply.refusal}), flush=True)
-    if reply.accepted:
-        frame = recv_frame(conn)
-        ended = pb.SessionEnded.FromString(frame[0]) if frame else pb.SessionEnded(reason="lost")
-        print(json.dumps({"reason": ended.reason, "exit": ended.exit_code, "detail": ended.detail}), flush=True)
-"""
-SLEEP = ["python3", "-c", "import time; time.sleep(60)"]
-DONE = ["python3", "-c", "pass"]
-
-
-def _client(daemon: RunningDaemon, uid: int, **spec: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            *("setpriv", f"--reuid={uid}", f"--regid={AGENT_GID}", "--clear-groups"),
-            *(sys.executable, "-c", CLIENT, str(daemon.launch), json.dumps({"agent": "Sandboxed", **spec})),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
-        env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)},
-    )
-
-
-def _reply(client: subprocess.Popen[str]) -> dict[str, Any]:
-    assert client.stdout is not None
-    line = client.stdout.readline()
-    assert line, client.communicate(timeout=30)
-    return dict(json.loads(line))
-
-
-def _ended(client: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = client.communicate(timeout=60)
-    assert out.strip(), err
-    return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-@contextlib.contextmanager
-def _clients() -> Iterator[list[subprocess.Popen[str]]]:
-    running: list[subprocess.Popen[str]] = []
-    try:
-        yield running
-    finally:
-        for client in running:
-            with contextlib.suppress(ProcessLookupError):
-                client.kill()  # the caller leaving ends its session
-            client.communicate(timeout=30)
-
-
-def _restart(daemon: RunningDaemon, **env: str) -> None:
-    daemon.stop()
-    daemon.write_agents(max_concurrent=None)  # no bound of the agent's own: only the operator's
-    callers = {"*": [f"uid:{AGENT_UID}", f"uid:{OTHER_UID}"]}
-    daemon.extra_env.update({"ADL_ENFORCER_AGENT_CALLERS": json.dumps(callers), **env})
-    daemon.start()
-
-
-def _refused_records(daemon: RunningDaemon) -> list[dict[str, Any]]:
-    return [r for r in daemon.records() if r["intent"] == "adl.enforcer.refused"]
-
 
 def test_a_uid_at_its_session_bound_is_refused_while_another_uid_launches(daemon: RunningDaemon) -> None:
-    _restart(daemon, ADL_ENFORCER_MAX_SESSIONS_PER_UID="2")
-    with _clients() as running:
+    restart_with(daemon, ADL_ENFORCER_MAX_SESSIONS_PER_UID="2")
+    with launches() as running:
         sessions = []
         for _ in range(2):
-            running.append(_client(daemon, AGENT_UID, argv=SLEEP, cwd="/"))
-            reply = _reply(running[-1])
+            running.append(launch_as(daemon, AGENT_UID, argv=SLEEP, cwd="/"))
+            reply = reply_of(running[-1])
             assert reply["accepted"], reply
             sessions.append(reply["session"])
-        third = _client(daemon, AGENT_UID, argv=SLEEP, cwd="/")
-        refused = _reply(third)
+        third = launch_as(daemon, AGENT_UID, argv=SLEEP, cwd="/")
+        refused = reply_of(third)
         third.communicate(timeout=30)
         assert not refused["accepted"]
         assert f"uid {AGENT_UID} already runs 2 session(s)" in refused["refusal"], refused
         assert "max_sessions_per_uid is 2" in refused["refusal"], refused
         # Recorded like the other launch refusals, naming the caller.
-        (record,) = [r for r in _refused_records(daemon) if "max_sessions_per_uid" in r["payload"]["refusal"]]
+        (record,) = [r for r in refused_records(daemon) if "max_sessions_per_uid" in r["payload"]["refusal"]]
         assert record["payload"]["caller_uid"] == AGENT_UID and record["payload"]["argv"] == SLEEP
 
-        other = _client(daemon, OTHER_UID, argv=DONE, cwd="/")
-        assert _reply(other)["accepted"], "another uid still launches"
-        assert _ended(other)["exit"] == 0
+        other = launch_as(daemon, OTHER_UID, argv=DONE, cwd="/")
+        assert reply_of(other)["accepted"], "another uid still launches"
+        assert end_of(other)["exit"] == 0
 
         # Ending one of A's sessions frees its place at once.
         assert daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=sessions[0])).terminated
-        assert _ended(running[0])["exit"] == 137  # SIGKILL
-        again = _client(daemon, AGENT_UID, argv=DONE, cwd="/")
+        assert end_of(running[0])["exit"] == 137  # SIGKILL
+        again = launch_as(daemon, AGENT_UID, argv=DONE, cwd="/")
         running.append(again)
-        assert _reply(again)["accepted"], "the ended session's place is free again"
-        assert _ended(again)["exit"] == 0
+        assert reply_of(again)["accepted"], "the ended session's place is free again"
+        assert end_of(again)["exit"] == 0
 
 
 def test_refusals_only_a_supervisor_finds_are_summarised_past_the_budget(daemon: RunningDaemon) -> None:
     """A working directory the caller may not enter is found only by its session's supervisor (it
     looks it up as the caller). Before, each such refusal was recorded in detail, past the uid's
     launch-refusal budget: one caller could flood the log every session shares."""
-    _restart(daemon, ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID="3")
+    restart_with(daemon, ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID="3")
     closed = Path(tempfile.mkdtemp(prefix="adl-fair-closed-"))  # root's, 0700: no caller may enter it
     try:
         ends = []
         for _ in range(10):
-            client = _client(daemon, OTHER_UID, argv=DONE, cwd=str(closed))
-            assert _reply(client)["accepted"], "the daemon cannot tell: the supervisor refuses it"
-            ends.append(_ended(client))
+            client = launch_as(daemon, OTHER_UID, argv=DONE, cwd=str(closed))
+            assert reply_of(client)["accepted"], "the daemon cannot tell: the supervisor refuses it"
+            ends.append(end_of(client))
         # A session the daemon lets run meanwhile gives its unit back: the budget is for refusals.
-        ok = _client(daemon, AGENT_UID, argv=DONE, cwd="/")
-        assert _reply(ok)["accepted"] and _ended(ok)["exit"] == 0
+        ok = launch_as(daemon, AGENT_UID, argv=DONE, cwd="/")
+        assert reply_of(ok)["accepted"] and end_of(ok)["exit"] == 0
         assert daemon.stop() == 0  # the summaries of windows still open are written
     finally:
         closed.rmdir()
     # Every caller is still told why, the counted ones included.
     assert all(e["reason"] == "refused" and e["exit"] == 125 for e in ends), ends
     assert all("not reachable" in e["detail"] for e in ends), ends
-    ours = [r["payload"] for r in _refused_records(daemon) if r["payload"].get("caller_uid") == OTHER_UID]
+    ours = [r["payload"] for r in refused_records(daemon) if r["payload"].get("caller_uid") == OTHER_UID]
     detailed = [r for r in ours if "not reachable" in r.get("refusal", "")]
     onset = [r for r in ours if "launch refusals of uid" in r.get("refusal", "") and "refusals_counted_only" not in r]
     (summary,) = [r for r in ours if "refusals_counted_only" in r]
@@ -166,7 +97,7 @@ def test_refusals_only_a_supervisor_finds_are_summarised_past_the_budget(daemon:
     assert len(onset) == 1, onset
     assert summary["refusals_counted_only"] == 7, summary
     # The other uid's session was neither refused nor counted.
-    assert not [r for r in _refused_records(daemon) if r["payload"].get("caller_uid") == AGENT_UID]
+    assert not [r for r in refused_records(daemon) if r["payload"].get("caller_uid") == AGENT_UID]
 
 
 def _pids_cgroup(pid: int) -> str:

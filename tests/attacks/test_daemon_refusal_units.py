@@ -16,18 +16,18 @@ import pytest
 from enforcer.v1 import enforcer_pb2 as pb
 
 from ..helpers.daemon import RunningDaemon
-from ..helpers.prepared import until
-from .test_daemon_fair_sessions import (
+from ..helpers.launch_callers import (
     DONE,
     OTHER_UID,
     SLEEP,
-    _client,
-    _clients,
-    _ended,
-    _refused_records,
-    _reply,
-    _restart,
+    end_of,
+    launch_as,
+    launches,
+    refused_records,
+    reply_of,
+    restart_with,
 )
+from ..helpers.prepared import until
 
 pytestmark = [
     pytest.mark.daemon,
@@ -49,39 +49,39 @@ def _supervisor(daemon: RunningDaemon, session: str) -> int:
 
 
 def test_however_sessions_end_the_refusal_budget_stays_whole(daemon: RunningDaemon) -> None:
-    _restart(daemon, ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID=str(BUDGET), ADL_ENFORCER_MAX_SESSIONS_PER_UID="2")
+    restart_with(daemon, ADL_ENFORCER_LAUNCH_REFUSALS_PER_UID=str(BUDGET), ADL_ENFORCER_MAX_SESSIONS_PER_UID="2")
     closed = Path(tempfile.mkdtemp(prefix="adl-units-closed-"))  # root's, 0700: the caller cannot enter it
     try:
-        with _clients() as running:
+        with launches() as running:
             for _ in range(2 * BUDGET):  # more sessions than units: each gave its unit back
-                client = _client(daemon, OTHER_UID, argv=DONE, cwd="/")
-                assert _reply(client)["accepted"]
-                assert _ended(client)["exit"] == 0
+                client = launch_as(daemon, OTHER_UID, argv=DONE, cwd="/")
+                assert reply_of(client)["accepted"]
+                assert end_of(client)["exit"] == 0
             # Ended by TerminateSession while it runs.
-            running.append(_client(daemon, OTHER_UID, argv=SLEEP, cwd="/"))
-            reply = _reply(running[-1])
+            running.append(launch_as(daemon, OTHER_UID, argv=SLEEP, cwd="/"))
+            reply = reply_of(running[-1])
             assert reply["accepted"]
             _supervisor(daemon, reply["session"])
             assert daemon.admin_stub().TerminateSession(pb.TerminateSessionRequest(session=reply["session"])).terminated
-            _ended(running[-1])
+            end_of(running[-1])
             # Ended by its supervisor's death.
-            running.append(_client(daemon, OTHER_UID, argv=SLEEP, cwd="/"))
-            reply = _reply(running[-1])
+            running.append(launch_as(daemon, OTHER_UID, argv=SLEEP, cwd="/"))
+            reply = reply_of(running[-1])
             assert reply["accepted"]
             os.kill(_supervisor(daemon, reply["session"]), signal.SIGKILL)
-            _ended(running[-1])
+            end_of(running[-1])
             sessions = lambda: daemon.admin_stub().ListSessions(pb.ListSessionsRequest()).sessions  # noqa: E731
             assert until(lambda: not sessions(), 10), "both ends were reported"
 
             # Now refusals only a supervisor finds: exactly BUDGET in detail, the rest counted.
             for _ in range(BUDGET + 2):
-                client = _client(daemon, OTHER_UID, argv=DONE, cwd=str(closed))
-                assert _reply(client)["accepted"]
-                assert _ended(client)["exit"] == 125
+                client = launch_as(daemon, OTHER_UID, argv=DONE, cwd=str(closed))
+                assert reply_of(client)["accepted"]
+                assert end_of(client)["exit"] == 125
         assert daemon.stop() == 0  # the summaries of windows still open are written
     finally:
         closed.rmdir()
-    ours = [r["payload"] for r in _refused_records(daemon) if r["payload"].get("caller_uid") == OTHER_UID]
+    ours = [r["payload"] for r in refused_records(daemon) if r["payload"].get("caller_uid") == OTHER_UID]
     detailed = [r for r in ours if "not reachable" in r.get("refusal", "")]
     (summary,) = [r for r in ours if "refusals_counted_only" in r]
     assert len(detailed) == BUDGET, [r.get("refusal") for r in ours]

@@ -16,25 +16,12 @@ import pytest
 from enforcer.audit import AuditUnavailable, AuditWriter, Entry, WriterSettings, records
 from enforcer.audit.verify import verify_directory
 from enforcer.audit.writer import AuditStalled, RecordRejected, log_files
-from enforcer.cli.audit import main as audit_main
 
-
-def make_log(tmp_path: Path, count: int = 30, **settings: object) -> tuple[Path, Path]:
-    directory, key = tmp_path / "audit", tmp_path / "key" / "audit.pem"
-    with AuditWriter(directory, key, settings=WriterSettings(**settings)) as writer:  # type: ignore[arg-type]
-        for i in range(count):
-            writer.append(records.DECISION, {"agent": "urn:a", "decision": "deny" if i % 3 else "allow", "n": i})
-    return directory, key
+from ..helpers.audit_logs import make_log, verify_cli
 
 
 def lines_of(path: Path) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
-
-
-def verify_cli(directory: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
-    code = audit_main(["--dir", str(directory), "verify", *extra])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def test_chain_is_gap_free_and_sealed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
