@@ -28,7 +28,13 @@ looked up) and OPENSSL_CONF_INCLUDE (where a relative `.include` is) as PYTHONPA
 
 Each value a variable has in the environment the process started with is checked: given twice, the
 loader takes the last where os.environ shows the first. Checked only when one of them is set (or a
-prefix came from `-X pycache_prefix`): nothing is imported otherwise."""
+prefix came from `-X pycache_prefix`, or a user site-packages is on sys.path): nothing is imported
+otherwise.
+
+Outside a venv, the interpreter started as root also imports the user site-packages below $HOME
+(PYTHONUSERBASE's default), running its .pth files: `sudo -E adl-exec --user $USER` keeps the
+user's HOME, where the agent (running as that user) may write. Its directory, or the nearest one
+above it that exists, is held to PYTHONPATH's rules too."""
 
 from __future__ import annotations
 
@@ -69,6 +75,9 @@ def refuse_untrusted(program: str) -> None:
     prefix = sys.pycache_prefix
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
+    user_site = _user_site()
+    if user_site is not None:
+        named.append(("the user site-packages (HOME, PYTHONUSERBASE)", user_site))
     platlib = os.environ.get("PYTHONPLATLIBDIR", "")
     libraries = [(name, value) for name, value in values if name in LIBRARIES and value]
     files = [(name, value) for name, value in values if name in FILES and value]
@@ -99,6 +108,22 @@ def refuse_untrusted(program: str) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _user_site() -> str | None:
+    """Where the interpreter imports the user site-packages from, at this start or the next: its
+    directory, or the nearest one above it that exists (whoever may write that may create it).
+    None when the interpreter imports none (`-s`, `-I`, `-S`, a venv)."""
+    if sys.flags.no_site or "site" not in sys.modules:
+        return None
+    import site
+
+    if not site.ENABLE_USER_SITE or not site.USER_SITE:
+        return None
+    path = os.path.abspath(site.USER_SITE)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _started_with(names: tuple[str, ...]) -> list[tuple[str, str]]:
