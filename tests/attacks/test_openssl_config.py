@@ -110,19 +110,27 @@ def test_openssl_directories_others_may_write_are_refused(sandbox: Sandbox, tmp_
 
 
 def test_the_daemon_refuses_an_openssl_config_others_may_write(tmp_path: Path) -> None:
-    """adl-enforcerd holds OPENSSL_CONF to the same rule, at its start."""
+    """adl-enforcerd holds OPENSSL_CONF to the same rule, at its start. As the command (its console
+    script runs enforcerd_command), before the daemon's modules import hashlib: the planted provider
+    is never loaded. As `python -m enforcer.cli.enforcerd` the refusal comes after those imports."""
+    markers = tmp_path / "markers"
+    markers.mkdir(mode=0o755)
+    marker = markers / "loaded"
     planted = tmp_path / "agent"
     planted.mkdir(mode=0o755)
-    config = planted / "openssl.cnf"
-    config.write_text("# nothing to load\n")
+    config = plant_provider(planted, marker)
     os.chown(planted, AGENT_UID, AGENT_GID)
-    os.chown(config, AGENT_UID, AGENT_GID)
-    run = subprocess.run(
-        [sys.executable, "-m", "enforcer.cli.enforcerd", "--print-config"],
-        env={**os.environ, "OPENSSL_CONF": str(config)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
-    assert f"adl-enforcerd: OPENSSL_CONF names '{config}'" in run.stderr, run.stderr
+    for module in ("enforcer.cli.enforcerd_command", "enforcer.cli.enforcerd"):
+        run = subprocess.run(
+            [sys.executable, "-m", module, "--print-config"],
+            env={**os.environ, "OPENSSL_CONF": str(config)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 2 and run.stdout == "", (module, run.returncode, run.stdout, run.stderr)
+        assert f"adl-enforcerd: OPENSSL_CONF names '{config}'" in run.stderr, run.stderr
+        if module == "enforcer.cli.enforcerd_command":
+            assert not marker.exists(), f"the planted provider was loaded as uid {marker.read_text().strip()}"
+    # The control: the daemon's module itself imports hashlib, and OpenSSL reads the file, first.
+    assert marker.read_text() == "0\n"
