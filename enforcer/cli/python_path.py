@@ -20,11 +20,21 @@ same rules: each LD_LIBRARY_PATH entry as a PYTHONPATH entry (an empty one is th
 there too), each library named by a path as a file only root may write; none with a `$` token, which
 the loader rewrites after the check. So are the C library's GCONV_PATH (its character set converters,
 shared libraries loaded as the interpreter decodes its arguments at its start) and LOCPATH (the
-locale files it parses, naming those converters).
+locale files it parses, naming those converters). So is OpenSSL's OPENSSL_CONF, read as hashlib is
+first imported (by every enforcer process, `python -I` does not ignore it): its `providers` and
+`engines` sections name shared libraries OpenSSL loads at once; it must be a file only root may
+write. OPENSSL_MODULES and OPENSSL_ENGINES (where a provider or engine named without a slash is
+looked up) and OPENSSL_CONF_INCLUDE (where a relative `.include` is) as PYTHONPATH entries.
 
 Each value a variable has in the environment the process started with is checked: given twice, the
 loader takes the last where os.environ shows the first. Checked only when one of them is set (or a
-prefix came from `-X pycache_prefix`): nothing is imported otherwise."""
+prefix came from `-X pycache_prefix`, or a user site-packages is on sys.path): nothing is imported
+otherwise.
+
+Outside a venv, the interpreter started as root also imports the user site-packages below $HOME
+(PYTHONUSERBASE's default), running its .pth files: `sudo -E adl-exec --user $USER` keeps the
+user's HOME, where the agent (running as that user) may write. Its directory, or the nearest one
+above it that exists, is held to PYTHONPATH's rules too."""
 
 from __future__ import annotations
 
@@ -45,24 +55,33 @@ NAMES = {
     "LD_LIBRARY_PATH": ":;",
     "GCONV_PATH": ":",
     "LOCPATH": ":",
+    "OPENSSL_MODULES": None,
+    "OPENSSL_ENGINES": None,
+    "OPENSSL_CONF_INCLUDE": None,
 }
 # The loader's variables naming libraries, with what separates them; one named without a slash is
 # looked up as any needed library is (LD_LIBRARY_PATH, then the system's directories).
 LIBRARIES = {"LD_PRELOAD": ": ", "LD_AUDIT": ":"}
+# Files read as the process starts that name libraries to load, by path only (no search).
+FILES = {"OPENSSL_CONF"}
 
 
 def refuse_untrusted(program: str) -> None:
     """Exit (2) naming each directory the interpreter imports from, or reads compiled modules from,
     that is no directory to trust (see above). Returns at once when none is named."""
-    watched = (*NAMES, *LIBRARIES)
+    watched = (*NAMES, *LIBRARIES, *FILES)
     values = _started_with(watched) if any(name in os.environ for name in watched) else []
     named = [(name, value) for name, value in values if name in NAMES and value]
     prefix = sys.pycache_prefix
     if prefix is not None and os.environ.get("PYTHONPYCACHEPREFIX") != prefix:
         named.append(("-X pycache_prefix", prefix))
+    user_site = _user_site()
+    if user_site is not None:
+        named.append(("the user site-packages (HOME, PYTHONUSERBASE)", user_site))
     platlib = os.environ.get("PYTHONPLATLIBDIR", "")
     libraries = [(name, value) for name, value in values if name in LIBRARIES and value]
-    if not named and not platlib and not libraries:  # an empty variable is as good as unset
+    files = [(name, value) for name, value in values if name in FILES and value]
+    if not named and not platlib and not libraries and not files:  # an empty variable is as good as unset
         return
     problems = [
         f"{name} names {entry!r}: {why}"
@@ -76,6 +95,7 @@ def refuse_untrusted(program: str) -> None:
         for entry in _split(value, LIBRARIES[name])
         if "/" in entry and (why := _untrusted_library(name, entry))
     ]
+    problems += [f"{name} names {value!r}: {why}" for name, value in files if (why := _untrusted_library(name, value))]
     # The standard library's directory below the interpreter's prefix ("lib64" for "lib"); a path
     # there (absolute, or climbing out with "..") moves the whole standard library elsewhere.
     if platlib and (os.sep in platlib or platlib in (os.curdir, os.pardir)):
@@ -88,6 +108,22 @@ def refuse_untrusted(program: str) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _user_site() -> str | None:
+    """Where the interpreter imports the user site-packages from, at this start or the next: its
+    directory, or the nearest one above it that exists (whoever may write that may create it).
+    None when the interpreter imports none (`-s`, `-I`, `-S`, a venv)."""
+    if sys.flags.no_site or "site" not in sys.modules:
+        return None
+    import site
+
+    if not site.ENABLE_USER_SITE or not site.USER_SITE:
+        return None
+    path = os.path.abspath(site.USER_SITE)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _started_with(names: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -112,7 +148,8 @@ def _split(value: str, separators: str | None) -> list[str]:
 
 
 def _untrusted_library(name: str, entry: str) -> str | None:
-    """Why the library file `entry` is none to load, None if it is one."""
+    """Why the file `entry` (a library, or a file naming libraries) is none to load, None if it is
+    one."""
     from ..paths import check_private_file
 
     return _refused(name, entry, check_private_file)

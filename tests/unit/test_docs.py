@@ -107,7 +107,7 @@ RUN_BY: dict[str, tuple[str, ...]] = {
     ),
     "adl-audit verify [--public-key KEY.pub.pem]": (
         "tests/unit/test_audit_log.py::test_chain_is_gap_free_and_sealed",
-        "tests/unit/test_audit_log.py::verify_cli",
+        "tests/helpers/audit_logs.py::verify_cli",
     ),
     "adl-policy validate FILE...": ("tests/unit/test_cli_policy.py::test_validate_examples_ok",),
     "adl-policy check ADL --tool NAME --args JSON": ("tests/unit/test_cli_policy.py::test_check_exit_codes",),
