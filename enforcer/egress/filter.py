@@ -47,7 +47,6 @@ from .sniff import (
     sniff,
 )
 from .stream import (
-    READ_SIZE,
     ClientGone,
     ClientReader,
     Outbound,
@@ -351,19 +350,14 @@ class ConnectionFilter:
         reader = flow.reader
         before = len(reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
+            if not reader.read_ready():
+                return
+        except ClientGone:
             if reader.buffer.strip(b"\r\n"):
                 self._proxy_answered(flow, Malformed("client went away mid-head"))
             else:
                 self._proxy_answered(flow, None)
             return
-        reader.received += len(data)
-        reader.buffer += data
         if not before:
             self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
         if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
@@ -409,20 +403,13 @@ class ConnectionFilter:
     def _sniff_more(self, flow: _Flow) -> None:
         """Read what the agent sent so far and sniff it, without waiting: the first-byte and message
         deadlines are on the loop's timers."""
-        reader = flow.reader
-        before = len(reader.buffer)
+        before = len(flow.reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
+            if not flow.reader.read_ready():
+                return
+        except ClientGone as exc:
+            self._sniffed(flow, _gone(flow.sniffed, str(exc)))
             return
-        except OSError as exc:
-            self._sniff_gone(flow, str(exc))
-            return
-        if not data:
-            self._sniff_gone(flow, "closed")
-            return
-        reader.received += len(data)
-        reader.buffer += data
         self._sniff_read(flow, before)
 
     def _sniff_read(self, flow: _Flow, before: int) -> None:
@@ -436,24 +423,11 @@ class ConnectionFilter:
         if flow.sniffed.complete or flow.sniffed.malformed:
             self._sniffed(flow, flow.sniffed)
 
-    def _sniff_gone(self, flow: _Flow, why: str) -> None:
-        if flow.sniffed is None:
-            self._sniffed(flow, Sniffed("tcp", malformed=f"client went away before sending anything ({why})"))
-        else:
-            self._sniffed(flow, Sniffed(flow.sniffed.protocol, malformed=f"client went away mid-message ({why})"))
-
     def _sniff_expired(self, flow: _Flow) -> None:
         if flow.sniffed is None:
             self._sniffed(flow, Sniffed("tcp", silent=True))
             return
-        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.sniffed.protocol, "first message")
-        self._sniffed(
-            flow,
-            Sniffed(
-                flow.sniffed.protocol,
-                malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
-            ),
-        )
+        self._sniffed(flow, _overdue(flow.sniffed, self.message_timeout_s, len(flow.reader.buffer)))
 
     def _sniffed(self, flow: _Flow, sniffed: Sniffed) -> None:
         """The first message is read (or will not be, a silent client): decided here, but for a
@@ -723,21 +697,11 @@ class ConnectionFilter:
         reader = flow.reader
         before = len(reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
+            if not reader.read_ready():
+                return
+        except ClientGone as exc:
+            flow.late = _gone(flow.late, str(exc))
             return
-        except OSError as exc:
-            data, why = b"", str(exc)
-        else:
-            why = "closed"
-        if not data:
-            if flow.late is None:
-                flow.late = Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
-            else:
-                flow.late = Sniffed(flow.late.protocol, malformed=f"client went away mid-message ({why})")
-            return
-        reader.received += len(data)
-        reader.buffer += data
         if flow.late is None:
             self._set_timer(flow, self.message_timeout_s, self._late_expired)
             flow.late = sniff(bytes(reader.buffer))
@@ -747,11 +711,7 @@ class ConnectionFilter:
     def _late_expired(self, flow: _Flow) -> None:
         assert flow.late is not None
         flow.timer = None
-        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.late.protocol, "first message")
-        flow.late = Sniffed(
-            flow.late.protocol,
-            malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
-        )
+        flow.late = _overdue(flow.late, self.message_timeout_s, len(flow.reader.buffer))
         self._late_step(flow, set())
 
     def _http_expired(self, flow: _Flow) -> None:
@@ -1359,6 +1319,19 @@ class ConnectionFilter:
 
 def _nothing() -> None:
     pass
+
+
+def _gone(sniffed: Sniffed | None, why: str) -> Sniffed:
+    """The answer when the agent closed before finishing its first message (`sniffed`: what it had sent)."""
+    if sniffed is None:
+        return Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
+    return Sniffed(sniffed.protocol, malformed=f"client went away mid-message ({why})")
+
+
+def _overdue(sniffed: Sniffed, timeout_s: float, size: int) -> Sniffed:
+    """The answer when a started first message was not finished within `timeout_s`."""
+    what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(sniffed.protocol, "first message")
+    return Sniffed(sniffed.protocol, malformed=f"incomplete {what} after {timeout_s:g} s ({size} bytes)")
 
 
 def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:

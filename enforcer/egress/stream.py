@@ -87,6 +87,21 @@ class ClientReader:
         self.received += len(data)
         self.buffer += data
 
+    def read_ready(self) -> bool:
+        """Read what has arrived into the buffer, never waiting (the event loop's read): False when
+        nothing has yet; raise ClientGone when the agent closed or reset its side."""
+        try:
+            data = self.sock.recv(READ_SIZE, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ClientGone(str(exc)) from None
+        if not data:
+            raise ClientGone("closed")
+        self.received += len(data)
+        self.buffer += data
+        return True
+
     def take(self, size: int) -> bytes:
         data = bytes(self.buffer[:size])
         del self.buffer[:size]
@@ -385,17 +400,10 @@ class Outbound:
         if self._spent():
             return False
         try:
-            data = self.reader.sock.recv(READ_SIZE)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
+            return self.reader.read_ready()
+        except ClientGone:
             self._agent_ended()
             return False
-        self.reader.received += len(data)
-        self.reader.buffer += data
-        return True
 
     def _agent_ended(self) -> None:
         if self.state == "next" and self.reader.buffer.strip(b"\r\n"):
