@@ -638,13 +638,16 @@ class ConnectionFilter:
         want = flow.out.wants()
         self._http_step(flow, {want[0]} if want is not None else set())
 
-    def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
+    def _late_step(self, flow: _Flow, ready: set[int] | None, overdue: Sniffed | None = None) -> None:
         """A silent client's connection before its first message is through: the way back stepped,
         the agent's bytes read and sniffed (from its first byte, within message_timeout_s); then
-        checked like a first message (no switch followed) and relayed as what it turned out to be."""
+        checked like a first message (no switch followed) and relayed as what it turned out to be.
+        `overdue`: the message's deadline passed, it is decided as it stands."""
         back, upstream, client, loop = flow.back, flow.upstream, flow.client, self.loop
         assert back is not None and upstream is not None and loop is not None
         reading = flow.late is None or not (flow.late.complete or flow.late.malformed)
+        if overdue is not None:
+            flow.late = overdue  # after `reading`: still to be decided, below
         try:
             want = back.wants()
             if want is not None and (ready is None or want[0] in ready):
@@ -711,8 +714,7 @@ class ConnectionFilter:
     def _late_expired(self, flow: _Flow) -> None:
         assert flow.late is not None
         flow.timer = None
-        flow.late = _overdue(flow.late, self.message_timeout_s, len(flow.reader.buffer))
-        self._late_step(flow, set())
+        self._late_step(flow, set(), _overdue(flow.late, self.message_timeout_s, len(flow.reader.buffer)))
 
     def _http_expired(self, flow: _Flow) -> None:
         assert flow.out is not None

@@ -606,3 +606,38 @@ def test_a_client_that_waits_for_the_server_is_checked_when_it_speaks(loopside: 
     assert b"evil" not in b"".join(web.received) and b"GET /late HTTP/1.1" in b"".join(web.received)
     denials = sorted((r["request"], r["http_host"]) for r in records(loopside) if r.get("decision") == "deny")
     assert denials == [(1, "evil.example.test"), (2, "evil.example.test")]
+
+
+def test_a_first_message_cut_short_is_refused_with_why_early_or_late(loopside: Loopside) -> None:
+    """The agent ends or stalls its first message, read at once or after it was silent past
+    sniff_timeout_s: each connection is refused, recorded with how its first message ended."""
+    hello_start = bytes([0x16, 0x03, 0x01, 0x02, 0x00]) + b"\x01\x00"  # a ClientHello's first bytes
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop (and resolves the name once)
+    loopside.connect(GOOD).close()
+    with loopside.connect(GOOD) as half:
+        half.sendall(hello_start)
+        half.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(ConnectionResetError):
+            assert half.recv(1) == b""
+    late_cut, late_stalled = loopside.connect(GOOD), loopside.connect(GOOD)
+    try:
+        time.sleep(0.3)  # past sniff_timeout_s (0.1 s): both decided as waiting for the server
+        late_cut.sendall(hello_start)
+        late_cut.shutdown(socket.SHUT_WR)
+        late_stalled.sendall(hello_start)
+        for sock in (late_cut, late_stalled):  # message_timeout_s (1 s) for the stalled one
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
+    finally:
+        late_cut.close()
+        late_stalled.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    texts = sorted(r["reasons"][0]["text"] for r in records(loopside) if r.get("decision") == "deny")
+    assert texts == [
+        "client went away before sending anything (closed)",
+        "client went away mid-message (closed)",
+        "client went away mid-message (closed)",
+        "incomplete TLS ClientHello after 1 s (7 bytes)",
+    ]
