@@ -225,6 +225,35 @@ def records(loopside: Loopside) -> list[dict[str, Any]]:
     ]
 
 
+def starve_one(loopside: Loopside, spare: int) -> dict[str, Any]:
+    """A connection accepted, then all but `spare` of the descriptors the process may open taken
+    (a lowered soft limit keeps that cheap) before it speaks: it must be reset. Once they are given
+    back, the next connection is relayed. The session's summary."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    starved = loopside.connect(GOOD)
+    try:
+        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        for _ in range(spare):
+            os.close(held.pop())
+        starved.sendall(b"PING\n")
+        with pytest.raises(ConnectionResetError):
+            starved.recv(1)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        starved.close()
+    with loopside.connect(GOOD) as later:
+        assert ping(later) == b"PONG\n"
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    return loopside.stop()
+
+
 def test_many_open_connections_are_relayed_without_a_thread_each(loopside: Loopside) -> None:
     """Forty connections open at once, each relayed both ways: the filter holds them on its loop,
     not on forty threads; each is recorded when allowed and when closed, and counted."""
@@ -325,27 +354,7 @@ def test_out_of_descriptors_at_the_dial_refuses_that_connection_and_the_loop_ser
     first.close()
     upstream: Upstream = loopside.upstream  # type: ignore[attr-defined]
     wait_for(lambda: loopside.setup.server.handlers.value == 0 and len(upstream.received) == 1)  # all closed
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held: list[int] = []
-    starved = loopside.connect(GOOD)
-    try:
-        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
-        with contextlib.suppress(OSError):
-            while True:  # none left for its upstream socket
-                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-        starved.sendall(b"PING\n")
-        with pytest.raises(ConnectionResetError):
-            starved.recv(1)
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        starved.close()
-    with loopside.connect(GOOD) as later:
-        assert ping(later) == b"PONG\n"
-    wait_for(lambda: loopside.setup.server.handlers.value == 0)
-    summary = loopside.stop()
+    summary = starve_one(loopside, spare=0)  # none left for its upstream socket
     assert summary["connections"] == {**summary["connections"], "connections": 3, "allowed": 2, "denied": 1}
     [refused] = [r for r in records(loopside) if r.get("decision") == "deny"]
     assert refused["rules"] == ["net.dial_failed"] and "Too many open files" in refused["reasons"][0]["text"]
