@@ -408,10 +408,8 @@ class Outbound:
     def _agent_ended(self) -> None:
         if self.state == "next" and self.reader.buffer.strip(b"\r\n"):
             self._unreadable("client went away mid-head")
-        elif self.state in ("chunk_line", "chunk_end", "trailers"):
-            self.state = "done"  # as a thread's ClientGone: nothing more to move
         else:
-            self.state = "done"
+            self.state = "done"  # as a thread's ClientGone, mid-framing too: nothing more to move
 
     def _next_head(self) -> bool:
         reader = self.reader
