@@ -532,11 +532,7 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
-        with self._lock:
-            stopped = self.closing
-            if not stopped:
-                self.active.add(upstream)  # from here the stop cuts it
-        if stopped:  # the stop came during the dial: nothing of it moves
+        if not self._cut_at_stop(upstream):  # the stop came during the dial: nothing of it moves
             self._forget(flow, upstream.fileno())
             upstream.close()
             flow.upstream = None
@@ -827,6 +823,14 @@ class ConnectionFilter:
         self.loop.cancel(flow.timer)
         for fd in list(flow.watching):
             self._forget(flow, fd)
+        try:
+            self._close(flow)
+        finally:
+            self.flows.discard(flow)
+            self.ended()
+
+    def _close(self, flow: _Flow) -> None:
+        """Close the connection's sockets and what moved its bytes; the stop no longer cuts them."""
         with self._lock:
             self.active.discard(flow.client)
             if flow.upstream is not None:
@@ -839,8 +843,6 @@ class ConnectionFilter:
             for sock in (flow.client, flow.upstream):
                 if sock is not None:
                     sock.close()
-            self.flows.discard(flow)
-            self.ended()
 
     def _hand_over(self, flow: _Flow) -> None:
         """Continue the connection on a pool thread, blocking, from where the loop left it."""
@@ -871,16 +873,7 @@ class ConnectionFilter:
             flow.done = True
             with contextlib.suppress(Exception):  # what cannot be recorded now is still closed
                 self._record_abandoned(flow)
-            with self._lock:
-                self.active.discard(flow.client)
-                if flow.upstream is not None:
-                    self.active.discard(flow.upstream)
-            for moving in (flow.relay, flow.out, flow.back):
-                if moving is not None:
-                    moving.close()
-            for sock in (flow.client, flow.upstream):
-                if sock is not None:
-                    sock.close()
+            self._close(flow)
         self.flows.clear()
 
     def _record_abandoned(self, flow: _Flow) -> None:
@@ -938,11 +931,7 @@ class ConnectionFilter:
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
-            with self._lock:
-                stopped = self.closing
-                if not stopped:
-                    self.active.add(upstream)  # from here the stop cuts it
-            if stopped:  # the stop came during the dial: nothing of it moves
+            if not self._cut_at_stop(upstream):  # the stop came during the dial: nothing of it moves
                 self._deny(client, event, _STOPPED, http=http, flow=flow)
                 return
             flow.upstream, flow.verdict = upstream, verdict
@@ -1308,6 +1297,14 @@ class ConnectionFilter:
         with self._lock:
             self.stats["connections"] += 1
         self._deny(client, {"connection": next(self._ids)}, verdict)
+
+    def _cut_at_stop(self, upstream: socket.socket) -> bool:
+        """Have the stop cut a dialled upstream socket from now on; False: the stop came already."""
+        with self._lock:  # checked and added together: shutdown_all cuts it, or it was never added
+            if self.closing:
+                return False
+            self.active.add(upstream)
+            return True
 
     def shutdown_all(self) -> None:
         """The stop: connections taken from now on are refused; open ones are cut."""
