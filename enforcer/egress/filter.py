@@ -967,7 +967,7 @@ class ConnectionFilter:
             else:
 
                 def outbound() -> int:
-                    return self._client_side(reader, upstream, host, name, event, flow.requests, refused, flow)
+                    return self._requests(reader, upstream, host, name, event, flow.requests, refused, flow)
 
                 blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound, flow.moved)
@@ -1049,21 +1049,6 @@ class ConnectionFilter:
             return Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern")
         return name, name, port, ipaddress.IPv4Address(0)
 
-    def _client_side(
-        self,
-        reader: ClientReader,
-        upstream: socket.socket,
-        host: str,
-        name: str | None,
-        event: dict[str, Any],
-        count: list[int],
-        refused: list[Verdict],
-        flow: _Flow | None = None,
-    ) -> int:
-        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch:
-        HTTP requests again, head by head; returns how many bytes."""
-        return self._requests(reader, upstream, None, host, name, event, count, refused, flow)
-
     def _refuse_later(
         self,
         reader: ClientReader,
@@ -1098,7 +1083,6 @@ class ConnectionFilter:
         self,
         reader: ClientReader,
         upstream: socket.socket,
-        head: RequestHead | None,
         host: str,
         name: str | None,
         event: dict[str, Any],
@@ -1106,10 +1090,11 @@ class ConnectionFilter:
         refused: list[Verdict],
         flow: _Flow | None = None,
     ) -> int:
-        """Move a plain-HTTP connection's requests: each head is read whole, checked like the first
-        and forwarded re-serialised; bodies are forwarded as their heads frame them. A refused head
-        ends the connection and is audited with the names it carried. `head` None: the first one
-        was already forwarded."""
+        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch
+        (the handshake was forwarded): HTTP requests again, each head read whole, checked like the
+        first and forwarded re-serialised; bodies forwarded as their heads frame them. A refused head
+        ends the connection and is audited with the names it carried. Returns how many bytes."""
+        head: RequestHead | None = None
         sent = 0
         while True:
             try:
