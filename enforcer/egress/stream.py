@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .relay import CHUNK, at_urgent_mark, nonblocking_splice, splice_exact, take_pipe
-from .relay import give_back as give_back_pipe
+from .relay import CHUNK, at_urgent_mark, give_back, nonblocking_splice, splice_exact, take_pipe
 from .sniff import (
     MAX_HTTP_HEAD,
     MAX_LINE,
@@ -256,7 +255,7 @@ class Outbound:
 
     def close(self) -> None:
         if self.pipe is not None:
-            give_back_pipe(*self.pipe, self.in_pipe == 0)
+            give_back(*self.pipe, self.in_pipe == 0)
             self.pipe = None
 
     def step(self) -> None:
