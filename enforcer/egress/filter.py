@@ -880,9 +880,13 @@ class ConnectionFilter:
         if self._relaying(flow):
             self._record_relayed(flow)
         elif not flow.recorded:
-            with self._lock:
-                self.stats["denied"] += 1
-            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
+            self._record_stopped(flow)
+
+    def _record_stopped(self, flow: _Flow) -> None:
+        """A connection the stop ended before it was decided: refused, counted and recorded so."""
+        with self._lock:
+            self.stats["denied"] += 1
+        self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
 
     @staticmethod
     def _relaying(flow: _Flow) -> bool:
@@ -1005,18 +1009,23 @@ class ConnectionFilter:
             self._emit("net.connect", event, Verdict("deny", "net.filter_error", why), flow=flow, final=not relayed)
             if relayed:
                 assert flow.verdict is not None
-                sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
-                self._record_close(
-                    flow.conn_id,
-                    flow.host,
-                    flow.port,
-                    flow.verdict,
-                    sent,
-                    received,
-                    flow.started,
-                    flow.requests[0],
-                    flow=flow,
-                )
+                self._record_pool_close(flow, flow.verdict, owned=True)
+
+    def _record_pool_close(self, flow: _Flow, verdict: Verdict, *, owned: bool) -> None:
+        """The net.close of a pool thread's connection, with what it moved so far; `owned`: written
+        as the thread's (see _owning), else the stop's in its place."""
+        sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
+        self._record_close(
+            flow.conn_id,
+            flow.host,
+            flow.port,
+            verdict,
+            sent,
+            received,
+            flow.started,
+            flow.requests[0],
+            flow=flow if owned else None,
+        )
 
     def _proxy_target(
         self, head: RequestHead | None, event: dict[str, Any]
@@ -1260,14 +1269,9 @@ class ConnectionFilter:
                         sock.shutdown(socket.SHUT_RDWR)
             try:
                 if recorded and verdict is not None:
-                    sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
-                    self._record_close(
-                        flow.conn_id, flow.host, flow.port, verdict, sent, received, flow.started, flow.requests[0]
-                    )
+                    self._record_pool_close(flow, verdict, owned=False)  # taken over: no longer the thread's
                 else:
-                    with self._lock:
-                        self.stats["denied"] += 1
-                    self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
+                    self._record_stopped(flow)
             except Exception:
                 unfinished += 1
         return unfinished
