@@ -68,38 +68,34 @@ class ClientReader:
 
     def fill(self, deadline: float | None, limit: int = READ_SIZE) -> None:
         """Read more bytes into the buffer (at least one), or raise Incomplete / ClientGone."""
+        if self.read_ready(limit):  # what has arrived already is read without a poll first
+            return
+        if not self.wait(deadline):
+            raise Incomplete("timed out")
         try:
-            # What has arrived already is read without a poll first (MSG_DONTWAIT: this call only,
-            # the socket stays blocking).
-            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            if not self.wait(deadline):
-                raise Incomplete("timed out") from None
-            try:
-                data = self.sock.recv(limit)
-            except OSError as exc:
-                raise ClientGone(str(exc)) from None
+            data = self.sock.recv(limit)
         except OSError as exc:
             raise ClientGone(str(exc)) from None
-        if not data:
-            raise ClientGone("closed")
-        self.received += len(data)
-        self.buffer += data
+        self._keep(data)
 
-    def read_ready(self) -> bool:
-        """Read what has arrived into the buffer, never waiting (the event loop's read): False when
-        nothing has yet; raise ClientGone when the agent closed or reset its side."""
+    def read_ready(self, limit: int = READ_SIZE) -> bool:
+        """Read what has arrived into the buffer, never waiting (MSG_DONTWAIT: this call only, a
+        blocking socket stays blocking): False when nothing has yet; raise ClientGone when the agent
+        closed or reset its side. The event loop's read, and fill()'s first."""
         try:
-            data = self.sock.recv(READ_SIZE, socket.MSG_DONTWAIT)
+            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
         except OSError as exc:
             raise ClientGone(str(exc)) from None
+        self._keep(data)
+        return True
+
+    def _keep(self, data: bytes) -> None:
         if not data:
             raise ClientGone("closed")
         self.received += len(data)
         self.buffer += data
-        return True
 
     def take(self, size: int) -> bytes:
         data = bytes(self.buffer[:size])
