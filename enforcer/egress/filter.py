@@ -47,7 +47,6 @@ from .sniff import (
     sniff,
 )
 from .stream import (
-    READ_SIZE,
     ClientGone,
     ClientReader,
     Outbound,
@@ -351,19 +350,14 @@ class ConnectionFilter:
         reader = flow.reader
         before = len(reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
+            if not reader.read_ready():
+                return
+        except ClientGone:
             if reader.buffer.strip(b"\r\n"):
                 self._proxy_answered(flow, Malformed("client went away mid-head"))
             else:
                 self._proxy_answered(flow, None)
             return
-        reader.received += len(data)
-        reader.buffer += data
         if not before:
             self._set_timer(flow, self.message_timeout_s, self._proxy_expired)
         if b"\n" in reader.buffer[before:] or len(reader.buffer) > MAX_HTTP_HEAD:
@@ -409,20 +403,13 @@ class ConnectionFilter:
     def _sniff_more(self, flow: _Flow) -> None:
         """Read what the agent sent so far and sniff it, without waiting: the first-byte and message
         deadlines are on the loop's timers."""
-        reader = flow.reader
-        before = len(reader.buffer)
+        before = len(flow.reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
+            if not flow.reader.read_ready():
+                return
+        except ClientGone as exc:
+            self._sniffed(flow, _gone(flow.sniffed, str(exc)))
             return
-        except OSError as exc:
-            self._sniff_gone(flow, str(exc))
-            return
-        if not data:
-            self._sniff_gone(flow, "closed")
-            return
-        reader.received += len(data)
-        reader.buffer += data
         self._sniff_read(flow, before)
 
     def _sniff_read(self, flow: _Flow, before: int) -> None:
@@ -436,24 +423,11 @@ class ConnectionFilter:
         if flow.sniffed.complete or flow.sniffed.malformed:
             self._sniffed(flow, flow.sniffed)
 
-    def _sniff_gone(self, flow: _Flow, why: str) -> None:
-        if flow.sniffed is None:
-            self._sniffed(flow, Sniffed("tcp", malformed=f"client went away before sending anything ({why})"))
-        else:
-            self._sniffed(flow, Sniffed(flow.sniffed.protocol, malformed=f"client went away mid-message ({why})"))
-
     def _sniff_expired(self, flow: _Flow) -> None:
         if flow.sniffed is None:
             self._sniffed(flow, Sniffed("tcp", silent=True))
             return
-        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.sniffed.protocol, "first message")
-        self._sniffed(
-            flow,
-            Sniffed(
-                flow.sniffed.protocol,
-                malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
-            ),
-        )
+        self._sniffed(flow, _overdue(flow.sniffed, self.message_timeout_s, len(flow.reader.buffer)))
 
     def _sniffed(self, flow: _Flow, sniffed: Sniffed) -> None:
         """The first message is read (or will not be, a silent client): decided here, but for a
@@ -558,11 +532,7 @@ class ConnectionFilter:
         flow.timer = None
         upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         flow.event["setup_us"] = round((time.monotonic() - flow.started) * 1e6)
-        with self._lock:
-            stopped = self.closing
-            if not stopped:
-                self.active.add(upstream)  # from here the stop cuts it
-        if stopped:  # the stop came during the dial: nothing of it moves
+        if not self._cut_at_stop(upstream):  # the stop came during the dial: nothing of it moves
             self._forget(flow, upstream.fileno())
             upstream.close()
             flow.upstream = None
@@ -664,13 +634,16 @@ class ConnectionFilter:
         want = flow.out.wants()
         self._http_step(flow, {want[0]} if want is not None else set())
 
-    def _late_step(self, flow: _Flow, ready: set[int] | None) -> None:
+    def _late_step(self, flow: _Flow, ready: set[int] | None, overdue: Sniffed | None = None) -> None:
         """A silent client's connection before its first message is through: the way back stepped,
         the agent's bytes read and sniffed (from its first byte, within message_timeout_s); then
-        checked like a first message (no switch followed) and relayed as what it turned out to be."""
+        checked like a first message (no switch followed) and relayed as what it turned out to be.
+        `overdue`: the message's deadline passed, it is decided as it stands."""
         back, upstream, client, loop = flow.back, flow.upstream, flow.client, self.loop
         assert back is not None and upstream is not None and loop is not None
         reading = flow.late is None or not (flow.late.complete or flow.late.malformed)
+        if overdue is not None:
+            flow.late = overdue  # after `reading`: still to be decided, below
         try:
             want = back.wants()
             if want is not None and (ready is None or want[0] in ready):
@@ -723,21 +696,11 @@ class ConnectionFilter:
         reader = flow.reader
         before = len(reader.buffer)
         try:
-            data = flow.client.recv(READ_SIZE)
-        except BlockingIOError:
+            if not reader.read_ready():
+                return
+        except ClientGone as exc:
+            flow.late = _gone(flow.late, str(exc))
             return
-        except OSError as exc:
-            data, why = b"", str(exc)
-        else:
-            why = "closed"
-        if not data:
-            if flow.late is None:
-                flow.late = Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
-            else:
-                flow.late = Sniffed(flow.late.protocol, malformed=f"client went away mid-message ({why})")
-            return
-        reader.received += len(data)
-        reader.buffer += data
         if flow.late is None:
             self._set_timer(flow, self.message_timeout_s, self._late_expired)
             flow.late = sniff(bytes(reader.buffer))
@@ -747,12 +710,7 @@ class ConnectionFilter:
     def _late_expired(self, flow: _Flow) -> None:
         assert flow.late is not None
         flow.timer = None
-        what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(flow.late.protocol, "first message")
-        flow.late = Sniffed(
-            flow.late.protocol,
-            malformed=f"incomplete {what} after {self.message_timeout_s:g} s ({len(flow.reader.buffer)} bytes)",
-        )
-        self._late_step(flow, set())
+        self._late_step(flow, set(), _overdue(flow.late, self.message_timeout_s, len(flow.reader.buffer)))
 
     def _http_expired(self, flow: _Flow) -> None:
         assert flow.out is not None
@@ -865,6 +823,14 @@ class ConnectionFilter:
         self.loop.cancel(flow.timer)
         for fd in list(flow.watching):
             self._forget(flow, fd)
+        try:
+            self._close(flow)
+        finally:
+            self.flows.discard(flow)
+            self.ended()
+
+    def _close(self, flow: _Flow) -> None:
+        """Close the connection's sockets and what moved its bytes; the stop no longer cuts them."""
         with self._lock:
             self.active.discard(flow.client)
             if flow.upstream is not None:
@@ -877,8 +843,6 @@ class ConnectionFilter:
             for sock in (flow.client, flow.upstream):
                 if sock is not None:
                     sock.close()
-            self.flows.discard(flow)
-            self.ended()
 
     def _hand_over(self, flow: _Flow) -> None:
         """Continue the connection on a pool thread, blocking, from where the loop left it."""
@@ -909,25 +873,20 @@ class ConnectionFilter:
             flow.done = True
             with contextlib.suppress(Exception):  # what cannot be recorded now is still closed
                 self._record_abandoned(flow)
-            with self._lock:
-                self.active.discard(flow.client)
-                if flow.upstream is not None:
-                    self.active.discard(flow.upstream)
-            for moving in (flow.relay, flow.out, flow.back):
-                if moving is not None:
-                    moving.close()
-            for sock in (flow.client, flow.upstream):
-                if sock is not None:
-                    sock.close()
+            self._close(flow)
         self.flows.clear()
 
     def _record_abandoned(self, flow: _Flow) -> None:
         if self._relaying(flow):
             self._record_relayed(flow)
         elif not flow.recorded:
-            with self._lock:
-                self.stats["denied"] += 1
-            self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
+            self._record_stopped(flow)
+
+    def _record_stopped(self, flow: _Flow) -> None:
+        """A connection the stop ended before it was decided: refused, counted and recorded so."""
+        with self._lock:
+            self.stats["denied"] += 1
+        self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
 
     @staticmethod
     def _relaying(flow: _Flow) -> bool:
@@ -976,11 +935,7 @@ class ConnectionFilter:
                 return
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             event["setup_us"] = round((time.monotonic() - started) * 1e6)
-            with self._lock:
-                stopped = self.closing
-                if not stopped:
-                    self.active.add(upstream)  # from here the stop cuts it
-            if stopped:  # the stop came during the dial: nothing of it moves
+            if not self._cut_at_stop(upstream):  # the stop came during the dial: nothing of it moves
                 self._deny(client, event, _STOPPED, http=http, flow=flow)
                 return
             flow.upstream, flow.verdict = upstream, verdict
@@ -1016,7 +971,7 @@ class ConnectionFilter:
             else:
 
                 def outbound() -> int:
-                    return self._client_side(reader, upstream, host, name, event, flow.requests, refused, flow)
+                    return self._requests(reader, upstream, host, name, event, flow.requests, refused, flow)
 
                 blocking_sends(upstream)  # with no time limit, as the agent's socket: see stream.py
                 sent, received = relay(client, upstream, self.workers, outbound, flow.moved)
@@ -1054,18 +1009,23 @@ class ConnectionFilter:
             self._emit("net.connect", event, Verdict("deny", "net.filter_error", why), flow=flow, final=not relayed)
             if relayed:
                 assert flow.verdict is not None
-                sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
-                self._record_close(
-                    flow.conn_id,
-                    flow.host,
-                    flow.port,
-                    flow.verdict,
-                    sent,
-                    received,
-                    flow.started,
-                    flow.requests[0],
-                    flow=flow,
-                )
+                self._record_pool_close(flow, flow.verdict, owned=True)
+
+    def _record_pool_close(self, flow: _Flow, verdict: Verdict, *, owned: bool) -> None:
+        """The net.close of a pool thread's connection, with what it moved so far; `owned`: written
+        as the thread's (see _owning), else the stop's in its place."""
+        sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
+        self._record_close(
+            flow.conn_id,
+            flow.host,
+            flow.port,
+            verdict,
+            sent,
+            received,
+            flow.started,
+            flow.requests[0],
+            flow=flow if owned else None,
+        )
 
     def _proxy_target(
         self, head: RequestHead | None, event: dict[str, Any]
@@ -1097,21 +1057,6 @@ class ConnectionFilter:
             event["host"] = name
             return Verdict("deny", "net.host_not_allowed", f"host '{name}' matches no allowed_hosts pattern")
         return name, name, port, ipaddress.IPv4Address(0)
-
-    def _client_side(
-        self,
-        reader: ClientReader,
-        upstream: socket.socket,
-        host: str,
-        name: str | None,
-        event: dict[str, Any],
-        count: list[int],
-        refused: list[Verdict],
-        flow: _Flow | None = None,
-    ) -> int:
-        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch:
-        HTTP requests again, head by head; returns how many bytes."""
-        return self._requests(reader, upstream, None, host, name, event, count, refused, flow)
 
     def _refuse_later(
         self,
@@ -1147,7 +1092,6 @@ class ConnectionFilter:
         self,
         reader: ClientReader,
         upstream: socket.socket,
-        head: RequestHead | None,
         host: str,
         name: str | None,
         event: dict[str, Any],
@@ -1155,10 +1099,11 @@ class ConnectionFilter:
         refused: list[Verdict],
         flow: _Flow | None = None,
     ) -> int:
-        """Move a plain-HTTP connection's requests: each head is read whole, checked like the first
-        and forwarded re-serialised; bodies are forwarded as their heads frame them. A refused head
-        ends the connection and is audited with the names it carried. `head` None: the first one
-        was already forwarded."""
+        """Move the agent's bytes upstream after a WebSocket handshake the server did not switch
+        (the handshake was forwarded): HTTP requests again, each head read whole, checked like the
+        first and forwarded re-serialised; bodies forwarded as their heads frame them. A refused head
+        ends the connection and is audited with the names it carried. Returns how many bytes."""
+        head: RequestHead | None = None
         sent = 0
         while True:
             try:
@@ -1324,14 +1269,9 @@ class ConnectionFilter:
                         sock.shutdown(socket.SHUT_RDWR)
             try:
                 if recorded and verdict is not None:
-                    sent, received = flow.relay.moved if flow.relay is not None else (flow.moved[0], flow.moved[1])
-                    self._record_close(
-                        flow.conn_id, flow.host, flow.port, verdict, sent, received, flow.started, flow.requests[0]
-                    )
+                    self._record_pool_close(flow, verdict, owned=False)  # taken over: no longer the thread's
                 else:
-                    with self._lock:
-                        self.stats["denied"] += 1
-                    self._emit("net.connect", flow.event or {"connection": flow.conn_id}, _STOPPED)
+                    self._record_stopped(flow)
             except Exception:
                 unfinished += 1
         return unfinished
@@ -1347,6 +1287,14 @@ class ConnectionFilter:
             self.stats["connections"] += 1
         self._deny(client, {"connection": next(self._ids)}, verdict)
 
+    def _cut_at_stop(self, upstream: socket.socket) -> bool:
+        """Have the stop cut a dialled upstream socket from now on; False: the stop came already."""
+        with self._lock:  # checked and added together: shutdown_all cuts it, or it was never added
+            if self.closing:
+                return False
+            self.active.add(upstream)
+            return True
+
     def shutdown_all(self) -> None:
         """The stop: connections taken from now on are refused; open ones are cut."""
         with self._lock:
@@ -1359,6 +1307,19 @@ class ConnectionFilter:
 
 def _nothing() -> None:
     pass
+
+
+def _gone(sniffed: Sniffed | None, why: str) -> Sniffed:
+    """The answer when the agent closed before finishing its first message (`sniffed`: what it had sent)."""
+    if sniffed is None:
+        return Sniffed("tcp", malformed=f"client went away before sending anything ({why})")
+    return Sniffed(sniffed.protocol, malformed=f"client went away mid-message ({why})")
+
+
+def _overdue(sniffed: Sniffed, timeout_s: float, size: int) -> Sniffed:
+    """The answer when a started first message was not finished within `timeout_s`."""
+    what = {"tls": "TLS ClientHello", "http": "HTTP request head"}.get(sniffed.protocol, "first message")
+    return Sniffed(sniffed.protocol, malformed=f"incomplete {what} after {timeout_s:g} s ({size} bytes)")
 
 
 def _record_names(event: dict[str, Any], sniffed: Sniffed) -> None:

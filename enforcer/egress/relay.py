@@ -44,7 +44,7 @@ def _pump(src: socket.socket, dst: socket.socket, counter: list[int], index: int
             while moved:
                 moved -= os.splice(read_end, dst_fd, moved, flags=_FLAGS)
     except OSError:
-        _end_both(src, dst)  # one side reset (shutdown wakes the other thread's blocking splice)
+        end_both(src, dst)  # one side reset (shutdown wakes the other thread's blocking splice)
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -95,7 +95,7 @@ def relay(
     try:
         counts[0] += outbound()
     except OSError:
-        _end_both(client, upstream)  # one side reset, as _pump does
+        end_both(client, upstream)  # one side reset, as _pump does
     finally:
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_WR)
@@ -110,7 +110,7 @@ class Way:
     def __init__(self, src: socket.socket, dst: socket.socket, head: bytes = b"") -> None:
         self.src, self.dst = src, dst
         self.head = head
-        self.read_end, self.write_end = _take_pipe()
+        self.read_end, self.write_end = take_pipe()
         self.in_pipe = 0  # read from src, not yet written to dst
         self.reading = True  # src has not ended
         self.moved = 0
@@ -140,7 +140,7 @@ class Way:
         try:
             moved = os.splice(self.src.fileno(), self.write_end, CHUNK, flags=_NONBLOCK)
         except BlockingIOError:
-            if not _at_urgent_mark(self.src):
+            if not at_urgent_mark(self.src):
                 return  # nothing to read now
             # splice never reads past TCP urgent data, and poll goes on saying what follows it is
             # readable: recv steps over the urgent byte (not part of the stream) and reads on.
@@ -170,7 +170,7 @@ class Way:
         return None
 
     def close(self) -> None:
-        _give_back(self.read_end, self.write_end, self.in_pipe == 0)
+        give_back(self.read_end, self.write_end, self.in_pipe == 0)
 
 
 def nonblocking_splice(src_fd: int, dst_fd: int, size: int) -> int:
@@ -179,29 +179,15 @@ def nonblocking_splice(src_fd: int, dst_fd: int, size: int) -> int:
 
 
 def at_urgent_mark(sock: socket.socket) -> bool:
-    return _at_urgent_mark(sock)
-
-
-def take_pipe() -> tuple[int, int]:
-    """An empty pipe for a relay: a kept one, else a new one."""
-    return _take_pipe()
-
-
-def give_back(read_end: int, write_end: int, drained: bool) -> None:
-    """Keep the pipe for a next connection when it is drained and fewer than MAX_KEPT_PIPES are
-    kept; else close it."""
-    _give_back(read_end, write_end, drained)
-
-
-def _at_urgent_mark(sock: socket.socket) -> bool:
+    """Whether the next byte to read is TCP urgent data (splice stops before it)."""
     try:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCATMARK, b"\0\0\0\0"))[0] == 1
     except OSError:
         return False
 
 
-def _take_pipe() -> tuple[int, int]:
-    """An empty pipe: a kept one, else a new one."""
+def take_pipe() -> tuple[int, int]:
+    """An empty pipe for a relay: a kept one, else a new one."""
     with _kept_lock:
         if _kept:
             return _kept.pop()
@@ -216,7 +202,7 @@ def _new_pipe() -> tuple[int, int]:
     return read_end, write_end
 
 
-def _give_back(read_end: int, write_end: int, drained: bool) -> None:
+def give_back(read_end: int, write_end: int, drained: bool) -> None:
     """Keep a pipe for a next connection only if nothing of this one is left in it (the count of
     what went in and out, and the kernel's, agree on empty) and fewer than MAX_KEPT_PIPES are kept;
     else close it."""
@@ -264,7 +250,7 @@ class Relay:
                 if want is not None and (want[0] in ready if ready is not None else bool(way.head)):
                     way.step()
         except OSError:
-            _end_both(self.client, self.upstream)
+            end_both(self.client, self.upstream)
             raise
 
     def wanted(self) -> dict[int, int]:
@@ -296,7 +282,7 @@ def relay_here(client: socket.socket, upstream: socket.socket, first: bytes = b"
     try:
         relayed = Relay(client, upstream, first)
     except OSError:
-        _end_both(client, upstream)
+        end_both(client, upstream)
         return 0, 0
     try:
         return run_relay(relayed)
@@ -325,16 +311,11 @@ def run_relay(relayed: Relay) -> tuple[int, int]:
             registered = wanted
             ready = {fd for fd, _ in poller.poll()}
     except OSError:
-        _end_both(client, upstream)  # one side reset, as _pump does
+        end_both(client, upstream)  # one side reset, as _pump does
     return relayed.moved
 
 
 def end_both(client: socket.socket, upstream: socket.socket) -> None:
-    """End both directions of a relayed connection."""
-    _end_both(client, upstream)
-
-
-def _end_both(client: socket.socket, upstream: socket.socket) -> None:
     """End both directions of a relayed connection."""
     for sock in (client, upstream):
         with contextlib.suppress(OSError):

@@ -303,10 +303,8 @@ class FilterServer:
                 self._refuse(conn, f"the connection filter could not be loaded: {exc}")
                 return
             if kind == "tcp":
-                if self.handlers.value >= self.max_connections:
-                    connections.refuse_over_limit(conn, self.max_connections)
+                if not self._count_in(conn, connections):
                     return
-                self.handlers.add(1)
                 why = self._start_loop()
                 if why is not None:
                     self.handlers.add(-1)
@@ -326,10 +324,8 @@ class FilterServer:
     ) -> Future[None] | None:
         """Count `conn` as handled and give `task` to a pool thread; None once `conn` is refused and
         recorded: the session already has max_connections open, or no thread can be had."""
-        if self.handlers.value >= self.max_connections:
-            connections.refuse_over_limit(conn, self.max_connections)
+        if not self._count_in(conn, connections):
             return None
-        self.handlers.add(1)
         try:
             return workers.submit(task)
         except RuntimeError as exc:  # no thread to be had (the helpers' pids limit)
@@ -440,11 +436,17 @@ class FilterServer:
         """On the loop: a connection to handle, or to refuse past max_connections (a refusal that
         cannot be recorded ends the loop, and serve() with it)."""
         assert self.connections is not None
+        if self._count_in(conn, self.connections):
+            self._handle(conn)
+
+    def _count_in(self, conn: socket.socket, connections: ConnectionFilter) -> bool:
+        """Count `conn` as handled; False once it is refused and recorded: the session already has
+        max_connections open."""
         if self.handlers.value >= self.max_connections:
-            self.connections.refuse_over_limit(conn, self.max_connections)
-            return
+            connections.refuse_over_limit(conn, self.max_connections)
+            return False
         self.handlers.add(1)
-        self._handle(conn)
+        return True
 
     def _handle(self, conn: socket.socket) -> None:
         assert self.connections is not None

@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .relay import CHUNK, at_urgent_mark, nonblocking_splice, splice_exact, take_pipe
-from .relay import give_back as give_back_pipe
+from .relay import CHUNK, at_urgent_mark, give_back, nonblocking_splice, splice_exact, take_pipe
 from .sniff import (
     MAX_HTTP_HEAD,
     MAX_LINE,
@@ -69,19 +68,30 @@ class ClientReader:
 
     def fill(self, deadline: float | None, limit: int = READ_SIZE) -> None:
         """Read more bytes into the buffer (at least one), or raise Incomplete / ClientGone."""
+        if self.read_ready(limit):  # what has arrived already is read without a poll first
+            return
+        if not self.wait(deadline):
+            raise Incomplete("timed out")
         try:
-            # What has arrived already is read without a poll first (MSG_DONTWAIT: this call only,
-            # the socket stays blocking).
-            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            if not self.wait(deadline):
-                raise Incomplete("timed out") from None
-            try:
-                data = self.sock.recv(limit)
-            except OSError as exc:
-                raise ClientGone(str(exc)) from None
+            data = self.sock.recv(limit)
         except OSError as exc:
             raise ClientGone(str(exc)) from None
+        self._keep(data)
+
+    def read_ready(self, limit: int = READ_SIZE) -> bool:
+        """Read what has arrived into the buffer, never waiting (MSG_DONTWAIT: this call only, a
+        blocking socket stays blocking): False when nothing has yet; raise ClientGone when the agent
+        closed or reset its side. The event loop's read, and fill()'s first."""
+        try:
+            data = self.sock.recv(limit, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise ClientGone(str(exc)) from None
+        self._keep(data)
+        return True
+
+    def _keep(self, data: bytes) -> None:
         if not data:
             raise ClientGone("closed")
         self.received += len(data)
@@ -241,7 +251,7 @@ class Outbound:
 
     def close(self) -> None:
         if self.pipe is not None:
-            give_back_pipe(*self.pipe, self.in_pipe == 0)
+            give_back(*self.pipe, self.in_pipe == 0)
             self.pipe = None
 
     def step(self) -> None:
@@ -385,25 +395,16 @@ class Outbound:
         if self._spent():
             return False
         try:
-            data = self.reader.sock.recv(READ_SIZE)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
+            return self.reader.read_ready()
+        except ClientGone:
             self._agent_ended()
             return False
-        self.reader.received += len(data)
-        self.reader.buffer += data
-        return True
 
     def _agent_ended(self) -> None:
         if self.state == "next" and self.reader.buffer.strip(b"\r\n"):
             self._unreadable("client went away mid-head")
-        elif self.state in ("chunk_line", "chunk_end", "trailers"):
-            self.state = "done"  # as a thread's ClientGone: nothing more to move
         else:
-            self.state = "done"
+            self.state = "done"  # as a thread's ClientGone, mid-framing too: nothing more to move
 
     def _next_head(self) -> bool:
         reader = self.reader

@@ -225,6 +225,35 @@ def records(loopside: Loopside) -> list[dict[str, Any]]:
     ]
 
 
+def starve_one(loopside: Loopside, spare: int) -> dict[str, Any]:
+    """A connection accepted, then all but `spare` of the descriptors the process may open taken
+    (a lowered soft limit keeps that cheap) before it speaks: it must be reset. Once they are given
+    back, the next connection is relayed. The session's summary."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held: list[int] = []
+    starved = loopside.connect(GOOD)
+    try:
+        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        for _ in range(spare):
+            os.close(held.pop())
+        starved.sendall(b"PING\n")
+        with pytest.raises(ConnectionResetError):
+            starved.recv(1)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        starved.close()
+    with loopside.connect(GOOD) as later:
+        assert ping(later) == b"PONG\n"
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    return loopside.stop()
+
+
 def test_many_open_connections_are_relayed_without_a_thread_each(loopside: Loopside) -> None:
     """Forty connections open at once, each relayed both ways: the filter holds them on its loop,
     not on forty threads; each is recorded when allowed and when closed, and counted."""
@@ -325,27 +354,7 @@ def test_out_of_descriptors_at_the_dial_refuses_that_connection_and_the_loop_ser
     first.close()
     upstream: Upstream = loopside.upstream  # type: ignore[attr-defined]
     wait_for(lambda: loopside.setup.server.handlers.value == 0 and len(upstream.received) == 1)  # all closed
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held: list[int] = []
-    starved = loopside.connect(GOOD)
-    try:
-        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
-        with contextlib.suppress(OSError):
-            while True:  # none left for its upstream socket
-                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-        starved.sendall(b"PING\n")
-        with pytest.raises(ConnectionResetError):
-            starved.recv(1)
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        starved.close()
-    with loopside.connect(GOOD) as later:
-        assert ping(later) == b"PONG\n"
-    wait_for(lambda: loopside.setup.server.handlers.value == 0)
-    summary = loopside.stop()
+    summary = starve_one(loopside, spare=0)  # none left for its upstream socket
     assert summary["connections"] == {**summary["connections"], "connections": 3, "allowed": 2, "denied": 1}
     [refused] = [r for r in records(loopside) if r.get("decision") == "deny"]
     assert refused["rules"] == ["net.dial_failed"] and "Too many open files" in refused["reasons"][0]["text"]
@@ -606,3 +615,38 @@ def test_a_client_that_waits_for_the_server_is_checked_when_it_speaks(loopside: 
     assert b"evil" not in b"".join(web.received) and b"GET /late HTTP/1.1" in b"".join(web.received)
     denials = sorted((r["request"], r["http_host"]) for r in records(loopside) if r.get("decision") == "deny")
     assert denials == [(1, "evil.example.test"), (2, "evil.example.test")]
+
+
+def test_a_first_message_cut_short_is_refused_with_why_early_or_late(loopside: Loopside) -> None:
+    """The agent ends or stalls its first message, read at once or after it was silent past
+    sniff_timeout_s: each connection is refused, recorded with how its first message ended."""
+    hello_start = bytes([0x16, 0x03, 0x01, 0x02, 0x00]) + b"\x01\x00"  # a ClientHello's first bytes
+    with loopside.connect(GOOD) as warm:
+        assert ping(warm) == b"PONG\n"  # starts the loop (and resolves the name once)
+    loopside.connect(GOOD).close()
+    with loopside.connect(GOOD) as half:
+        half.sendall(hello_start)
+        half.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(ConnectionResetError):
+            assert half.recv(1) == b""
+    late_cut, late_stalled = loopside.connect(GOOD), loopside.connect(GOOD)
+    try:
+        time.sleep(0.3)  # past sniff_timeout_s (0.1 s): both decided as waiting for the server
+        late_cut.sendall(hello_start)
+        late_cut.shutdown(socket.SHUT_WR)
+        late_stalled.sendall(hello_start)
+        for sock in (late_cut, late_stalled):  # message_timeout_s (1 s) for the stalled one
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
+    finally:
+        late_cut.close()
+        late_stalled.close()
+    wait_for(lambda: loopside.setup.server.handlers.value == 0)
+    loopside.stop()
+    texts = sorted(r["reasons"][0]["text"] for r in records(loopside) if r.get("decision") == "deny")
+    assert texts == [
+        "client went away before sending anything (closed)",
+        "client went away mid-message (closed)",
+        "client went away mid-message (closed)",
+        "incomplete TLS ClientHello after 1 s (7 bytes)",
+    ]

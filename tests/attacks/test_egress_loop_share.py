@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import resource
 import socket
 import threading
 import time
@@ -21,7 +20,7 @@ from enforcer.egress import relay
 
 from ..unit.test_egress import client_hello
 from ..unit.test_egress_process import wait_for
-from .test_egress_loop import GOOD, PORT, PROXY, STALLED, WEB, Loopside, _pool_cpu, loopside, ping, records  # noqa: F401
+from .test_egress_loop import GOOD, PORT, PROXY, STALLED, WEB, Loopside, _pool_cpu, loopside, ping, records, starve_one  # noqa: F401
 
 
 class Sink:
@@ -156,28 +155,7 @@ def test_no_descriptor_to_relay_with_is_refused_before_it_is_recorded_allowed(lo
     for pair in kept:
         for end in pair:
             os.close(end)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held: list[int] = []
-    starved = loopside.connect(GOOD)
-    try:
-        wait_for(lambda: loopside.setup.server.handlers.value == 1)  # accepted: it waits for its first bytes
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
-        with contextlib.suppress(OSError):
-            while True:
-                held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-        os.close(held.pop())  # one left: the upstream socket's
-        starved.sendall(b"PING\n")
-        with pytest.raises(ConnectionResetError):
-            starved.recv(1)
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-        starved.close()
-    with loopside.connect(GOOD) as later:
-        assert ping(later) == b"PONG\n"
-    wait_for(lambda: loopside.setup.server.handlers.value == 0)
-    summary = loopside.stop()
+    summary = starve_one(loopside, spare=1)  # one left: the upstream socket's
     assert summary["connections"] == {**summary["connections"], "connections": 3, "allowed": 2, "denied": 1}
     written = records(loopside)
     connects = [r for r in written if r["kind"] == "net.connect"]

@@ -347,18 +347,18 @@ def test_a_relay_pipe_is_kept_for_the_next_connection_only_when_empty(monkeypatc
 
     monkeypatch.setattr(relay, "_kept", [])
     monkeypatch.setattr(relay, "MAX_KEPT_PIPES", 2)
-    read_end, write_end = relay._take_pipe()
-    relay._give_back(read_end, write_end, drained=True)
-    assert relay._take_pipe() == (read_end, write_end)  # kept, and given to the next one
+    read_end, write_end = relay.take_pipe()
+    relay.give_back(read_end, write_end, drained=True)
+    assert relay.take_pipe() == (read_end, write_end)  # kept, and given to the next one
     os.write(write_end, b"left over")
-    relay._give_back(read_end, write_end, drained=True)  # the kernel says otherwise
+    relay.give_back(read_end, write_end, drained=True)  # the kernel says otherwise
     assert _closed(read_end) and _closed(write_end) and relay._kept == []
-    cut = relay._take_pipe()
-    relay._give_back(*cut, drained=False)  # a cut: whatever the kernel says
+    cut = relay.take_pipe()
+    relay.give_back(*cut, drained=False)  # a cut: whatever the kernel says
     assert all(_closed(fd) for fd in cut) and relay._kept == []
-    burst = [relay._take_pipe() for _ in range(3)]
+    burst = [relay.take_pipe() for _ in range(3)]
     for pipe in burst:
-        relay._give_back(*pipe, drained=True)
+        relay.give_back(*pipe, drained=True)
     assert relay._kept == burst[:2] and all(_closed(fd) for fd in burst[2])
     for pipe in relay._kept:
         os.close(pipe[0])
